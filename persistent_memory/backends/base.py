@@ -1,0 +1,140 @@
+"""The contract every storage backend implements.
+
+Backends receive arguments the store has already validated, and values as JSON text
+(the store encodes and decodes), so the same bytes live in memory and in Redis. Each
+method is one atomic step: a write appends its history entry, aligns the TTL and
+summarizes in the same step, and on Redis costs one round trip.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, TypedDict
+
+from persistent_memory.conf import MemorySettings
+
+#: Keys the answers lane writes (the node's names).
+LAST_ANSWER = "last_answer"
+ANSWER_COUNT = "answer_count"
+
+
+class SessionInfo(TypedDict):
+    """What ``create_session``, ``resume_session`` and ``session_info`` return."""
+
+    session_id: str
+    created_at: float
+    expires_at: float | None
+    ttl_seconds: float | None
+    key_count: int
+    history_length: int
+
+
+def session_info(
+    session_id: str, *, created_at: float, ttl_seconds: float | None, key_count: int, history_length: int
+) -> SessionInfo:
+    """Build a :class:`SessionInfo`; ``expires_at`` follows from creation and TTL."""
+    return {
+        "session_id": session_id,
+        "created_at": created_at,
+        "expires_at": created_at + ttl_seconds if ttl_seconds else None,
+        "ttl_seconds": ttl_seconds,
+        "key_count": key_count,
+        "history_length": history_length,
+    }
+
+
+class BaseBackend(ABC):
+    """Storage for sessions, their JSON values and their histories."""
+
+    #: Short name shown by health checks and the admin.
+    name = "base"
+
+    def __init__(self, *, max_history: int, auto_summarize: bool) -> None:
+        self.max_history = max_history
+        self.auto_summarize = auto_summarize
+
+    @classmethod
+    @abstractmethod
+    def from_settings(cls, conf: MemorySettings) -> BaseBackend:
+        """Build the backend from ``PERSISTENT_MEMORY`` settings."""
+
+    # Sessions ---------------------------------------------------------------
+
+    @abstractmethod
+    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
+        """Create a session; ``SessionExists`` if it is live."""
+
+    @abstractmethod
+    def resume_session(self, session_id: str) -> SessionInfo:
+        """Return a live session's info; ``SessionNotFound``/``SessionExpired`` otherwise."""
+
+    @abstractmethod
+    def session_info(self, session_id: str) -> SessionInfo:
+        """Same as :meth:`resume_session`, for read-only callers."""
+
+    @abstractmethod
+    def list_sessions(self) -> list[str]:
+        """Sorted ids of live sessions (expired ones are pruned)."""
+
+    @abstractmethod
+    def delete_session(self, session_id: str) -> list[str]:
+        """Delete a session with everything in it; return its keys, sorted."""
+
+    # Values -----------------------------------------------------------------
+
+    @abstractmethod
+    def put(self, session_id: str, key: str, value_json: str) -> None:
+        """Store JSON text under ``key``."""
+
+    @abstractmethod
+    def get(self, session_id: str, key: str) -> str:
+        """The JSON text under ``key``; ``KeyNotFound`` when absent."""
+
+    @abstractmethod
+    def get_all(self, session_id: str) -> dict[str, str]:
+        """Every key and its JSON text."""
+
+    @abstractmethod
+    def list_keys(self, session_id: str) -> list[str]:
+        """The session's keys, sorted."""
+
+    @abstractmethod
+    def increment(self, session_id: str, key: str, amount: int) -> int:
+        """Add ``amount`` to an integer (a missing key counts as 0); ``NotANumber`` otherwise."""
+
+    @abstractmethod
+    def clear(self, session_id: str, key: str | None) -> list[str]:
+        """Remove one key (or all with None); return the keys removed, sorted."""
+
+    # History ----------------------------------------------------------------
+
+    @abstractmethod
+    def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries (all for 0), oldest first."""
+
+    @abstractmethod
+    def summarize(self, session_id: str, max_entries: int) -> bool:
+        """Apply the summarization rule now; return whether anything was folded."""
+
+    # The pipeline lanes, each one atomic step -------------------------------
+
+    @abstractmethod
+    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
+        """Resume or create the session, then return every key and its JSON text."""
+
+    @abstractmethod
+    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
+        """Resume or create, put ``last_answer``, increment ``answer_count``; return the count."""
+
+    # Health -----------------------------------------------------------------
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Return if the backend answers; raise ``BackendUnavailable`` otherwise."""
+
+    def describe(self) -> str:
+        """Where the data lives, safe to show (never a password)."""
+        return self.name
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release connections."""

@@ -1,0 +1,219 @@
+"""The in-process backend: the embedded default, private to each process."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from persistent_memory import history
+from persistent_memory.backends.base import ANSWER_COUNT, LAST_ANSWER, BaseBackend, SessionInfo, session_info
+from persistent_memory.conf import MemorySettings
+from persistent_memory.exceptions import (
+    CapacityExceeded,
+    KeyNotFound,
+    NotANumber,
+    SessionExists,
+    SessionExpired,
+    SessionNotFound,
+)
+from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+
+@dataclass
+class _Session:
+    created_at: float
+    ttl_seconds: float | None
+    values: dict[str, str] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def expires_at(self) -> float | None:
+        return self.created_at + self.ttl_seconds if self.ttl_seconds else None
+
+    def expired(self, now: float) -> bool:
+        expires_at = self.expires_at
+        return expires_at is not None and now >= expires_at
+
+
+class MemoryBackend(BaseBackend):
+    """Thread-safe dict of sessions under one lock, at most ``max_sessions`` live."""
+
+    name = "memory"
+
+    def __init__(self, *, max_history: int, auto_summarize: bool, max_sessions: int) -> None:
+        super().__init__(max_history=max_history, auto_summarize=auto_summarize)
+        self.max_sessions = max_sessions
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+
+    @classmethod
+    def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
+        return cls(max_history=conf.MAX_HISTORY, auto_summarize=conf.AUTO_SUMMARIZE, max_sessions=conf.MAX_SESSIONS)
+
+    # Helpers, called with the lock held ---------------------------------------
+
+    def _live(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"Session {session_id!r} not found.")
+        if session.expired(time.time()):
+            del self._sessions[session_id]
+            raise SessionExpired(f"Session {session_id!r} has expired.")
+        return session
+
+    def _prune(self, now: float) -> None:
+        for session_id in [sid for sid, s in self._sessions.items() if s.expired(now)]:
+            del self._sessions[session_id]
+
+    def _create(self, session_id: str, ttl_seconds: float | None) -> _Session:
+        now = time.time()
+        existing = self._sessions.get(session_id)
+        if existing is not None and not existing.expired(now):
+            raise SessionExists(f"Session {session_id!r} already exists.")
+        self._sessions.pop(session_id, None)
+        if len(self._sessions) >= self.max_sessions:
+            self._prune(now)
+            if len(self._sessions) >= self.max_sessions:
+                raise CapacityExceeded(f"The memory backend holds its maximum of {self.max_sessions} sessions.")
+        session = self._sessions[session_id] = _Session(created_at=now, ttl_seconds=ttl_seconds)
+        return session
+
+    def _live_or_create(self, session_id: str, ttl_seconds: float | None) -> _Session:
+        try:
+            return self._live(session_id)
+        except SessionNotFound:
+            return self._create(session_id, ttl_seconds)
+
+    def _record(self, session: _Session, op: str, key: str | None, **extra: Any) -> None:
+        session.history.append(history.entry(op, key, time.time(), **extra))
+        if self.auto_summarize:
+            self._fold(session, self.max_history)
+
+    @staticmethod
+    def _fold(session: _Session, max_entries: int) -> bool:
+        folded = history.fold(session.history, max_entries, time.time())
+        if folded is None:
+            return False
+        session.history = folded
+        return True
+
+    @staticmethod
+    def _info(session_id: str, session: _Session) -> SessionInfo:
+        return session_info(
+            session_id,
+            created_at=session.created_at,
+            ttl_seconds=session.ttl_seconds,
+            key_count=len(session.values),
+            history_length=len(session.history),
+        )
+
+    @staticmethod
+    def _add(session: _Session, key: str, amount: int) -> int:
+        current = session.values.get(key, "0")
+        number = json.loads(current)
+        # Same rule as Redis INCRBY: a 64-bit integer, or nothing changes.
+        if isinstance(number, bool) or not isinstance(number, int) or not INT64_MIN <= number <= INT64_MAX:
+            raise NotANumber(f"The value under {key!r} is not an integer: {current[:80]}")
+        result = number + amount
+        if not INT64_MIN <= result <= INT64_MAX:
+            raise NotANumber(f"Incrementing {key!r} by {amount} would overflow a 64-bit integer.")
+        session.values[key] = str(result)
+        return result
+
+    # Sessions ---------------------------------------------------------------
+
+    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
+        with self._lock:
+            return self._info(session_id, self._create(session_id, ttl_seconds))
+
+    def resume_session(self, session_id: str) -> SessionInfo:
+        with self._lock:
+            return self._info(session_id, self._live(session_id))
+
+    session_info = resume_session
+
+    def list_sessions(self) -> list[str]:
+        with self._lock:
+            self._prune(time.time())
+            return sorted(self._sessions)
+
+    def delete_session(self, session_id: str) -> list[str]:
+        with self._lock:
+            session = self._live(session_id)
+            del self._sessions[session_id]
+            return sorted(session.values)
+
+    # Values -----------------------------------------------------------------
+
+    def put(self, session_id: str, key: str, value_json: str) -> None:
+        with self._lock:
+            session = self._live(session_id)
+            session.values[key] = value_json
+            self._record(session, "put", key)
+
+    def get(self, session_id: str, key: str) -> str:
+        with self._lock:
+            try:
+                return self._live(session_id).values[key]
+            except KeyError:
+                raise KeyNotFound(f"Session {session_id!r} has no key {key!r}.") from None
+
+    def get_all(self, session_id: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._live(session_id).values)
+
+    def list_keys(self, session_id: str) -> list[str]:
+        with self._lock:
+            return sorted(self._live(session_id).values)
+
+    def increment(self, session_id: str, key: str, amount: int) -> int:
+        with self._lock:
+            session = self._live(session_id)
+            result = self._add(session, key, amount)
+            self._record(session, "increment", key)
+            return result
+
+    def clear(self, session_id: str, key: str | None) -> list[str]:
+        with self._lock:
+            session = self._live(session_id)
+            if key is None:
+                cleared = sorted(session.values)
+                session.values.clear()
+                self._record(session, "clear", None, cleared=cleared)
+            else:
+                cleared = [key] if session.values.pop(key, None) is not None else []
+                self._record(session, "clear", key)
+            return cleared
+
+    # History ----------------------------------------------------------------
+
+    def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            entries = self._live(session_id).history
+            return copy.deepcopy(entries[-limit:] if limit else entries)
+
+    def summarize(self, session_id: str, max_entries: int) -> bool:
+        with self._lock:
+            return self._fold(self._live(session_id), max_entries)
+
+    # Lanes ------------------------------------------------------------------
+
+    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
+        with self._lock:
+            return dict(self._live_or_create(session_id, ttl_seconds).values)
+
+    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
+        with self._lock:
+            session = self._live_or_create(session_id, ttl_seconds)
+            count = self._add(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
+            session.values[LAST_ANSWER] = answer_json
+            self._record(session, "put", LAST_ANSWER)
+            self._record(session, "increment", ANSWER_COUNT)
+            return count
+
+    def ping(self) -> None:
+        return None

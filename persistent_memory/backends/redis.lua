@@ -1,0 +1,275 @@
+-- Every store operation on Redis, as one script: one EVALSHA is one round trip, and
+-- a write, its history entry, its TTL alignment and summarization happen atomically.
+--
+-- KEYS: 1 sessions set, 2 meta hash, 3 key set, 4 history list (the node's layout).
+-- ARGV: 1 operation, 2 "{prefix}:{session_id}:" (data keys are that plus the key;
+-- for "list" it is "{prefix}:"), 3 session id, 4 now (JSON number text), then the
+-- operation's own arguments. Errors come back as "PM_<CODE> message" replies.
+
+local SESSIONS, META, KEYSET, HISTORY = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local op, base, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local function fail(code, message)
+  return redis.error_reply('PM_' .. code .. ' ' .. message)
+end
+
+-- Keys of a session whose meta is gone (expired, or left by a crash) are removed so
+-- that a session created again under the same id starts empty.
+local function purge_leftovers()
+  for _, member in ipairs(redis.call('SMEMBERS', KEYSET)) do
+    redis.call('DEL', base .. member)
+  end
+  redis.call('DEL', KEYSET, HISTORY)
+end
+
+-- nil when the session is live, else the error reply to return.
+local function check_live()
+  if redis.call('EXISTS', META) == 1 then
+    return nil
+  end
+  if redis.call('SREM', SESSIONS, sid) == 1 then
+    purge_leftovers()
+    return fail('EXPIRED', "Session '" .. sid .. "' has expired.")
+  end
+  return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
+end
+
+local function create(ttl_ms, ttl_text)
+  purge_leftovers()
+  redis.call('SADD', SESSIONS, sid)
+  redis.call('HSET', META, 'created_at', now, 'ttl_seconds', ttl_text)
+  if ttl_ms > 0 then
+    redis.call('PEXPIRE', META, ttl_ms)
+  end
+end
+
+-- Every key of a session expires with its meta: later keys inherit what is left.
+local function align(...)
+  local remaining = redis.call('PTTL', META)
+  if remaining > 0 then
+    for _, key in ipairs({...}) do
+      redis.call('PEXPIRE', key, remaining)
+    end
+  end
+end
+
+local function json_list(items)
+  if #items == 0 then
+    return '[]' -- cjson would write an empty table as {}
+  end
+  local parts = {}
+  for i, item in ipairs(items) do
+    parts[i] = cjson.encode(item)
+  end
+  return '[' .. table.concat(parts, ', ') .. ']'
+end
+
+local function history_entry(entry_op, key, extra)
+  local key_json = key and cjson.encode(key) or 'null'
+  return '{"op": "' .. entry_op .. '", "key": ' .. key_json .. (extra or '') .. ', "timestamp": ' .. now .. '}'
+end
+
+-- The rule of persistent_memory.history.fold, kept in step with it.
+local function fold(max_entries)
+  local length = redis.call('LLEN', HISTORY)
+  if length <= max_entries then
+    return 0
+  end
+  local keep = math.floor(max_entries / 2)
+  local count, op_counts, touched = 0, {}, {}
+  for _, raw in ipairs(redis.call('LRANGE', HISTORY, 0, length - keep - 1)) do
+    local ok, item = pcall(cjson.decode, raw)
+    if not ok or type(item) ~= 'table' then
+      item = {}
+    end
+    if item.op == 'summary' then
+      count = count + (tonumber(item.summarized_count) or 1)
+      if type(item.op_counts) == 'table' then
+        for name, n in pairs(item.op_counts) do
+          op_counts[name] = (op_counts[name] or 0) + (tonumber(n) or 0)
+        end
+      end
+      if type(item.keys_touched) == 'table' then
+        for _, key in ipairs(item.keys_touched) do
+          if type(key) == 'string' then touched[key] = true end
+        end
+      end
+    else
+      count = count + 1
+      local name = type(item.op) == 'string' and item.op or 'unknown'
+      op_counts[name] = (op_counts[name] or 0) + 1
+      if type(item.key) == 'string' and item.key ~= '' then touched[item.key] = true end
+    end
+  end
+  local names, keys = {}, {}
+  for name in pairs(op_counts) do names[#names + 1] = name end
+  for key in pairs(touched) do keys[#keys + 1] = key end
+  table.sort(names)
+  table.sort(keys)
+  local counts = {}
+  for i, name in ipairs(names) do
+    counts[i] = cjson.encode(name) .. ': ' .. string.format('%d', op_counts[name])
+  end
+  local summary = '{"op": "summary", "summarized_count": ' .. string.format('%d', count)
+    .. ', "op_counts": {' .. table.concat(counts, ', ') .. '}, "keys_touched": ' .. json_list(keys)
+    .. ', "timestamp": ' .. now .. '}'
+  if keep > 0 then
+    redis.call('LTRIM', HISTORY, length - keep, -1)
+  else
+    redis.call('DEL', HISTORY)
+  end
+  redis.call('LPUSH', HISTORY, summary)
+  return 1
+end
+
+-- Append to the history and summarize when the rule says so.
+local function record(entry, max_entries, auto_summarize)
+  redis.call('RPUSH', HISTORY, entry)
+  if auto_summarize == '1' then
+    fold(tonumber(max_entries))
+  end
+end
+
+local function info()
+  local meta = redis.call('HMGET', META, 'created_at', 'ttl_seconds')
+  return {meta[1], meta[2], redis.call('SCARD', KEYSET), redis.call('LLEN', HISTORY)}
+end
+
+local function all_values()
+  local keys = redis.call('SMEMBERS', KEYSET)
+  local flat = {}
+  if #keys == 0 then
+    return flat
+  end
+  local data_keys = {}
+  for i, key in ipairs(keys) do data_keys[i] = base .. key end
+  local values = redis.call('MGET', unpack(data_keys))
+  for i, key in ipairs(keys) do
+    if values[i] then
+      flat[#flat + 1] = key
+      flat[#flat + 1] = values[i]
+    end
+  end
+  return flat
+end
+
+-- INCRBY that reports a non-integer as an error reply instead of raising; it writes
+-- nothing when it fails.
+local function add(key, amount)
+  local result = redis.pcall('INCRBY', base .. key, amount)
+  if type(result) == 'table' and result.err then
+    return nil, fail('NOT_A_NUMBER', "The value under '" .. key .. "' is not an integer (" .. result.err .. ').')
+  end
+  return result
+end
+
+if op == 'list' then
+  local live, stale = {}, {}
+  for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
+    if redis.call('EXISTS', base .. id .. ':__meta__') == 1 then
+      live[#live + 1] = id
+    else
+      stale[#stale + 1] = id
+    end
+  end
+  if #stale > 0 then
+    redis.call('SREM', SESSIONS, unpack(stale))
+  end
+  return live
+end
+
+if op == 'create' then
+  if redis.call('EXISTS', META) == 1 then
+    return fail('EXISTS', "Session '" .. sid .. "' already exists.")
+  end
+  create(tonumber(ARGV[5]), ARGV[6])
+  return info()
+end
+
+if op == 'enrich' or op == 'answer' then
+  if redis.call('EXISTS', META) == 0 then
+    create(tonumber(ARGV[5]), ARGV[6])
+  end
+  if op == 'enrich' then
+    return all_values()
+  end
+  local count, err = add('answer_count', 1)
+  if err then return err end
+  redis.call('SET', base .. 'last_answer', ARGV[7])
+  redis.call('SADD', KEYSET, 'last_answer', 'answer_count')
+  record(history_entry('put', 'last_answer'), ARGV[8], ARGV[9])
+  record(history_entry('increment', 'answer_count'), ARGV[8], ARGV[9])
+  align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
+  return count
+end
+
+local err = check_live()
+if err then return err end
+
+if op == 'info' then
+  return info()
+elseif op == 'delete' then
+  local keys = redis.call('SMEMBERS', KEYSET)
+  purge_leftovers()
+  redis.call('DEL', META)
+  redis.call('SREM', SESSIONS, sid)
+  return keys
+elseif op == 'put' then
+  local key = ARGV[5]
+  redis.call('SET', base .. key, ARGV[6])
+  redis.call('SADD', KEYSET, key)
+  record(history_entry('put', key), ARGV[7], ARGV[8])
+  align(base .. key, KEYSET, HISTORY)
+  return 1
+elseif op == 'get' then
+  local value = redis.call('GET', base .. ARGV[5])
+  if not value then
+    return fail('KEY_NOT_FOUND', "Session '" .. sid .. "' has no key '" .. ARGV[5] .. "'.")
+  end
+  return value
+elseif op == 'get_all' then
+  return all_values()
+elseif op == 'keys' then
+  return redis.call('SMEMBERS', KEYSET)
+elseif op == 'increment' then
+  local key = ARGV[5]
+  local result, failure = add(key, ARGV[6])
+  if failure then return failure end
+  redis.call('SADD', KEYSET, key)
+  record(history_entry('increment', key), ARGV[7], ARGV[8])
+  align(base .. key, KEYSET, HISTORY)
+  return result
+elseif op == 'clear' then
+  local key = ARGV[5]
+  local cleared
+  if key == '' then
+    cleared = redis.call('SMEMBERS', KEYSET)
+    table.sort(cleared)
+    for _, member in ipairs(cleared) do
+      redis.call('DEL', base .. member)
+    end
+    redis.call('DEL', KEYSET)
+    record(history_entry('clear', nil, ', "cleared": ' .. json_list(cleared)), ARGV[6], ARGV[7])
+  else
+    cleared = {}
+    if redis.call('DEL', base .. key) == 1 then
+      cleared[1] = key
+    end
+    redis.call('SREM', KEYSET, key)
+    record(history_entry('clear', key), ARGV[6], ARGV[7])
+  end
+  align(HISTORY)
+  return cleared
+elseif op == 'history' then
+  local limit = tonumber(ARGV[5])
+  if limit > 0 then
+    return redis.call('LRANGE', HISTORY, -limit, -1)
+  end
+  return redis.call('LRANGE', HISTORY, 0, -1)
+elseif op == 'summarize' then
+  local folded = fold(tonumber(ARGV[5]))
+  align(HISTORY)
+  return folded
+end
+
+return fail('BAD_OPERATION', 'Unknown operation ' .. tostring(op))

@@ -1,0 +1,237 @@
+"""The Redis backend: the node's key layout, one round trip per operation.
+
+Every operation is one EVALSHA of ``redis.lua``, which keeps each write atomic with
+its history entry, TTL alignment and summarization. Layout, byte for byte the
+original node's (so either can read the other's data)::
+
+    {prefix}:{session_id}:{key}         value as JSON text (counters: Redis integers)
+    {prefix}:{session_id}:__keys__      set of the session's keys
+    {prefix}:{session_id}:__history__   list of JSON history entries
+    {prefix}:{session_id}:__meta__      hash: created_at, ttl_seconds
+    {prefix}:__sessions__               set of session ids
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from persistent_memory.backends.base import BaseBackend, SessionInfo, session_info
+from persistent_memory.conf import MemorySettings
+from persistent_memory.exceptions import (
+    BackendUnavailable,
+    CapacityExceeded,
+    KeyNotFound,
+    NotANumber,
+    PersistentMemoryError,
+    SessionExists,
+    SessionExpired,
+    SessionNotFound,
+)
+
+SCRIPT = resources.files("persistent_memory.backends").joinpath("redis.lua").read_text()
+
+# Reply prefixes of redis.lua's errors.
+_SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
+    "PM_NOT_FOUND": SessionNotFound,
+    "PM_EXPIRED": SessionExpired,
+    "PM_EXISTS": SessionExists,
+    "PM_KEY_NOT_FOUND": KeyNotFound,
+    "PM_NOT_A_NUMBER": NotANumber,
+}
+
+
+def _ttl_text(ttl_seconds: float | None) -> str:
+    # The node writes "None" for no TTL and a number otherwise.
+    return "None" if ttl_seconds is None else repr(ttl_seconds)
+
+
+def _parse_ttl(raw: bytes | None) -> float | None:
+    if raw is None or raw == b"None":
+        return None
+    text = raw.decode()
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _ttl_ms(ttl_seconds: float | None) -> str:
+    return "0" if ttl_seconds is None else str(max(1, round(ttl_seconds * 1000)))
+
+
+def _build_client(conf: MemorySettings) -> redis.Redis:
+    """A client from REDIS_CACHE_ALIAS, REDIS_URL, or host/port (in that order)."""
+    if conf.REDIS_CACHE_ALIAS:
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(conf.REDIS_CACHE_ALIAS)
+    options: dict[str, Any] = {
+        "socket_timeout": conf.REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": conf.REDIS_SOCKET_TIMEOUT,
+        # One immediate retry on a dropped connection (a pooled socket that died while
+        # Redis restarted), none on timeouts: a timed-out script may have run, and
+        # running an increment twice would be wrong.
+        "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+    }
+    if conf.REDIS_URL:
+        return redis.Redis.from_url(conf.REDIS_URL, **options)
+    if not conf.REDIS_HOST:
+        raise ImproperlyConfigured("PERSISTENT_MEMORY: the redis backend needs REDIS_URL or REDIS_HOST.")
+    return redis.Redis(
+        host=conf.REDIS_HOST, port=conf.REDIS_PORT, db=conf.REDIS_DB, password=conf.REDIS_PASSWORD, **options
+    )
+
+
+class RedisBackend(BaseBackend):
+    """Sessions in Redis, shared by every process that points at the same server."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        key_prefix: str = "rr:memory",
+        max_history: int,
+        auto_summarize: bool,
+        owns_client: bool = True,
+    ) -> None:
+        super().__init__(max_history=max_history, auto_summarize=auto_summarize)
+        self.client = client
+        self.owns_client = owns_client
+        self.key_prefix = key_prefix
+        self._sessions_key = f"{key_prefix}:__sessions__"
+        self._policy = (str(max_history), "1" if auto_summarize else "0")
+        self._script = client.register_script(SCRIPT)
+
+    @classmethod
+    def from_settings(cls, conf: MemorySettings) -> RedisBackend:
+        return cls(
+            client=_build_client(conf),
+            key_prefix=conf.KEY_PREFIX,
+            max_history=conf.MAX_HISTORY,
+            auto_summarize=conf.AUTO_SUMMARIZE,
+            owns_client=not conf.REDIS_CACHE_ALIAS,
+        )
+
+    def describe(self) -> str:
+        """``redis://host:port/db`` with no credentials."""
+        kwargs = self.client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"redis+unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Turn redis-py errors into the store's exceptions."""
+        try:
+            yield
+        except redis.ResponseError as exc:
+            message = str(exc)
+            code, _, text = message.partition(" ")
+            if code in _SCRIPT_ERRORS:
+                raise _SCRIPT_ERRORS[code](text) from None
+            if code == "OOM":
+                raise CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}") from None
+            raise BackendUnavailable(f"Redis at {self.describe()} refused the operation: {message}") from None
+        except redis.RedisError as exc:
+            raise BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}") from None
+
+    def _run(self, op: str, session_id: str, *args: Any) -> Any:
+        base = f"{self.key_prefix}:{session_id}:"
+        keys = (self._sessions_key, base + "__meta__", base + "__keys__", base + "__history__")
+        with self._errors():
+            return self._script(keys=keys, args=(op, base, session_id, repr(time.time()), *args))
+
+    @staticmethod
+    def _info(session_id: str, reply: list[Any]) -> SessionInfo:
+        created_at, ttl, key_count, history_length = reply
+        return session_info(
+            session_id,
+            created_at=float(created_at),
+            ttl_seconds=_parse_ttl(ttl),
+            key_count=key_count,
+            history_length=history_length,
+        )
+
+    @staticmethod
+    def _pairs(flat: list[bytes]) -> dict[str, str]:
+        return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+
+    # Sessions ---------------------------------------------------------------
+
+    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
+        reply = self._run("create", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds))
+        return self._info(session_id, reply)
+
+    def resume_session(self, session_id: str) -> SessionInfo:
+        return self._info(session_id, self._run("info", session_id))
+
+    session_info = resume_session
+
+    def list_sessions(self) -> list[str]:
+        with self._errors():
+            live = self._script(
+                keys=(self._sessions_key,), args=("list", f"{self.key_prefix}:", "", repr(time.time()))
+            )
+        return sorted(item.decode() for item in live)
+
+    def delete_session(self, session_id: str) -> list[str]:
+        return sorted(item.decode() for item in self._run("delete", session_id))
+
+    # Values -----------------------------------------------------------------
+
+    def put(self, session_id: str, key: str, value_json: str) -> None:
+        self._run("put", session_id, key, value_json, *self._policy)
+
+    def get(self, session_id: str, key: str) -> str:
+        return self._run("get", session_id, key).decode()
+
+    def get_all(self, session_id: str) -> dict[str, str]:
+        return self._pairs(self._run("get_all", session_id))
+
+    def list_keys(self, session_id: str) -> list[str]:
+        return sorted(item.decode() for item in self._run("keys", session_id))
+
+    def increment(self, session_id: str, key: str, amount: int) -> int:
+        return self._run("increment", session_id, key, str(amount), *self._policy)
+
+    def clear(self, session_id: str, key: str | None) -> list[str]:
+        return [item.decode() for item in self._run("clear", session_id, key or "", *self._policy)]
+
+    # History ----------------------------------------------------------------
+
+    def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self._run("history", session_id, str(limit))]
+
+    def summarize(self, session_id: str, max_entries: int) -> bool:
+        return bool(self._run("summarize", session_id, str(max_entries)))
+
+    # Lanes ------------------------------------------------------------------
+
+    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
+        return self._pairs(self._run("enrich", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds)))
+
+    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
+        return self._run(
+            "answer", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds), answer_json, *self._policy
+        )
+
+    # Health -----------------------------------------------------------------
+
+    def ping(self) -> None:
+        with self._errors():
+            self.client.ping()
+
+    def close(self) -> None:
+        # A connection borrowed from a django-redis cache belongs to that cache.
+        if self.owns_client:
+            self.client.close()
+            self.client.connection_pool.disconnect()

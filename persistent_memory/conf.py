@@ -1,0 +1,98 @@
+"""Settings for persistent_memory, read from one ``PERSISTENT_MEMORY`` dict.
+
+Works the way DRF reads ``REST_FRAMEWORK``: ``memory_settings.MAX_HISTORY`` looks the
+name up in the project's dict, then in the chosen ``PROFILE`` preset, then in
+``DEFAULTS``. Values are read on first access and cached; Django's
+``setting_changed`` signal (sent by ``override_settings``) clears the cache and
+rebuilds the store, so tests never patch module attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+SETTING_NAME = "PERSISTENT_MEMORY"
+
+DEFAULTS: dict[str, Any] = {
+    "PROFILE": "memory",
+    # "memory", "redis", or an import string to a BaseBackend subclass.
+    "BACKEND": "memory",
+    "REDIS_URL": None,
+    "REDIS_HOST": None,
+    "REDIS_PORT": 6379,
+    "REDIS_PASSWORD": None,
+    "REDIS_DB": 0,
+    # Alias of a django-redis cache in CACHES whose connection to reuse.
+    "REDIS_CACHE_ALIAS": None,
+    "REDIS_SOCKET_TIMEOUT": 5.0,
+    "KEY_PREFIX": "rr:memory",
+    "SESSION_TTL_HOURS": 0,
+    "MAX_HISTORY": 100,
+    "AUTO_SUMMARIZE": True,
+    "MAX_SESSIONS": 1000,
+    "MAX_VALUE_BYTES": 1024 * 1024,
+}
+
+#: The seed node's profiles. Keys the project sets explicitly override these.
+PROFILES: dict[str, dict[str, Any]] = {
+    "memory": {"BACKEND": "memory", "SESSION_TTL_HOURS": 0},
+    "redis": {"BACKEND": "redis", "REDIS_HOST": "localhost", "REDIS_PORT": 6379, "SESSION_TTL_HOURS": 24},
+    "custom": {"BACKEND": "redis", "REDIS_HOST": "", "SESSION_TTL_HOURS": 0},
+}
+
+
+class MemorySettings:
+    """Lazy view of ``settings.PERSISTENT_MEMORY`` over the profile and defaults."""
+
+    def __init__(self, user_settings: dict[str, Any] | None = None) -> None:
+        self._explicit = user_settings
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        """The project's own dict (empty when unset or not a dict; checks report that)."""
+        if self._explicit is not None:
+            return self._explicit
+        value = getattr(settings, SETTING_NAME, None)
+        return value if isinstance(value, dict) else {}
+
+    def profile(self) -> dict[str, Any]:
+        """The preset named by ``PROFILE`` (empty for an unknown name; checks report it)."""
+        name = self.user_settings.get("PROFILE", DEFAULTS["PROFILE"])
+        return PROFILES.get(name, {}) if isinstance(name, str) else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Invalid persistent_memory setting: {name!r}")
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        user = self.user_settings
+        if name in user:
+            value = user[name]
+        else:
+            value = self.profile().get(name, DEFAULTS[name])
+        self._cache[name] = value
+        return value
+
+    def reload(self) -> None:
+        """Forget cached values so the next access reads the settings again."""
+        self._cache.clear()
+
+
+memory_settings = MemorySettings()
+
+
+@receiver(setting_changed)
+def _reload_settings(*, setting: str, **kwargs: Any) -> None:
+    # CACHES matters too: REDIS_CACHE_ALIAS borrows a cache's connection.
+    if setting in (SETTING_NAME, "CACHES"):
+        memory_settings.reload()
+        from persistent_memory.store import reset_store
+
+        reset_store()

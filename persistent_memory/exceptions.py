@@ -1,0 +1,70 @@
+"""Exceptions raised by the store. Every one is a :class:`PersistentMemoryError`."""
+
+from __future__ import annotations
+
+
+class PersistentMemoryError(Exception):
+    """Base class of every error the store raises."""
+
+    #: A short machine-readable code (the REST API answers it as ``code``).
+    code = "persistent_memory_error"
+
+
+class InvalidSessionId(PersistentMemoryError, ValueError):
+    """A session id is not 1-128 of ``[A-Za-z0-9_-]`` or is reserved."""
+
+    code = "invalid_session_id"
+
+
+class InvalidKey(PersistentMemoryError, ValueError):
+    """A key is not 1-256 of ``[A-Za-z0-9_.-]`` or is reserved."""
+
+    code = "invalid_key"
+
+
+class InvalidValue(PersistentMemoryError, ValueError):
+    """A value (or numeric argument) the store cannot accept; nothing was stored."""
+
+    code = "invalid_value"
+
+
+class SessionNotFound(PersistentMemoryError, LookupError):
+    """No live session has this id."""
+
+    code = "session_not_found"
+
+
+class SessionExpired(SessionNotFound):
+    """The session existed but its TTL ran out; it can be created again."""
+
+    code = "session_expired"
+
+
+class SessionExists(PersistentMemoryError):
+    """``create_session`` for an id that is already live."""
+
+    code = "session_exists"
+
+
+class KeyNotFound(PersistentMemoryError, LookupError):
+    """The session has no value under this key."""
+
+    code = "key_not_found"
+
+
+class NotANumber(PersistentMemoryError, ValueError):
+    """``increment`` on a value that is not a 64-bit integer; nothing changed."""
+
+    code = "not_a_number"
+
+
+class CapacityExceeded(PersistentMemoryError):
+    """The backend holds as many sessions (or bytes) as it may."""
+
+    code = "capacity_exceeded"
+
+
+class BackendUnavailable(PersistentMemoryError):
+    """The backend cannot be reached (Redis down, refused, timed out)."""
+
+    code = "backend_unavailable"

@@ -1,0 +1,85 @@
+"""The memory_persistent node's two lanes, for Python callers (the REST API wraps this).
+
+Entries are dicts shaped ``{"text": ..., "metadata": {"session_id": ...}, ...}``. The
+originals are never mutated: each lane returns a deep copy with what it changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Literal, TypedDict
+
+from persistent_memory.exceptions import InvalidSessionId
+from persistent_memory.store import MemoryStore, get_store
+from persistent_memory.validation import validate_session_id
+
+logger = logging.getLogger(__name__)
+
+MEMORY_CONTEXT = "memory_context"
+
+
+class Outcome(TypedDict, total=False):
+    """What a lane did with an entry."""
+
+    status: Literal["enriched", "unchanged", "stored", "skipped"]
+    session_id: str | None
+    keys: list[str]
+    answer_count: int
+    reason: str
+
+
+def _session_id_of(entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(session_id, None)``, or ``(None, reason)`` when there is no usable one."""
+    metadata = entry.get("metadata")
+    session_id = metadata.get("session_id") if isinstance(metadata, dict) else None
+    if session_id is None or session_id == "":
+        return None, "no session_id in metadata"
+    try:
+        return validate_session_id(session_id), None
+    except InvalidSessionId as exc:
+        # The node's rule: a malformed id must not fail the pipeline.
+        logger.debug("memory: passing entry through: %s", exc)
+        return None, str(exc)
+
+
+class MemoryFilter:
+    """Per-pipeline state of the node: the session of the last question since :meth:`open`."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self._store = store
+        self.current_session_id: str | None = None
+
+    @property
+    def memory_store(self) -> MemoryStore:
+        """The store given, or the process's store."""
+        return self._store or get_store()
+
+    def open(self) -> None:
+        """Start a new pipeline item: forget the last question's session."""
+        self.current_session_id = None
+
+    def enrich(self, question: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
+        """Attach every stored key as ``metadata["memory_context"]`` (when there is one)."""
+        question = copy.deepcopy(question)
+        session_id, reason = _session_id_of(question)
+        if session_id is None:
+            return question, {"status": "skipped", "session_id": None, "reason": reason or ""}
+        self.current_session_id = session_id
+        context = self.memory_store.enrich(session_id)
+        if not context:
+            return question, {"status": "unchanged", "session_id": session_id, "keys": []}
+        question["metadata"][MEMORY_CONTEXT] = context
+        logger.debug("memory: attached %d keys for session %s", len(context), session_id)
+        return question, {"status": "enriched", "session_id": session_id, "keys": list(context)}
+
+    def store(self, answer: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
+        """Save the answer's text as ``last_answer`` and count it in ``answer_count``."""
+        answer = copy.deepcopy(answer)
+        session_id, reason = _session_id_of(answer)
+        if session_id is None and reason == "no session_id in metadata" and self.current_session_id:
+            session_id = self.current_session_id  # the node's fallback to the question's session
+        if session_id is None:
+            return answer, {"status": "skipped", "session_id": None, "reason": reason or ""}
+        count = self.memory_store.record_answer(session_id, answer.get("text"))
+        return answer, {"status": "stored", "session_id": session_id, "answer_count": count}

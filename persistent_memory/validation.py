@@ -1,0 +1,98 @@
+"""Input rules, checked before anything touches a backend."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from persistent_memory.exceptions import InvalidKey, InvalidSessionId, InvalidValue
+
+# fullmatch, never `$`: `$` also matches before a trailing newline.
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# Dunder names are the store layout's own (__keys__, __meta__, __sessions__, ...).
+RESERVED_PATTERN = re.compile(r"__.*__")
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def validate_session_id(session_id: Any) -> str:
+    """Return ``session_id`` if valid, else raise :class:`InvalidSessionId`."""
+    if not isinstance(session_id, str) or not SESSION_ID_PATTERN.fullmatch(session_id):
+        raise InvalidSessionId(
+            f"Invalid session_id {session_id!r}: use 1-128 characters of letters, digits, '-' or '_'."
+        )
+    if RESERVED_PATTERN.fullmatch(session_id):
+        raise InvalidSessionId(f"Invalid session_id {session_id!r}: names like __name__ are reserved.")
+    return session_id
+
+
+def validate_key(key: Any) -> str:
+    """Return ``key`` if valid, else raise :class:`InvalidKey`."""
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+        raise InvalidKey(f"Invalid key {key!r}: use 1-256 characters of letters, digits, '-', '_' or '.'.")
+    if RESERVED_PATTERN.fullmatch(key):
+        raise InvalidKey(f"Invalid key {key!r}: names like __name__ are reserved by the store layout.")
+    return key
+
+
+def _reject_non_string_keys(value: Any) -> None:
+    # json.dumps would silently turn {1: "a"} into {"1": "a"}: the value would not
+    # come back as it was put, so refuse it instead.
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise InvalidValue(f"Invalid value: object keys must be strings, not {type(k).__name__}.")
+            _reject_non_string_keys(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _reject_non_string_keys(item)
+
+
+def encode_value(value: Any, *, max_bytes: int) -> str:
+    """Serialise ``value`` to JSON text, or raise :class:`InvalidValue`."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+        _reject_non_string_keys(value)
+    except InvalidValue:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidValue(f"Invalid value: not JSON-serialisable ({exc}).") from None
+    # ensure_ascii (the default) makes len(text) the size in bytes.
+    if len(text) > max_bytes:
+        raise InvalidValue(f"Invalid value: {len(text)} bytes of JSON is over the limit of {max_bytes}.")
+    return text
+
+
+def decode_value(text: str | bytes) -> Any:
+    """Parse stored JSON text (counters are stored as bare integers, also JSON)."""
+    return json.loads(text)
+
+
+def validate_ttl(ttl_seconds: Any) -> int | float | None:
+    """A TTL in seconds: a positive finite number, or None/0 for no expiry."""
+    if ttl_seconds is None:
+        return None
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) or not math.isfinite(ttl_seconds):
+        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: use a finite number of seconds.")
+    if ttl_seconds < 0:
+        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: must not be negative.")
+    if ttl_seconds == 0:
+        return None
+    if ttl_seconds < 0.001:
+        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: the smallest TTL is one millisecond.")
+    # 86400.0 and 86400 are the same TTL; store and report them the same way.
+    return int(ttl_seconds) if float(ttl_seconds).is_integer() else float(ttl_seconds)
+
+
+def validate_int(value: Any, *, name: str, minimum: int | None = None) -> int:
+    """A real ``int`` (not a bool) within the 64-bit range Redis counters use."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValue(f"Invalid {name} {value!r}: must be an integer.")
+    lower = INT64_MIN if minimum is None else minimum
+    if not lower <= value <= INT64_MAX:
+        raise InvalidValue(f"Invalid {name} {value!r}: must be between {lower} and {INT64_MAX}.")
+    return value
