@@ -48,7 +48,11 @@ def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
         value = getattr(conf, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(
-                Error(f"{SETTING_NAME}['{name}'] is {value!r}.", hint="Use a positive integer.", id="persistent_memory.E002")
+                Error(
+                    f"{SETTING_NAME}['{name}'] is {value!r}.",
+                    hint="Use a positive integer.",
+                    id="persistent_memory.E002",
+                )
             )
     for name in ("SESSION_TTL_HOURS", "REDIS_SOCKET_TIMEOUT"):
         value = getattr(conf, name)
@@ -63,7 +67,11 @@ def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
     port = conf.REDIS_PORT
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         errors.append(
-            Error(f"{SETTING_NAME}['REDIS_PORT'] is {port!r}.", hint="Use a port from 1 to 65535.", id="persistent_memory.E002")
+            Error(
+                f"{SETTING_NAME}['REDIS_PORT'] is {port!r}.",
+                hint="Use a port from 1 to 65535.",
+                id="persistent_memory.E002",
+            )
         )
     prefix = conf.KEY_PREFIX
     if not isinstance(prefix, str) or not prefix or any(c.isspace() for c in prefix):
@@ -98,7 +106,7 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
         if not cache or not str(cache.get("BACKEND", "")).startswith("django_redis."):
             return [
                 Error(
-                    f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] is {alias!r}, which is not a django-redis cache in CACHES.",
+                    f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] is {alias!r}: not a django-redis cache in CACHES.",
                     hint="Name a CACHES entry whose BACKEND is django_redis.cache.RedisCache.",
                     id="persistent_memory.E004",
                 )

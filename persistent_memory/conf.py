@@ -73,10 +73,7 @@ class MemorySettings:
         except KeyError:
             pass
         user = self.user_settings
-        if name in user:
-            value = user[name]
-        else:
-            value = self.profile().get(name, DEFAULTS[name])
+        value = user[name] if name in user else self.profile().get(name, DEFAULTS[name])
         self._cache[name] = value
         return value
 

@@ -22,9 +22,7 @@ def entry(op: str, key: str | None, timestamp: float, **extra: Any) -> dict[str,
 
 def operation_count(entries: list[dict[str, Any]]) -> int:
     """How many operations a history stands for (summaries count what they folded)."""
-    return sum(
-        e.get("summarized_count", 1) if e.get("op") == SUMMARY_OP else 1 for e in entries
-    )
+    return sum(e.get("summarized_count", 1) if e.get("op") == SUMMARY_OP else 1 for e in entries)
 
 
 def fold(entries: list[dict[str, Any]], max_entries: int, timestamp: float) -> list[dict[str, Any]] | None:

@@ -76,7 +76,11 @@ def validate_ttl(ttl_seconds: Any) -> int | float | None:
     """A TTL in seconds: a positive finite number, or None/0 for no expiry."""
     if ttl_seconds is None:
         return None
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) or not math.isfinite(ttl_seconds):
+    if (
+        isinstance(ttl_seconds, bool)
+        or not isinstance(ttl_seconds, int | float)
+        or not math.isfinite(ttl_seconds)
+    ):
         raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: use a finite number of seconds.")
     if ttl_seconds < 0:
         raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: must not be negative.")

@@ -52,7 +52,9 @@ class MemoryBackend(BaseBackend):
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
-        return cls(max_history=conf.MAX_HISTORY, auto_summarize=conf.AUTO_SUMMARIZE, max_sessions=conf.MAX_SESSIONS)
+        return cls(
+            max_history=conf.MAX_HISTORY, auto_summarize=conf.AUTO_SUMMARIZE, max_sessions=conf.MAX_SESSIONS
+        )
 
     # Helpers, called with the lock held ---------------------------------------
 
@@ -78,7 +80,9 @@ class MemoryBackend(BaseBackend):
         if len(self._sessions) >= self.max_sessions:
             self._prune(now)
             if len(self._sessions) >= self.max_sessions:
-                raise CapacityExceeded(f"The memory backend holds its maximum of {self.max_sessions} sessions.")
+                raise CapacityExceeded(
+                    f"The memory backend holds its maximum of {self.max_sessions} sessions."
+                )
         session = self._sessions[session_id] = _Session(created_at=now, ttl_seconds=ttl_seconds)
         return session
 

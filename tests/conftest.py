@@ -1,0 +1,186 @@
+"""Fixtures: a real redis-server for the session, and a store on each backend.
+
+The suite never touches the shared Redis on 6379: it starts its own redis-server on a
+free loopback port (or uses REDIS_URL when set) and stops it at the end. Without a
+Redis the Redis tests are skipped with the reason, except under CI=true, where that
+is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from persistent_memory import get_store
+from persistent_memory.store import MemoryStore
+
+BACKENDS = ["memory", "redis"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(url: str, seconds: float = 10.0) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+        finally:
+            client.close()
+
+
+class RedisServer:
+    """A redis-server process of the test session's own, which can be stopped and restarted."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tempfile.mkdtemp(prefix="pm-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for(self.url)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def _no_redis(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI needs a Redis for the Redis tests: {reason}")
+    pytest.skip(f"no Redis for the Redis tests: {reason}")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | None]:
+    """Our own redis-server (None when REDIS_URL points at one to use instead)."""
+    if os.environ.get("REDIS_URL"):
+        yield None
+        return
+    if shutil.which("redis-server") is None:
+        yield None
+        return
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer | None) -> str:
+    url = os.environ.get("REDIS_URL") or (redis_server.url if redis_server else None)
+    if url is None:
+        _no_redis("redis-server is not installed and REDIS_URL is not set")
+    return url  # type: ignore[return-value]
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A raw client on a clean keyspace, for looking at what the backend wrote."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushdb()
+    except redis.ConnectionError as exc:
+        _no_redis(str(exc))
+    yield client
+    client.close()
+
+
+def memory_settings_for(backend: str, redis_url: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A PERSISTENT_MEMORY dict for ``backend``."""
+    conf: dict[str, Any] = {"BACKEND": backend, **extra}
+    if backend == "redis":
+        conf["REDIS_URL"] = redis_url
+    return conf
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def configure(backend_name: str, settings: Any, request: pytest.FixtureRequest):
+    """Point PERSISTENT_MEMORY at the parametrized backend; call again with extra keys."""
+    url = None
+    if backend_name == "redis":
+        request.getfixturevalue("redis_client")  # a clean keyspace
+        url = request.getfixturevalue("redis_url")
+
+    def apply(**extra: Any) -> MemoryStore:
+        settings.PERSISTENT_MEMORY = memory_settings_for(backend_name, url, **extra)
+        return get_store()
+
+    return apply
+
+
+@pytest.fixture
+def store(configure: Any) -> MemoryStore:
+    """The process store on the parametrized backend, with default settings."""
+    return configure()
+
+
+@pytest.fixture
+def redis_store(settings: Any, redis_client: redis.Redis, redis_url: str) -> MemoryStore:
+    """The process store on Redis (for tests that only make sense there)."""
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url)
+    return get_store()
+
+
+class CountingConnection(redis.Connection):
+    """Counts network round trips: one per packed send (a command or a whole pipeline)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+def counting_client(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """A client whose round trips are counted in ``CountingConnection.sends``."""
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    client = redis.Redis(connection_pool=pool)
+    CountingConnection.sends = 0
+    yield client
+    pool.disconnect()

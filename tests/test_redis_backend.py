@@ -1,0 +1,210 @@
+"""What only the Redis backend does: the node's key layout, TTL alignment, one round
+trip per operation, and a clear error when Redis is away."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from persistent_memory.backends.redis import RedisBackend
+from persistent_memory.conf import MemorySettings
+from persistent_memory.exceptions import BackendUnavailable
+from persistent_memory.pipeline import MemoryFilter
+from persistent_memory.store import MemoryStore
+from tests.conftest import CountingConnection, _free_port
+
+
+@pytest.fixture
+def rstore(redis_client, redis_url):
+    store = MemoryStore(
+        RedisBackend(client=redis.Redis.from_url(redis_url), max_history=100, auto_summarize=True)
+    )
+    yield store
+    store.close()
+
+
+def test_key_layout_byte_for_byte(rstore, redis_client):
+    rstore.create_session("s1")
+    rstore.put("s1", "topic", {"name": "cats"})
+    rstore.increment("s1", "count", 2)
+    keys = {k.decode() for k in redis_client.keys("*")}
+    assert keys == {
+        "rr:memory:__sessions__",
+        "rr:memory:s1:__meta__",
+        "rr:memory:s1:__keys__",
+        "rr:memory:s1:__history__",
+        "rr:memory:s1:topic",
+        "rr:memory:s1:count",
+    }
+    assert redis_client.smembers("rr:memory:__sessions__") == {b"s1"}
+    assert redis_client.smembers("rr:memory:s1:__keys__") == {b"topic", b"count"}
+    assert json.loads(redis_client.get("rr:memory:s1:topic")) == {"name": "cats"}
+    assert redis_client.get("rr:memory:s1:count") == b"2"  # a Redis integer, readable by GET
+    meta = redis_client.hgetall("rr:memory:s1:__meta__")
+    assert meta[b"ttl_seconds"] == b"None"
+    assert float(meta[b"created_at"]) == pytest.approx(time.time(), abs=5)
+    history = [json.loads(raw) for raw in redis_client.lrange("rr:memory:s1:__history__", 0, -1)]
+    assert [(e["op"], e["key"]) for e in history] == [("put", "topic"), ("increment", "count")]
+
+
+def test_reads_data_written_by_the_original_node(rstore, redis_client):
+    # What the node writes: meta with str(time.time()) and the string "None".
+    pipe = redis_client.pipeline()
+    pipe.sadd("rr:memory:__sessions__", "legacy")
+    pipe.hset("rr:memory:legacy:__meta__", mapping={"created_at": "1700000000.5", "ttl_seconds": "3600"})
+    pipe.set("rr:memory:legacy:last_answer", json.dumps("hello"))
+    pipe.set("rr:memory:legacy:answer_count", json.dumps(3))
+    pipe.sadd("rr:memory:legacy:__keys__", "last_answer", "answer_count")
+    pipe.rpush(
+        "rr:memory:legacy:__history__", json.dumps({"op": "put", "key": "last_answer", "timestamp": 1.0})
+    )
+    pipe.execute()
+    info = rstore.session_info("legacy")
+    assert info["created_at"] == 1700000000.5 and info["ttl_seconds"] == 3600
+    assert info["key_count"] == 2 and info["history_length"] == 1
+    assert rstore.get_all("legacy") == {"answer_count": 3, "last_answer": "hello"}
+    assert rstore.record_answer("legacy", "again") == 4
+
+
+def test_custom_key_prefix(redis_client, redis_url):
+    store = MemoryStore(
+        RedisBackend(
+            client=redis.Redis.from_url(redis_url), key_prefix="app:mem", max_history=10, auto_summarize=True
+        )
+    )
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    assert {k.decode() for k in redis_client.keys("*")} == {
+        "app:mem:__sessions__",
+        "app:mem:s1:__meta__",
+        "app:mem:s1:__keys__",
+        "app:mem:s1:__history__",
+        "app:mem:s1:k",
+    }
+    assert store.list_sessions() == ["s1"]
+
+
+def test_ttl_aligned_across_every_key(rstore, redis_client):
+    rstore.create_session("s1", ttl_seconds=60)
+    rstore.put("s1", "first", 1)
+    time.sleep(0.3)
+    rstore.put("s1", "second", 2)
+    rstore.increment("s1", "counter")
+    rstore.record_answer("s1", "answer")
+    keys = [k for k in redis_client.keys("rr:memory:s1:*")]
+    assert len(keys) == 8  # meta, key set, history and five values
+    pttls = [redis_client.pttl(k) for k in keys]
+    assert min(pttls) > 0
+    assert max(pttls) - min(pttls) <= 50
+    assert max(pttls) <= 60_000 - 250  # later keys inherited what was left, not a fresh minute
+
+
+def test_no_ttl_means_no_expiry_on_any_key(rstore, redis_client):
+    rstore.create_session("s1")
+    rstore.put("s1", "k", 1)
+    assert all(redis_client.pttl(k) == -1 for k in redis_client.keys("rr:memory:s1:*"))
+
+
+def test_summarize_keeps_history_ttl(rstore, redis_client):
+    rstore.create_session("s1", ttl_seconds=60)
+    for i in range(5):
+        rstore.put("s1", "k", i)
+    assert rstore.summarize("s1", max_entries=2)
+    assert 0 < redis_client.pttl("rr:memory:s1:__history__") <= redis_client.pttl("rr:memory:s1:__meta__") + 5
+
+
+def test_expired_session_leftovers_are_removed(rstore, redis_client):
+    rstore.create_session("s1", ttl_seconds=0.2)
+    rstore.put("s1", "k", 1)
+    # A leftover with no TTL, as a crash mid-way in the original node could leave.
+    redis_client.set("rr:memory:s1:orphan", "1")
+    redis_client.sadd("rr:memory:s1:__keys__", "orphan")
+    redis_client.persist("rr:memory:s1:__keys__")
+    time.sleep(0.3)
+    rstore.create_session("s1")
+    assert rstore.get_all("s1") == {}
+    assert not redis_client.exists("rr:memory:s1:orphan")
+
+
+def test_every_operation_is_one_round_trip(counting_client):
+    store = MemoryStore(RedisBackend(client=counting_client, max_history=4, auto_summarize=True))
+    lanes = MemoryFilter(store)
+    store.ping()  # loads nothing; the first EVALSHA below loads the script once
+    store.create_session("warm")
+    store.create_session("s1", ttl_seconds=60)
+    for i in range(10):
+        store.put("s1", f"k{i}", i)
+    operations = {
+        "create_session": lambda: store.create_session("s2"),
+        "resume_session": lambda: store.resume_session("s1"),
+        "session_info": lambda: store.session_info("s1"),
+        "list_sessions": store.list_sessions,
+        "put (with auto-summarize)": lambda: store.put("s1", "k", {"v": 1}),
+        "get": lambda: store.get("s1", "k"),
+        "get_all (11 keys)": lambda: store.get_all("s1"),
+        "list_keys": lambda: store.list_keys("s1"),
+        "increment": lambda: store.increment("s1", "n", 2),
+        "clear key": lambda: store.clear("s1", "k0"),
+        "get_history": lambda: store.get_history("s1", 0),
+        "summarize": lambda: store.summarize("s1", 2),
+        "enrich lane": lambda: lanes.enrich({"text": "q", "metadata": {"session_id": "s3"}}),
+        "store lane": lambda: lanes.store({"text": "a", "metadata": {"session_id": "s3"}}),
+        "clear all": lambda: store.clear("s1"),
+        "delete_session": lambda: store.delete_session("s2"),
+        "ping": store.ping,
+    }
+    trips = {}
+    for name, call in operations.items():
+        CountingConnection.sends = 0
+        call()
+        trips[name] = CountingConnection.sends
+    assert trips == dict.fromkeys(operations, 1)
+
+
+def test_redis_down_raises_backend_unavailable():
+    port = _free_port()  # nothing listens there
+    url = f"redis://:s3cret-pw@127.0.0.1:{port}/0"
+    store = MemoryStore.from_settings(MemorySettings({"BACKEND": "redis", "REDIS_URL": url}))
+    started = time.monotonic()
+    for call in (
+        store.ping,
+        store.list_sessions,
+        lambda: store.create_session("s1"),
+        lambda: store.put("s1", "k", 1),
+        lambda: store.enrich("s1"),
+    ):
+        with pytest.raises(BackendUnavailable) as info:
+            call()
+        assert f"127.0.0.1:{port}" in str(info.value)
+        assert "s3cret-pw" not in str(info.value)
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert time.monotonic() - started < 2  # refused at once: no retry back-off
+
+
+def test_redis_restart_recovers_without_new_store(redis_server, redis_url):
+    if redis_server is None:
+        pytest.skip("REDIS_URL given: the suite does not restart a server it does not own")
+    store = MemoryStore.from_settings(MemorySettings({"BACKEND": "redis", "REDIS_URL": redis_url}))
+    store.create_session("before")
+    redis_server.stop()
+    try:
+        with pytest.raises(BackendUnavailable):
+            store.put("before", "k", 1)
+    finally:
+        redis_server.start()
+    # Server data is gone (no persistence) but the same store works again at once,
+    # including loading the script into the fresh server.
+    store.create_session("after")
+    store.put("after", "k", 1)
+    assert store.get("after", "k") == 1
+    store.close()
+
+
+def test_describe_hides_password(redis_url):
+    backend = RedisBackend(
+        client=redis.Redis.from_url("redis://:hunter2@127.0.0.1:6390/3"), max_history=10, auto_summarize=True
+    )
+    assert backend.describe() == "redis://127.0.0.1:6390/3"

@@ -1,0 +1,144 @@
+"""The PERSISTENT_MEMORY settings object, get_store() and the system checks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+
+from persistent_memory import get_store
+from persistent_memory.backends.memory import MemoryBackend
+from persistent_memory.backends.redis import RedisBackend
+from persistent_memory.conf import MemorySettings, memory_settings
+from persistent_memory.store import MemoryStore
+
+
+def check_ids(deploy: bool = False) -> list[str]:
+    return sorted(
+        m.id for m in run_checks(include_deployment_checks=deploy) if m.id.startswith("persistent_memory")
+    )
+
+
+class TestSettingsObject:
+    def test_defaults(self, settings):
+        settings.PERSISTENT_MEMORY = {}
+        assert memory_settings.BACKEND == "memory"
+        assert memory_settings.MAX_HISTORY == 100
+        assert memory_settings.AUTO_SUMMARIZE is True
+        assert memory_settings.MAX_SESSIONS == 1000
+        assert memory_settings.SESSION_TTL_HOURS == 0
+        assert memory_settings.KEY_PREFIX == "rr:memory"
+        assert memory_settings.MAX_VALUE_BYTES == 1024 * 1024
+
+    def test_profile_presets_and_explicit_override(self):
+        conf = MemorySettings({"PROFILE": "redis"})
+        assert (conf.BACKEND, conf.REDIS_HOST, conf.REDIS_PORT, conf.SESSION_TTL_HOURS) == (
+            "redis",
+            "localhost",
+            6379,
+            24,
+        )
+        conf = MemorySettings({"PROFILE": "redis", "SESSION_TTL_HOURS": 2})
+        assert conf.SESSION_TTL_HOURS == 2
+        conf = MemorySettings({"PROFILE": "custom"})
+        assert (conf.BACKEND, conf.REDIS_HOST, conf.SESSION_TTL_HOURS) == ("redis", "", 0)
+
+    def test_unknown_attribute(self):
+        with pytest.raises(AttributeError):
+            memory_settings.NOT_A_SETTING  # noqa: B018
+
+    def test_override_settings_rebuilds_the_store(self, settings):
+        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 7}
+        first = get_store()
+        assert first is get_store()
+        assert first.backend.max_history == 7
+        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 9}
+        second = get_store()
+        assert second is not first and second.backend.max_history == 9
+
+    def test_get_store_is_one_object_across_threads(self, settings):
+        settings.PERSISTENT_MEMORY = {"MAX_SESSIONS": 5}
+        seen: list[MemoryStore] = []
+        barrier = threading.Barrier(8)
+
+        def grab() -> None:
+            barrier.wait()
+            seen.append(get_store())
+
+        threads = [threading.Thread(target=grab) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len({id(s) for s in seen}) == 1
+
+    def test_backend_by_import_string(self, settings):
+        settings.PERSISTENT_MEMORY = {"BACKEND": "persistent_memory.backends.memory.MemoryBackend"}
+        assert isinstance(get_store().backend, MemoryBackend)
+
+    def test_bad_backend_is_improperly_configured(self, settings):
+        settings.PERSISTENT_MEMORY = {"BACKEND": "nope"}
+        with pytest.raises(ImproperlyConfigured):
+            get_store()
+
+    def test_redis_url_host_and_cache_alias(self, settings, redis_client, redis_url):
+        settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": redis_url}
+        assert get_store().backend.describe() == redis_url
+        host, port = redis_url.split("//")[1].split("/")[0].split(":")
+        settings.PERSISTENT_MEMORY = {"PROFILE": "redis", "REDIS_HOST": host, "REDIS_PORT": int(port)}
+        store = get_store()
+        assert isinstance(store.backend, RedisBackend) and store.create_session("via-host")
+        assert store.default_ttl_seconds == 24 * 3600
+        settings.CACHES = {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "memory": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+        }
+        settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_CACHE_ALIAS": "memory"}
+        from django_redis import get_redis_connection
+
+        store = get_store()
+        assert store.backend.client is get_redis_connection("memory")
+        assert store.list_sessions() == ["via-host"]
+        store.close()  # the cache's connection is the cache's: still usable
+        assert get_redis_connection("memory").ping()
+
+
+class TestChecks:
+    def test_default_configuration_is_clean(self, settings):
+        settings.PERSISTENT_MEMORY = {}
+        assert check_ids() == []
+
+    def test_deploy_warns_about_memory_backend(self, settings):
+        settings.PERSISTENT_MEMORY = {}
+        assert check_ids(deploy=True) == ["persistent_memory.W001"]
+        settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://127.0.0.1:1/0"}
+        assert check_ids(deploy=True) == []
+
+    @pytest.mark.parametrize(
+        ("conf", "expected"),
+        [
+            ({"BACKEND": "cassandra"}, "persistent_memory.E001"),
+            ({"BACKEND": "django.db.models.Model"}, "persistent_memory.E001"),
+            ({"MAX_HISTORY": -1}, "persistent_memory.E002"),
+            ({"MAX_SESSIONS": 0}, "persistent_memory.E002"),
+            ({"MAX_VALUE_BYTES": "big"}, "persistent_memory.E002"),
+            ({"SESSION_TTL_HOURS": -2}, "persistent_memory.E002"),
+            ({"REDIS_PORT": 70000}, "persistent_memory.E002"),
+            ({"BACKEND": "redis"}, "persistent_memory.E003"),
+            ({"PROFILE": "custom"}, "persistent_memory.E003"),
+            ({"BACKEND": "redis", "REDIS_CACHE_ALIAS": "default"}, "persistent_memory.E004"),
+            ({"BACKEND": "redis", "REDIS_CACHE_ALIAS": "missing"}, "persistent_memory.E004"),
+            ({"MAX_HISTROY": 5}, "persistent_memory.E005"),
+            ({"PROFILE": "fast"}, "persistent_memory.E005"),
+            ({"KEY_PREFIX": ""}, "persistent_memory.E006"),
+        ],
+    )
+    def test_bad_configuration_is_an_error(self, settings, conf, expected):
+        settings.PERSISTENT_MEMORY = conf
+        assert check_ids() == [expected]
+
+    def test_not_a_dict(self, settings):
+        settings.PERSISTENT_MEMORY = ["BACKEND", "memory"]
+        assert check_ids() == ["persistent_memory.E005"]
