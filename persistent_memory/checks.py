@@ -7,11 +7,20 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
 from persistent_memory.conf import DEFAULTS, PROFILES, SETTING_NAME, MemorySettings
 
-_POSITIVE_INTS = ("MAX_HISTORY", "MAX_SESSIONS", "MAX_VALUE_BYTES")
+_POSITIVE_INTS = (
+    "MAX_HISTORY",
+    "MAX_SESSIONS",
+    "MAX_VALUE_BYTES",
+    "MAX_BATCH",
+    "MAX_REQUEST_BYTES",
+    "RETRY_AFTER_SECONDS",
+)
+_CLASS_LISTS = ("API_PERMISSION_CLASSES", "API_AUTHENTICATION_CLASSES")
 
 
 def _is_number(value: Any) -> bool:
@@ -64,6 +73,14 @@ def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
                     id="persistent_memory.E002",
                 )
             )
+    if not _is_number(conf.RUN_BINDING_TTL_SECONDS) or conf.RUN_BINDING_TTL_SECONDS <= 0:
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['RUN_BINDING_TTL_SECONDS'] is {conf.RUN_BINDING_TTL_SECONDS!r}.",
+                hint="Use a positive number of seconds.",
+                id="persistent_memory.E002",
+            )
+        )
     port = conf.REDIS_PORT
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         errors.append(
@@ -82,6 +99,28 @@ def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
                 id="persistent_memory.E006",
             )
         )
+    return errors
+
+
+def _check_api_classes(conf: MemorySettings) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for name in _CLASS_LISTS:
+        value = getattr(conf, name)
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, list | tuple):
+                raise TypeError("not a list of import strings")
+            for path in value:
+                import_string(path)
+        except (ImportError, TypeError) as exc:
+            errors.append(
+                Error(
+                    f"{SETTING_NAME}['{name}'] is {value!r}: {exc}",
+                    hint="Use a list of import strings of DRF classes, or None for the project's defaults.",
+                    id="persistent_memory.E007",
+                )
+            )
     return errors
 
 
@@ -131,7 +170,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if errors:
         return errors
     conf = MemorySettings(user)
-    return _check_numbers(conf) + _check_backend(conf)
+    return _check_numbers(conf) + _check_backend(conf) + _check_api_classes(conf)
 
 
 @register(Tags.compatibility, deploy=True)

@@ -35,6 +35,14 @@ DEFAULTS: dict[str, Any] = {
     "AUTO_SUMMARIZE": True,
     "MAX_SESSIONS": 1000,
     "MAX_VALUE_BYTES": 1024 * 1024,
+    # How long the REST API remembers which session a pipeline run_id enriched.
+    "RUN_BINDING_TTL_SECONDS": 3600,
+    # REST API: import strings; None uses the project's REST_FRAMEWORK defaults.
+    "API_PERMISSION_CLASSES": None,
+    "API_AUTHENTICATION_CLASSES": None,
+    "MAX_BATCH": 100,
+    "MAX_REQUEST_BYTES": 2 * 1024 * 1024 + 64 * 1024,
+    "RETRY_AFTER_SECONDS": 5,
 }
 
 #: The seed node's profiles. Keys the project sets explicitly override these.

@@ -28,6 +28,12 @@ class InvalidValue(PersistentMemoryError, ValueError):
     code = "invalid_value"
 
 
+class InvalidRunId(InvalidValue):
+    """A pipeline ``run_id`` does not follow the session id rules."""
+
+    code = "invalid_run_id"
+
+
 class SessionNotFound(PersistentMemoryError, LookupError):
     """No live session has this id."""
 

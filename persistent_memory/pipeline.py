@@ -17,6 +17,7 @@ from persistent_memory.validation import validate_session_id
 logger = logging.getLogger(__name__)
 
 MEMORY_CONTEXT = "memory_context"
+NO_SESSION_ID = "no session_id in metadata"
 
 
 class Outcome(TypedDict, total=False):
@@ -34,7 +35,7 @@ def _session_id_of(entry: dict[str, Any]) -> tuple[str | None, str | None]:
     metadata = entry.get("metadata")
     session_id = metadata.get("session_id") if isinstance(metadata, dict) else None
     if session_id is None or session_id == "":
-        return None, "no session_id in metadata"
+        return None, NO_SESSION_ID
     try:
         return validate_session_id(session_id), None
     except InvalidSessionId as exc:
@@ -59,27 +60,42 @@ class MemoryFilter:
         """Start a new pipeline item: forget the last question's session."""
         self.current_session_id = None
 
-    def enrich(self, question: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
-        """Attach every stored key as ``metadata["memory_context"]`` (when there is one)."""
+    def enrich(
+        self, question: dict[str, Any], *, run_id: str | None = None
+    ) -> tuple[dict[str, Any], Outcome]:
+        """Attach every stored key as ``metadata["memory_context"]`` (when there is one).
+
+        ``run_id`` (a pipeline run that calls once per lane) is remembered in the backend
+        so that :meth:`store` with the same ``run_id`` finds this session.
+        """
         question = copy.deepcopy(question)
         session_id, reason = _session_id_of(question)
         if session_id is None:
             return question, {"status": "skipped", "session_id": None, "reason": reason or ""}
         self.current_session_id = session_id
-        context = self.memory_store.enrich(session_id)
+        context = self.memory_store.enrich(session_id, run_id=run_id)
         if not context:
             return question, {"status": "unchanged", "session_id": session_id, "keys": []}
         question["metadata"][MEMORY_CONTEXT] = context
         logger.debug("memory: attached %d keys for session %s", len(context), session_id)
         return question, {"status": "enriched", "session_id": session_id, "keys": list(context)}
 
-    def store(self, answer: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
-        """Save the answer's text as ``last_answer`` and count it in ``answer_count``."""
+    def store(self, answer: dict[str, Any], *, run_id: str | None = None) -> tuple[dict[str, Any], Outcome]:
+        """Save the answer's text as ``last_answer`` and count it in ``answer_count``.
+
+        An answer with no session id falls back to the last question's session since
+        :meth:`open`, else to the session ``run_id`` was enriched on.
+        """
         answer = copy.deepcopy(answer)
         session_id, reason = _session_id_of(answer)
-        if session_id is None and reason == "no session_id in metadata" and self.current_session_id:
-            session_id = self.current_session_id  # the node's fallback to the question's session
+        if session_id is None and reason == NO_SESSION_ID:
+            session_id = self.current_session_id
+            if session_id is None and run_id is not None:
+                record = self.memory_store.record_answer(None, answer.get("text"), run_id=run_id)
+                if record is not None:
+                    return answer, {"status": "stored", **record._asdict()}
+                reason = f"{NO_SESSION_ID}, and no question was enriched with run_id {run_id!r}"
         if session_id is None:
             return answer, {"status": "skipped", "session_id": None, "reason": reason or ""}
-        count = self.memory_store.record_answer(session_id, answer.get("text"))
-        return answer, {"status": "stored", "session_id": session_id, "answer_count": count}
+        record = self.memory_store.record_answer(session_id, answer.get("text"))
+        return answer, {"status": "stored", **record._asdict()}

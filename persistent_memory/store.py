@@ -14,14 +14,15 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from persistent_memory.backends import backend_class
-from persistent_memory.backends.base import BaseBackend, SessionInfo
+from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
 from persistent_memory.conf import MemorySettings, memory_settings
-from persistent_memory.exceptions import InvalidValue, SessionNotFound
+from persistent_memory.exceptions import InvalidSessionId, InvalidValue, SessionNotFound
 from persistent_memory.validation import (
     decode_value,
     encode_value,
     validate_int,
     validate_key,
+    validate_run_id,
     validate_session_id,
     validate_ttl,
 )
@@ -36,10 +37,12 @@ class MemoryStore:
         *,
         default_ttl_seconds: float | None = None,
         max_value_bytes: int = 1024 * 1024,
+        run_binding_ttl_seconds: float = 3600,
     ) -> None:
         self.backend = backend
         self.default_ttl_seconds = validate_ttl(default_ttl_seconds)
         self.max_value_bytes = max_value_bytes
+        self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
 
     @classmethod
     def from_settings(cls, conf: MemorySettings = memory_settings) -> MemoryStore:
@@ -48,11 +51,16 @@ class MemoryStore:
             backend = backend_class(conf.BACKEND).from_settings(conf)
         except (ImportError, TypeError) as exc:
             raise ImproperlyConfigured(f"PERSISTENT_MEMORY['BACKEND']: {exc}") from exc
-        return cls(
-            backend,
-            default_ttl_seconds=(conf.SESSION_TTL_HOURS or 0) * 3600,
-            max_value_bytes=conf.MAX_VALUE_BYTES,
-        )
+        try:
+            return cls(
+                backend,
+                default_ttl_seconds=(conf.SESSION_TTL_HOURS or 0) * 3600,
+                max_value_bytes=conf.MAX_VALUE_BYTES,
+                run_binding_ttl_seconds=conf.RUN_BINDING_TTL_SECONDS,
+            )
+        except InvalidValue as exc:
+            backend.close()
+            raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc} (see `manage.py check`)") from exc
 
     def _ttl(self, ttl_seconds: Any) -> float | None:
         return self.default_ttl_seconds if ttl_seconds is None else validate_ttl(ttl_seconds)
@@ -75,6 +83,13 @@ class MemoryStore:
     def list_sessions(self) -> list[str]:
         """Sorted ids of live sessions."""
         return self.backend.list_sessions()
+
+    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
+        """Info of every live session whose id starts with ``prefix``, newest first."""
+        if not isinstance(prefix, str):
+            raise InvalidValue("The session id prefix must be a string.")
+        infos = self.backend.list_session_infos(prefix)
+        return sorted(infos, key=lambda info: (-info["created_at"], info["session_id"]))
 
     def delete_session(self, session_id: str) -> list[str]:
         """Delete a session and everything in it; return the keys cleared, sorted."""
@@ -126,18 +141,35 @@ class MemoryStore:
 
     # The pipeline lanes -----------------------------------------------------
 
-    def enrich(self, session_id: str) -> dict[str, Any]:
-        """Resume or create the session and return all its values (one backend call)."""
-        values = self.backend.enrich(validate_session_id(session_id), self.default_ttl_seconds)
+    def enrich(self, session_id: str, *, run_id: str | None = None) -> dict[str, Any]:
+        """Resume or create the session and return all its values (one backend call).
+
+        With ``run_id``, remember for ``RUN_BINDING_TTL_SECONDS`` that this run is on
+        this session, so its answers can be stored without a session id.
+        """
+        session_id = validate_session_id(session_id)
+        run = None if run_id is None else RunBinding(validate_run_id(run_id), self.run_binding_ttl_seconds)
+        values = self.backend.enrich(session_id, self.default_ttl_seconds, run)
         return {key: decode_value(values[key]) for key in sorted(values)}
 
-    def record_answer(self, session_id: str, text: str) -> int:
-        """Resume or create, store ``last_answer``, bump ``answer_count``; return the count."""
-        session_id = validate_session_id(session_id)
+    def record_answer(
+        self, session_id: str | None, text: str, *, run_id: str | None = None
+    ) -> AnswerRecord | None:
+        """Resume or create, store ``last_answer``, bump ``answer_count`` (one backend call).
+
+        ``session_id=None`` uses the session ``run_id`` was enriched on; returns None,
+        writing nothing, when there is none.
+        """
+        if session_id is None:
+            if run_id is None:
+                raise InvalidSessionId("record_answer needs a session_id or a run_id.")
+            run_id = validate_run_id(run_id)
+        else:
+            session_id, run_id = validate_session_id(session_id), None
         if not isinstance(text, str):
             raise InvalidValue(f"Invalid answer text {text!r}: must be a string.")
         answer_json = encode_value(text, max_bytes=self.max_value_bytes)
-        return self.backend.record_answer(session_id, answer_json, self.default_ttl_seconds)
+        return self.backend.record_answer(session_id, answer_json, self.default_ttl_seconds, run_id)
 
     # Health -----------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Any
 
-from persistent_memory.exceptions import InvalidKey, InvalidSessionId, InvalidValue
+from persistent_memory.exceptions import InvalidKey, InvalidRunId, InvalidSessionId, InvalidValue
 
 # fullmatch, never `$`: `$` also matches before a trailing newline.
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -28,6 +28,14 @@ def validate_session_id(session_id: Any) -> str:
     if RESERVED_PATTERN.fullmatch(session_id):
         raise InvalidSessionId(f"Invalid session_id {session_id!r}: names like __name__ are reserved.")
     return session_id
+
+
+def validate_run_id(run_id: Any) -> str:
+    """A pipeline run id follows the session id rules; :class:`InvalidRunId` otherwise."""
+    try:
+        return validate_session_id(run_id)
+    except InvalidSessionId as exc:
+        raise InvalidRunId(str(exc).replace("session_id", "run_id")) from None
 
 
 def validate_key(key: Any) -> str:

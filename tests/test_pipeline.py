@@ -123,3 +123,13 @@ def test_answer_text_must_be_a_string(lanes, store):
     with pytest.raises(InvalidValue):
         lanes.store({"metadata": {"session_id": "s1"}})
     assert store.list_sessions() == []  # refused before the session was created
+
+
+def test_run_id_carries_the_session_across_filters(store):
+    # One HTTP call per lane: a new filter each time, tied together by run_id.
+    MemoryFilter(store).enrich(question("s1"), run_id="run-7")
+    out, outcome = MemoryFilter(store).store(answer(None, "via run"), run_id="run-7")
+    assert outcome == {"status": "stored", "session_id": "s1", "answer_count": 1}
+    assert store.get("s1", "last_answer") == "via run"
+    _, outcome = MemoryFilter(store).store(answer(None, "no run"), run_id="run-8")
+    assert outcome["status"] == "skipped" and "run-8" in outcome["reason"]

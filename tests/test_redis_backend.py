@@ -66,7 +66,7 @@ def test_reads_data_written_by_the_original_node(rstore, redis_client):
     assert info["created_at"] == 1700000000.5 and info["ttl_seconds"] == 3600
     assert info["key_count"] == 2 and info["history_length"] == 1
     assert rstore.get_all("legacy") == {"answer_count": 3, "last_answer": "hello"}
-    assert rstore.record_answer("legacy", "again") == 4
+    assert rstore.record_answer("legacy", "again").answer_count == 4
 
 
 def test_custom_key_prefix(redis_client, redis_url):
@@ -142,6 +142,7 @@ def test_every_operation_is_one_round_trip(counting_client):
         "resume_session": lambda: store.resume_session("s1"),
         "session_info": lambda: store.session_info("s1"),
         "list_sessions": store.list_sessions,
+        "list_session_infos": store.list_session_infos,
         "put (with auto-summarize)": lambda: store.put("s1", "k", {"v": 1}),
         "get": lambda: store.get("s1", "k"),
         "get_all (11 keys)": lambda: store.get_all("s1"),
@@ -152,6 +153,12 @@ def test_every_operation_is_one_round_trip(counting_client):
         "summarize": lambda: store.summarize("s1", 2),
         "enrich lane": lambda: lanes.enrich({"text": "q", "metadata": {"session_id": "s3"}}),
         "store lane": lambda: lanes.store({"text": "a", "metadata": {"session_id": "s3"}}),
+        "enrich lane with run_id": lambda: MemoryFilter(store).enrich(
+            {"text": "q", "metadata": {"session_id": "s4"}}, run_id="r1"
+        ),
+        "store lane through run_id": lambda: MemoryFilter(store).store(
+            {"text": "a", "metadata": {}}, run_id="r1"
+        ),
         "clear all": lambda: store.clear("s1"),
         "delete_session": lambda: store.delete_session("s2"),
         "ping": store.ping,
@@ -208,3 +215,11 @@ def test_describe_hides_password(redis_url):
         client=redis.Redis.from_url("redis://:hunter2@127.0.0.1:6390/3"), max_history=10, auto_summarize=True
     )
     assert backend.describe() == "redis://127.0.0.1:6390/3"
+
+
+def test_run_binding_key_cannot_collide_with_a_session(rstore, redis_client):
+    rstore.enrich("s1", run_id="run-1")
+    assert redis_client.get("rr:memory:~run:run-1") == b"s1"
+    assert 3_590_000 < redis_client.pttl("rr:memory:~run:run-1") <= 3_600_000
+    # '~' is outside the session id alphabet, so no session's keys can take this name.
+    assert rstore.list_sessions() == ["s1"]

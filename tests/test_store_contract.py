@@ -424,8 +424,8 @@ class TestLanes:
         assert store.enrich("s1") == {"a": {"x": 1}}
 
     def test_record_answer(self, store):
-        assert store.record_answer("s1", "first") == 1
-        assert store.record_answer("s1", "second") == 2
+        assert store.record_answer("s1", "first").answer_count == 1
+        assert store.record_answer("s1", "second").answer_count == 2
         assert store.get_all("s1") == {"answer_count": 2, "last_answer": "second"}
         ops = [(e["op"], e["key"]) for e in store.get_history("s1", 0)]
         assert ops == [("put", "last_answer"), ("increment", "answer_count")] * 2
@@ -448,3 +448,63 @@ class TestLanes:
 
 def test_ping(store):
     store.ping()
+
+
+class TestRunBindings:
+    def test_answer_finds_session_through_run(self, store):
+        store.enrich("s1", run_id="run-1")
+        record = store.record_answer(None, "bound", run_id="run-1")
+        assert record == ("s1", 1)
+        assert store.get("s1", "last_answer") == "bound"
+
+    def test_unknown_run_writes_nothing(self, store):
+        assert store.record_answer(None, "lost", run_id="never-enriched") is None
+        assert store.list_sessions() == []
+
+    def test_run_rebinds_to_latest_session(self, store):
+        store.enrich("s1", run_id="r")
+        store.enrich("s2", run_id="r")
+        assert store.record_answer(None, "x", run_id="r").session_id == "s2"
+        assert store.list_keys("s1") == []
+
+    def test_binding_expires(self, configure):
+        store = configure(RUN_BINDING_TTL_SECONDS=0.2)
+        store.enrich("s1", run_id="r")
+        time.sleep(0.3)
+        assert store.record_answer(None, "late", run_id="r") is None
+        assert store.list_keys("s1") == []
+
+    @pytest.mark.parametrize("run_id", ["", "a b", "a:b", "x" * 129, 5])
+    def test_invalid_run_id(self, store, run_id):
+        from persistent_memory.exceptions import InvalidRunId
+
+        with pytest.raises(InvalidRunId):
+            store.enrich("s1", run_id=run_id)
+        with pytest.raises(InvalidRunId):
+            store.record_answer(None, "x", run_id=run_id)
+        assert store.list_sessions() == []
+
+    def test_own_session_wins_over_run(self, store):
+        store.enrich("s1", run_id="r")
+        assert store.record_answer("s2", "mine", run_id="r").session_id == "s2"
+        assert store.list_keys("s1") == []
+
+
+class TestListInfos:
+    def test_newest_first_with_prefix(self, store):
+        for session_id in ("chat-1", "chat-2", "other", "chat-3"):
+            store.create_session(session_id)
+            time.sleep(0.002)
+        store.put("chat-2", "k", 1)
+        infos = store.list_session_infos()
+        assert [i["session_id"] for i in infos] == ["chat-3", "other", "chat-2", "chat-1"]
+        chat = store.list_session_infos("chat-")
+        assert [i["session_id"] for i in chat] == ["chat-3", "chat-2", "chat-1"]
+        assert chat[1] == store.session_info("chat-2")
+        assert store.list_session_infos("zzz") == []
+
+    def test_expired_are_left_out(self, store):
+        store.create_session("gone", ttl_seconds=0.1)
+        store.create_session("kept")
+        time.sleep(0.2)
+        assert [i["session_id"] for i in store.list_session_infos()] == ["kept"]

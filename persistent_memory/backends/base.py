@@ -9,7 +9,7 @@ summarizes in the same step, and on Redis costs one round trip.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from persistent_memory.conf import MemorySettings
 
@@ -41,6 +41,20 @@ def session_info(
         "key_count": key_count,
         "history_length": history_length,
     }
+
+
+class RunBinding(NamedTuple):
+    """Remember for ``ttl_seconds`` that pipeline run ``run_id`` is on the enriched session."""
+
+    run_id: str
+    ttl_seconds: float
+
+
+class AnswerRecord(NamedTuple):
+    """Where the answers lane stored an answer, and the session's new ``answer_count``."""
+
+    session_id: str
+    answer_count: int
 
 
 class BaseBackend(ABC):
@@ -75,6 +89,10 @@ class BaseBackend(ABC):
     @abstractmethod
     def list_sessions(self) -> list[str]:
         """Sorted ids of live sessions (expired ones are pruned)."""
+
+    @abstractmethod
+    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
+        """Info of every live session whose id starts with ``prefix``, in one step."""
 
     @abstractmethod
     def delete_session(self, session_id: str) -> list[str]:
@@ -119,12 +137,20 @@ class BaseBackend(ABC):
     # The pipeline lanes, each one atomic step -------------------------------
 
     @abstractmethod
-    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
-        """Resume or create the session, then return every key and its JSON text."""
+    def enrich(
+        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
+    ) -> dict[str, str]:
+        """Resume or create the session (binding ``run`` to it), then return every key's JSON text."""
 
     @abstractmethod
-    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
-        """Resume or create, put ``last_answer``, increment ``answer_count``; return the count."""
+    def record_answer(
+        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+    ) -> AnswerRecord | None:
+        """Resume or create, put ``last_answer``, increment ``answer_count``.
+
+        With ``session_id=None`` the session is the one ``run_id`` is bound to; None
+        when there is no such binding (nothing is written then).
+        """
 
     # Health -----------------------------------------------------------------
 

@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistent_memory import history
-from persistent_memory.backends.base import ANSWER_COUNT, LAST_ANSWER, BaseBackend, SessionInfo, session_info
+from persistent_memory.backends.base import (
+    ANSWER_COUNT,
+    LAST_ANSWER,
+    AnswerRecord,
+    BaseBackend,
+    RunBinding,
+    SessionInfo,
+    session_info,
+)
 from persistent_memory.conf import MemorySettings
 from persistent_memory.exceptions import (
     CapacityExceeded,
@@ -49,6 +57,10 @@ class MemoryBackend(BaseBackend):
         self.max_sessions = max_sessions
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
+        # run_id -> (session_id, expires_at); expired ones are pruned when the dict has
+        # doubled since the last pruning, so binding stays O(1) amortized.
+        self._runs: dict[str, tuple[str, float]] = {}
+        self._runs_prune_at = 1024
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -145,6 +157,11 @@ class MemoryBackend(BaseBackend):
             self._prune(time.time())
             return sorted(self._sessions)
 
+    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
+        with self._lock:
+            self._prune(time.time())
+            return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
+
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
             session = self._live(session_id)
@@ -206,18 +223,37 @@ class MemoryBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
-    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
+    def enrich(
+        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
+    ) -> dict[str, str]:
         with self._lock:
-            return dict(self._live_or_create(session_id, ttl_seconds).values)
+            values = dict(self._live_or_create(session_id, ttl_seconds).values)
+            if run is not None:
+                self._bind(run, session_id)
+            return values
 
-    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
+    def _bind(self, run: RunBinding, session_id: str) -> None:
+        now = time.time()
+        if len(self._runs) >= self._runs_prune_at:
+            self._runs = {r: bound for r, bound in self._runs.items() if bound[1] > now}
+            self._runs_prune_at = max(1024, 2 * len(self._runs))
+        self._runs[run.run_id] = (session_id, now + run.ttl_seconds)
+
+    def record_answer(
+        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+    ) -> AnswerRecord | None:
         with self._lock:
+            if session_id is None:
+                bound = self._runs.get(run_id or "")
+                if bound is None or bound[1] <= time.time():
+                    return None
+                session_id = bound[0]
             session = self._live_or_create(session_id, ttl_seconds)
             count = self._add(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
             session.values[LAST_ANSWER] = answer_json
             self._record(session, "put", LAST_ANSWER)
             self._record(session, "increment", ANSWER_COUNT)
-            return count
+            return AnswerRecord(session_id, count)
 
     def ping(self) -> None:
         return None

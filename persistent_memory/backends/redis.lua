@@ -1,13 +1,28 @@
 -- Every store operation on Redis, as one script: one EVALSHA is one round trip, and
 -- a write, its history entry, its TTL alignment and summarization happen atomically.
 --
--- KEYS: 1 sessions set, 2 meta hash, 3 key set, 4 history list (the node's layout).
--- ARGV: 1 operation, 2 "{prefix}:{session_id}:" (data keys are that plus the key;
--- for "list" it is "{prefix}:"), 3 session id, 4 now (JSON number text), then the
--- operation's own arguments. Errors come back as "PM_<CODE> message" replies.
+-- ARGV: 1 operation, 2 key prefix, 3 session id ('' when an answer's session comes
+-- from its run binding), 4 now (JSON number text), then the operation's own
+-- arguments. Keys are built here from the prefix, in the node's layout; auxiliary
+-- keys use '~', which no session id can hold. Errors come back as "PM_<CODE> message".
 
-local SESSIONS, META, KEYSET, HISTORY = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local op, base, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local SESSIONS = prefix .. ':__sessions__'
+local base, META, KEYSET, HISTORY
+
+local function use_session(id)
+  sid = id
+  base = prefix .. ':' .. id .. ':'
+  META, KEYSET, HISTORY = base .. '__meta__', base .. '__keys__', base .. '__history__'
+end
+
+local function run_key(run_id)
+  return prefix .. ':~run:' .. run_id
+end
+
+if sid ~= '' then
+  use_session(sid)
+end
 
 local function fail(code, message)
   return redis.error_reply('PM_' .. code .. ' ' .. message)
@@ -163,13 +178,21 @@ local function add(key, amount)
   return result
 end
 
-if op == 'list' then
+-- Live sessions whose id starts with ARGV[5]; 'list_info' adds each one's info.
+if op == 'list' or op == 'list_info' then
+  local wanted = ARGV[5] or ''
   local live, stale = {}, {}
   for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
-    if redis.call('EXISTS', base .. id .. ':__meta__') == 1 then
-      live[#live + 1] = id
-    else
-      stale[#stale + 1] = id
+    if wanted == '' or string.sub(id, 1, #wanted) == wanted then
+      use_session(id)
+      if redis.call('EXISTS', META) == 0 then
+        stale[#stale + 1] = id
+      else
+        live[#live + 1] = id
+        if op == 'list_info' then
+          for _, field in ipairs(info()) do live[#live + 1] = field end
+        end
+      end
     end
   end
   if #stale > 0 then
@@ -186,12 +209,26 @@ if op == 'create' then
   return info()
 end
 
-if op == 'enrich' or op == 'answer' then
+if op == 'enrich' then
   if redis.call('EXISTS', META) == 0 then
     create(tonumber(ARGV[5]), ARGV[6])
   end
-  if op == 'enrich' then
-    return all_values()
+  if ARGV[7] ~= '' then
+    redis.call('SET', run_key(ARGV[7]), sid, 'PX', ARGV[8])
+  end
+  return all_values()
+end
+
+if op == 'answer' then
+  if sid == '' then
+    local bound = redis.call('GET', run_key(ARGV[10]))
+    if not bound then
+      return {}
+    end
+    use_session(bound)
+  end
+  if redis.call('EXISTS', META) == 0 then
+    create(tonumber(ARGV[5]), ARGV[6])
   end
   local count, err = add('answer_count', 1)
   if err then return err end
@@ -200,7 +237,7 @@ if op == 'enrich' or op == 'answer' then
   record(history_entry('put', 'last_answer'), ARGV[8], ARGV[9])
   record(history_entry('increment', 'answer_count'), ARGV[8], ARGV[9])
   align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
-  return count
+  return {sid, count}
 end
 
 local err = check_live()

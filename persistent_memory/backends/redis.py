@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from persistent_memory.backends.base import BaseBackend, SessionInfo, session_info
+from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo, session_info
 from persistent_memory.conf import MemorySettings
 from persistent_memory.exceptions import (
     BackendUnavailable,
@@ -107,7 +107,6 @@ class RedisBackend(BaseBackend):
         self.client = client
         self.owns_client = owns_client
         self.key_prefix = key_prefix
-        self._sessions_key = f"{key_prefix}:__sessions__"
         self._policy = (str(max_history), "1" if auto_summarize else "0")
         self._script = client.register_script(SCRIPT)
 
@@ -145,14 +144,13 @@ class RedisBackend(BaseBackend):
             raise BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}") from None
 
     def _run(self, op: str, session_id: str, *args: Any) -> Any:
-        base = f"{self.key_prefix}:{session_id}:"
-        keys = (self._sessions_key, base + "__meta__", base + "__keys__", base + "__history__")
+        # The script builds its keys from the prefix and session id (see redis.lua).
         with self._errors():
-            return self._script(keys=keys, args=(op, base, session_id, repr(time.time()), *args))
+            return self._script(args=(op, self.key_prefix, session_id, repr(time.time()), *args))
 
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
-        created_at, ttl, key_count, history_length = reply
+        created_at, ttl, key_count, history_length = reply[:4]
         return session_info(
             session_id,
             created_at=float(created_at),
@@ -177,11 +175,11 @@ class RedisBackend(BaseBackend):
     session_info = resume_session
 
     def list_sessions(self) -> list[str]:
-        with self._errors():
-            live = self._script(
-                keys=(self._sessions_key,), args=("list", f"{self.key_prefix}:", "", repr(time.time()))
-            )
-        return sorted(item.decode() for item in live)
+        return sorted(item.decode() for item in self._run("list", ""))
+
+    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
+        flat = self._run("list_info", "", prefix)
+        return [self._info(flat[i].decode(), flat[i + 1 : i + 5]) for i in range(0, len(flat), 5)]
 
     def delete_session(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("delete", session_id))
@@ -216,13 +214,27 @@ class RedisBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
-    def enrich(self, session_id: str, ttl_seconds: float | None) -> dict[str, str]:
-        return self._pairs(self._run("enrich", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds)))
-
-    def record_answer(self, session_id: str, answer_json: str, ttl_seconds: float | None) -> int:
-        return self._run(
-            "answer", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds), answer_json, *self._policy
+    def enrich(
+        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
+    ) -> dict[str, str]:
+        run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
+        return self._pairs(
+            self._run("enrich", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds), *run_args)
         )
+
+    def record_answer(
+        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+    ) -> AnswerRecord | None:
+        reply = self._run(
+            "answer",
+            session_id or "",
+            _ttl_ms(ttl_seconds),
+            _ttl_text(ttl_seconds),
+            answer_json,
+            *self._policy,
+            run_id or "",
+        )
+        return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
 
     # Health -----------------------------------------------------------------
 
