@@ -1,0 +1,173 @@
+"""Request and response shapes of the API (validation and the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from persistent_memory.conf import memory_settings
+from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+LANES = ("questions", "answers")
+
+
+def _entry(value: Any, *, lane: str) -> dict[str, Any]:
+    """An entry is an object; its ``metadata`` an object; an answer's ``text`` a string."""
+    if not isinstance(value, dict):
+        raise serializers.ValidationError("An entry must be a JSON object.", code="invalid_entry")
+    if "metadata" in value and not isinstance(value["metadata"], dict):
+        raise serializers.ValidationError("metadata must be a JSON object.", code="invalid_entry")
+    if lane == "answers" and not isinstance(value.get("text"), str):
+        raise serializers.ValidationError("An answer needs a string 'text'.", code="invalid_entry")
+    return value
+
+
+class EntryField(serializers.JSONField):
+    """A pipeline entry: ``{"text": ..., "metadata": {...}, ...}``."""
+
+    def __init__(self, *, lane: str, **kwargs: Any) -> None:
+        self.lane = lane
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        return _entry(super().to_internal_value(data), lane=self.lane)
+
+
+class EnrichRequest(serializers.Serializer):
+    question = EntryField(lane="questions")
+    run_id = serializers.CharField(required=False, allow_null=True, trim_whitespace=False, max_length=128)
+
+
+class StoreRequest(serializers.Serializer):
+    answer = EntryField(lane="answers")
+    run_id = serializers.CharField(required=False, allow_null=True, trim_whitespace=False, max_length=128)
+
+
+class MemoryOutcome(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["enriched", "unchanged", "stored", "skipped"])
+    session_id = serializers.CharField(allow_null=True)
+    keys = serializers.ListField(child=serializers.CharField(), required=False)
+    answer_count = serializers.IntegerField(required=False)
+    reason = serializers.CharField(required=False)
+
+
+class EnrichResponse(serializers.Serializer):
+    question = serializers.JSONField()
+    memory = MemoryOutcome()
+
+
+class StoreResponse(serializers.Serializer):
+    answer = serializers.JSONField()
+    memory = MemoryOutcome()
+
+
+class BatchItem(serializers.Serializer):
+    lane = serializers.ChoiceField(choices=LANES)
+    entry = serializers.JSONField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            _entry(attrs["entry"], lane=attrs["lane"])
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError({"entry": exc.detail}) from None
+        return attrs
+
+
+class ProcessRequest(serializers.Serializer):
+    entries = BatchItem(many=True, allow_empty=True)
+
+    def validate_entries(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        limit = memory_settings.MAX_BATCH
+        if len(value) > limit:
+            raise serializers.ValidationError(f"At most {limit} entries per call.", code="too_many_entries")
+        return value
+
+
+class ProcessedItem(serializers.Serializer):
+    lane = serializers.ChoiceField(choices=LANES)
+    entry = serializers.JSONField()
+    memory = MemoryOutcome()
+
+
+class ProcessResponse(serializers.Serializer):
+    entries = ProcessedItem(many=True)
+
+
+class SessionCreate(serializers.Serializer):
+    session_id = serializers.CharField(trim_whitespace=False, max_length=128)
+    ttl_hours = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=24 * 365 * 100)
+
+
+class SessionInfo(serializers.Serializer):
+    session_id = serializers.CharField()
+    created_at = serializers.FloatField(help_text="Epoch seconds.")
+    expires_at = serializers.FloatField(allow_null=True, help_text="Epoch seconds; null: never expires.")
+    ttl_seconds = serializers.FloatField(allow_null=True)
+    ttl_remaining_seconds = serializers.FloatField(allow_null=True)
+    key_count = serializers.IntegerField()
+    history_length = serializers.IntegerField()
+
+
+class SessionPage(serializers.Serializer):
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = SessionInfo(many=True)
+
+
+class Cleared(serializers.Serializer):
+    session_id = serializers.CharField()
+    cleared = serializers.ListField(child=serializers.CharField())
+
+
+class SessionValues(serializers.Serializer):
+    session_id = serializers.CharField()
+    values = serializers.DictField(child=serializers.JSONField())
+
+
+class ValuePut(serializers.Serializer):
+    value = serializers.JSONField(allow_null=True)
+
+
+class KeyValue(serializers.Serializer):
+    session_id = serializers.CharField()
+    key = serializers.CharField()
+    value = serializers.JSONField(allow_null=True)
+
+
+class IncrementRequest(serializers.Serializer):
+    amount = serializers.IntegerField(required=False, default=1, min_value=INT64_MIN, max_value=INT64_MAX)
+
+
+class IncrementResponse(serializers.Serializer):
+    value = serializers.IntegerField()
+
+
+class History(serializers.Serializer):
+    session_id = serializers.CharField()
+    entries = serializers.ListField(child=serializers.DictField())
+
+
+class SummarizeRequest(serializers.Serializer):
+    max_history = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT64_MAX)
+
+
+class SummarizeResponse(serializers.Serializer):
+    session_id = serializers.CharField()
+    summarized = serializers.BooleanField()
+    history_length = serializers.IntegerField()
+
+
+class Health(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok", "unavailable"])
+    backend = serializers.CharField()
+    latency_ms = serializers.FloatField(required=False)
+    detail = serializers.CharField(required=False)
+    code = serializers.CharField(required=False)
+
+
+class Error(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.JSONField(required=False, help_text="Field errors, for validation failures.")
