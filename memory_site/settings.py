@@ -64,6 +64,14 @@ ASGI_APPLICATION = "memory_site.asgi.application"
 DATABASES = {
     "default": dj_database_url.config(default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60),
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A threaded server writes from several threads (requests and the mirror worker):
+    # take the write lock up front and wait for it, and let readers go on (WAL).
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
+    }
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

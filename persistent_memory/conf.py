@@ -35,6 +35,11 @@ DEFAULTS: dict[str, Any] = {
     "AUTO_SUMMARIZE": True,
     "MAX_SESSIONS": 1000,
     "MAX_VALUE_BYTES": 1024 * 1024,
+    # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and
+    # `memory_mirror`), "off"; None picks immediate for memory and deferred for Redis.
+    "MIRROR_MODE": None,
+    # How many dirty sessions the admin syncs before showing a page.
+    "ADMIN_SYNC_LIMIT": 500,
     # How long the REST API remembers which session a pipeline run_id enriched.
     "RUN_BINDING_TTL_SECONDS": 3600,
     # REST API: import strings; None uses the project's REST_FRAMEWORK defaults.
@@ -91,6 +96,15 @@ class MemorySettings:
 
 
 memory_settings = MemorySettings()
+
+MIRROR_MODES = ("immediate", "deferred", "off")
+
+
+def mirror_mode(conf: MemorySettings) -> str:
+    """The effective MIRROR_MODE (its default depends on the backend)."""
+    if conf.MIRROR_MODE is not None:
+        return conf.MIRROR_MODE
+    return "immediate" if conf.BACKEND == "memory" else "deferred"
 
 
 @receiver(setting_changed)

@@ -8,6 +8,7 @@ It validates every argument before a backend is touched, encodes values to JSON
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 from typing import Any
 
@@ -15,8 +16,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
-from persistent_memory.conf import MemorySettings, memory_settings
+from persistent_memory.backends.memory import MemoryBackend
+from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
 from persistent_memory.exceptions import InvalidSessionId, InvalidValue, SessionNotFound
+from persistent_memory.mirror import Mirror
 from persistent_memory.validation import (
     decode_value,
     encode_value,
@@ -26,6 +29,8 @@ from persistent_memory.validation import (
     validate_session_id,
     validate_ttl,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class MemoryStore:
@@ -38,11 +43,14 @@ class MemoryStore:
         default_ttl_seconds: float | None = None,
         max_value_bytes: int = 1024 * 1024,
         run_binding_ttl_seconds: float = 3600,
+        mirror_mode: str = "off",
     ) -> None:
         self.backend = backend
         self.default_ttl_seconds = validate_ttl(default_ttl_seconds)
         self.max_value_bytes = max_value_bytes
         self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
+        #: The ORM mirror of this store (see persistent_memory.mirror).
+        self.mirror = Mirror(self, mirror_mode)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings = memory_settings) -> MemoryStore:
@@ -52,15 +60,32 @@ class MemoryStore:
         except (ImportError, TypeError) as exc:
             raise ImproperlyConfigured(f"PERSISTENT_MEMORY['BACKEND']: {exc}") from exc
         try:
-            return cls(
+            store = cls(
                 backend,
                 default_ttl_seconds=(conf.SESSION_TTL_HOURS or 0) * 3600,
                 max_value_bytes=conf.MAX_VALUE_BYTES,
                 run_binding_ttl_seconds=conf.RUN_BINDING_TTL_SECONDS,
+                mirror_mode=mirror_mode(conf),
             )
         except InvalidValue as exc:
             backend.close()
             raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc} (see `manage.py check`)") from exc
+        if store.mirror.mode == "immediate":
+            if isinstance(backend, MemoryBackend):
+                store.restore_from_mirror()
+            store.mirror.start()
+        return store
+
+    def restore_from_mirror(self) -> int:
+        """Reload the mirror's live sessions into a fresh memory store (the durable default)."""
+        try:
+            restored = self.mirror.restore()
+        except Exception:  # no table before `migrate`, no database in this process...
+            logger.warning("persistent_memory: could not restore sessions from the mirror", exc_info=True)
+            return 0
+        if restored:
+            logger.info("persistent_memory: restored %d sessions from the mirror", restored)
+        return restored
 
     def _ttl(self, ttl_seconds: Any) -> float | None:
         return self.default_ttl_seconds if ttl_seconds is None else validate_ttl(ttl_seconds)
@@ -135,6 +160,10 @@ class MemoryStore:
 
     def summarize(self, session_id: str, max_entries: int | None = None) -> bool:
         """Summarize now down to ``max_entries`` (default ``MAX_HISTORY``); return whether it did."""
+        return self.fold_history(session_id, max_entries) > 0
+
+    def fold_history(self, session_id: str, max_entries: int | None = None) -> int:
+        """:meth:`summarize`, returning how many entries were folded into the summary."""
         session_id = validate_session_id(session_id)
         limit = self.backend.max_history if max_entries is None else max_entries
         return self.backend.summarize(session_id, validate_int(limit, name="max_entries", minimum=1))
@@ -186,7 +215,8 @@ class MemoryStore:
         return True
 
     def close(self) -> None:
-        """Release the backend's connections."""
+        """Flush and stop the mirror worker, then release the backend's connections."""
+        self.mirror.stop()
         self.backend.close()
 
 

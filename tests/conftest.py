@@ -127,7 +127,9 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 def memory_settings_for(backend: str, redis_url: str | None = None, **extra: Any) -> dict[str, Any]:
     """A PERSISTENT_MEMORY dict for ``backend``."""
-    conf: dict[str, Any] = {"BACKEND": backend, **extra}
+    # The mirror is off unless a test turns it on: its worker thread would otherwise
+    # write to the database behind the test's back.
+    conf: dict[str, Any] = {"BACKEND": backend, "MIRROR_MODE": "off", **extra}
     if backend == "redis":
         conf["REDIS_URL"] = redis_url
     return conf

@@ -362,7 +362,7 @@ class TestValues:
     def test_capacity_is_507(self, api, settings, db):
         from persistent_memory import get_store
 
-        settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 1}
+        settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 1, "MIRROR_MODE": "off"}
         get_store().create_session("only")
         assert error_of(api.post(API + "sessions/", {"session_id": "s2"}, format="json")) == (
             507,

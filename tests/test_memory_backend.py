@@ -13,7 +13,7 @@ from persistent_memory.exceptions import CapacityExceeded
 def capped(settings):
     from persistent_memory import get_store
 
-    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 3}
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 3, "MIRROR_MODE": "off"}
     return get_store()
 
 

@@ -50,16 +50,16 @@ class TestSettingsObject:
             memory_settings.NOT_A_SETTING  # noqa: B018
 
     def test_override_settings_rebuilds_the_store(self, settings):
-        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 7}
+        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 7, "MIRROR_MODE": "off"}
         first = get_store()
         assert first is get_store()
         assert first.backend.max_history == 7
-        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 9}
+        settings.PERSISTENT_MEMORY = {"MAX_HISTORY": 9, "MIRROR_MODE": "off"}
         second = get_store()
         assert second is not first and second.backend.max_history == 9
 
     def test_get_store_is_one_object_across_threads(self, settings):
-        settings.PERSISTENT_MEMORY = {"MAX_SESSIONS": 5}
+        settings.PERSISTENT_MEMORY = {"MAX_SESSIONS": 5, "MIRROR_MODE": "off"}
         seen: list[MemoryStore] = []
         barrier = threading.Barrier(8)
 
@@ -75,7 +75,10 @@ class TestSettingsObject:
         assert len({id(s) for s in seen}) == 1
 
     def test_backend_by_import_string(self, settings):
-        settings.PERSISTENT_MEMORY = {"BACKEND": "persistent_memory.backends.memory.MemoryBackend"}
+        settings.PERSISTENT_MEMORY = {
+            "BACKEND": "persistent_memory.backends.memory.MemoryBackend",
+            "MIRROR_MODE": "off",
+        }
         assert isinstance(get_store().backend, MemoryBackend)
 
     def test_bad_backend_is_improperly_configured(self, settings):

@@ -8,6 +8,7 @@ summarizes in the same step, and on Redis costs one round trip.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple, TypedDict
 
@@ -30,17 +31,38 @@ class SessionInfo(TypedDict):
 
 
 def session_info(
-    session_id: str, *, created_at: float, ttl_seconds: float | None, key_count: int, history_length: int
+    session_id: str,
+    *,
+    created_at: float,
+    ttl_seconds: float | None,
+    expires_at: float | None,
+    key_count: int,
+    history_length: int,
 ) -> SessionInfo:
-    """Build a :class:`SessionInfo`; ``expires_at`` follows from creation and TTL."""
+    """Build a :class:`SessionInfo`."""
     return {
         "session_id": session_id,
         "created_at": created_at,
-        "expires_at": created_at + ttl_seconds if ttl_seconds else None,
+        "expires_at": expires_at,
         "ttl_seconds": ttl_seconds,
         "key_count": key_count,
         "history_length": history_length,
     }
+
+
+def remaining_seconds(info: SessionInfo, now: float | None = None) -> float | None:
+    """Seconds until the session expires (None: never; 0: already expired)."""
+    if info["expires_at"] is None:
+        return None
+    return max(0.0, info["expires_at"] - (time.time() if now is None else now))
+
+
+class SessionSnapshot(TypedDict):
+    """A whole session: what the mirror copies and export writes (values as JSON text)."""
+
+    info: SessionInfo
+    values: dict[str, str]
+    history: list[dict[str, Any]]
 
 
 class RunBinding(NamedTuple):
@@ -63,9 +85,11 @@ class BaseBackend(ABC):
     #: Short name shown by health checks and the admin.
     name = "base"
 
-    def __init__(self, *, max_history: int, auto_summarize: bool) -> None:
+    def __init__(self, *, max_history: int, auto_summarize: bool, track_dirty: bool = False) -> None:
         self.max_history = max_history
         self.auto_summarize = auto_summarize
+        #: Whether writes mark their session for the ORM mirror (MIRROR_MODE is not "off").
+        self.track_dirty = track_dirty
 
     @classmethod
     @abstractmethod
@@ -131,8 +155,8 @@ class BaseBackend(ABC):
         """The newest ``limit`` entries (all for 0), oldest first."""
 
     @abstractmethod
-    def summarize(self, session_id: str, max_entries: int) -> bool:
-        """Apply the summarization rule now; return whether anything was folded."""
+    def summarize(self, session_id: str, max_entries: int) -> int:
+        """Apply the summarization rule now; return how many entries it folded (0: none)."""
 
     # The pipeline lanes, each one atomic step -------------------------------
 
@@ -151,6 +175,24 @@ class BaseBackend(ABC):
         With ``session_id=None`` the session is the one ``run_id`` is bound to; None
         when there is no such binding (nothing is written then).
         """
+
+    # Whole sessions, for the mirror, export and import -------------------------
+
+    @abstractmethod
+    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
+        """Each session whole (None when it is not live), without side effects."""
+
+    @abstractmethod
+    def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
+        """Write a whole session (values, history, remaining TTL); ``SessionExists`` unless ``replace``."""
+
+    @abstractmethod
+    def pop_dirty(self, count: int) -> list[str]:
+        """Take up to ``count`` ids of sessions written since they were last taken."""
+
+    @abstractmethod
+    def mark_dirty(self, session_ids: list[str]) -> None:
+        """Put ids back (a mirror sync that failed retries them next time)."""
 
     # Health -----------------------------------------------------------------
 

@@ -17,9 +17,10 @@ from persistent_memory.backends.base import (
     BaseBackend,
     RunBinding,
     SessionInfo,
+    SessionSnapshot,
     session_info,
 )
-from persistent_memory.conf import MemorySettings
+from persistent_memory.conf import MemorySettings, mirror_mode
 from persistent_memory.exceptions import (
     CapacityExceeded,
     KeyNotFound,
@@ -35,16 +36,12 @@ from persistent_memory.validation import INT64_MAX, INT64_MIN
 class _Session:
     created_at: float
     ttl_seconds: float | None
+    expires_at: float | None
     values: dict[str, str] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def expires_at(self) -> float | None:
-        return self.created_at + self.ttl_seconds if self.ttl_seconds else None
-
     def expired(self, now: float) -> bool:
-        expires_at = self.expires_at
-        return expires_at is not None and now >= expires_at
+        return self.expires_at is not None and now >= self.expires_at
 
 
 class MemoryBackend(BaseBackend):
@@ -52,11 +49,14 @@ class MemoryBackend(BaseBackend):
 
     name = "memory"
 
-    def __init__(self, *, max_history: int, auto_summarize: bool, max_sessions: int) -> None:
-        super().__init__(max_history=max_history, auto_summarize=auto_summarize)
+    def __init__(
+        self, *, max_history: int, auto_summarize: bool, max_sessions: int, track_dirty: bool = False
+    ) -> None:
+        super().__init__(max_history=max_history, auto_summarize=auto_summarize, track_dirty=track_dirty)
         self.max_sessions = max_sessions
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
+        self._dirty: set[str] = set()
         # run_id -> (session_id, expires_at); expired ones are pruned when the dict has
         # doubled since the last pruning, so binding stays O(1) amortized.
         self._runs: dict[str, tuple[str, float]] = {}
@@ -65,10 +65,17 @@ class MemoryBackend(BaseBackend):
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
         return cls(
-            max_history=conf.MAX_HISTORY, auto_summarize=conf.AUTO_SUMMARIZE, max_sessions=conf.MAX_SESSIONS
+            max_history=conf.MAX_HISTORY,
+            auto_summarize=conf.AUTO_SUMMARIZE,
+            max_sessions=conf.MAX_SESSIONS,
+            track_dirty=mirror_mode(conf) != "off",
         )
 
     # Helpers, called with the lock held ---------------------------------------
+
+    def _mark(self, session_id: str) -> None:
+        if self.track_dirty:
+            self._dirty.add(session_id)
 
     def _live(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
@@ -76,12 +83,14 @@ class MemoryBackend(BaseBackend):
             raise SessionNotFound(f"Session {session_id!r} not found.")
         if session.expired(time.time()):
             del self._sessions[session_id]
+            self._mark(session_id)
             raise SessionExpired(f"Session {session_id!r} has expired.")
         return session
 
     def _prune(self, now: float) -> None:
         for session_id in [sid for sid, s in self._sessions.items() if s.expired(now)]:
             del self._sessions[session_id]
+            self._mark(session_id)
 
     def _create(self, session_id: str, ttl_seconds: float | None) -> _Session:
         now = time.time()
@@ -95,7 +104,9 @@ class MemoryBackend(BaseBackend):
                 raise CapacityExceeded(
                     f"The memory backend holds its maximum of {self.max_sessions} sessions."
                 )
-        session = self._sessions[session_id] = _Session(created_at=now, ttl_seconds=ttl_seconds)
+        expires_at = now + ttl_seconds if ttl_seconds else None
+        session = self._sessions[session_id] = _Session(now, ttl_seconds, expires_at)
+        self._mark(session_id)
         return session
 
     def _live_or_create(self, session_id: str, ttl_seconds: float | None) -> _Session:
@@ -104,18 +115,20 @@ class MemoryBackend(BaseBackend):
         except SessionNotFound:
             return self._create(session_id, ttl_seconds)
 
-    def _record(self, session: _Session, op: str, key: str | None, **extra: Any) -> None:
+    def _record(self, session_id: str, session: _Session, op: str, key: str | None, **extra: Any) -> None:
         session.history.append(history.entry(op, key, time.time(), **extra))
         if self.auto_summarize:
             self._fold(session, self.max_history)
+        self._mark(session_id)
 
     @staticmethod
-    def _fold(session: _Session, max_entries: int) -> bool:
+    def _fold(session: _Session, max_entries: int) -> int:
         folded = history.fold(session.history, max_entries, time.time())
         if folded is None:
-            return False
+            return 0
+        count = len(session.history) - len(folded) + 1
         session.history = folded
-        return True
+        return count
 
     @staticmethod
     def _info(session_id: str, session: _Session) -> SessionInfo:
@@ -123,6 +136,7 @@ class MemoryBackend(BaseBackend):
             session_id,
             created_at=session.created_at,
             ttl_seconds=session.ttl_seconds,
+            expires_at=session.expires_at,
             key_count=len(session.values),
             history_length=len(session.history),
         )
@@ -166,6 +180,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             session = self._live(session_id)
             del self._sessions[session_id]
+            self._mark(session_id)
             return sorted(session.values)
 
     # Values -----------------------------------------------------------------
@@ -174,7 +189,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             session = self._live(session_id)
             session.values[key] = value_json
-            self._record(session, "put", key)
+            self._record(session_id, session, "put", key)
 
     def get(self, session_id: str, key: str) -> str:
         with self._lock:
@@ -195,7 +210,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             session = self._live(session_id)
             result = self._add(session, key, amount)
-            self._record(session, "increment", key)
+            self._record(session_id, session, "increment", key)
             return result
 
     def clear(self, session_id: str, key: str | None) -> list[str]:
@@ -204,10 +219,10 @@ class MemoryBackend(BaseBackend):
             if key is None:
                 cleared = sorted(session.values)
                 session.values.clear()
-                self._record(session, "clear", None, cleared=cleared)
+                self._record(session_id, session, "clear", None, cleared=cleared)
             else:
                 cleared = [key] if session.values.pop(key, None) is not None else []
-                self._record(session, "clear", key)
+                self._record(session_id, session, "clear", key)
             return cleared
 
     # History ----------------------------------------------------------------
@@ -217,9 +232,12 @@ class MemoryBackend(BaseBackend):
             entries = self._live(session_id).history
             return copy.deepcopy(entries[-limit:] if limit else entries)
 
-    def summarize(self, session_id: str, max_entries: int) -> bool:
+    def summarize(self, session_id: str, max_entries: int) -> int:
         with self._lock:
-            return self._fold(self._live(session_id), max_entries)
+            folded = self._fold(self._live(session_id), max_entries)
+            if folded:
+                self._mark(session_id)
+            return folded
 
     # Lanes ------------------------------------------------------------------
 
@@ -251,9 +269,50 @@ class MemoryBackend(BaseBackend):
             session = self._live_or_create(session_id, ttl_seconds)
             count = self._add(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
             session.values[LAST_ANSWER] = answer_json
-            self._record(session, "put", LAST_ANSWER)
-            self._record(session, "increment", ANSWER_COUNT)
+            self._record(session_id, session, "put", LAST_ANSWER)
+            self._record(session_id, session, "increment", ANSWER_COUNT)
             return AnswerRecord(session_id, count)
+
+    # Whole sessions -----------------------------------------------------------
+
+    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
+        now = time.time()
+        result: dict[str, SessionSnapshot | None] = {}
+        with self._lock:
+            for session_id in session_ids:
+                session = self._sessions.get(session_id)
+                if session is None or session.expired(now):
+                    result[session_id] = None
+                    continue
+                result[session_id] = {
+                    "info": self._info(session_id, session),
+                    "values": dict(session.values),
+                    "history": copy.deepcopy(session.history),
+                }
+        return result
+
+    def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
+        info = snapshot["info"]
+        session_id = info["session_id"]
+        with self._lock:
+            existing = self._sessions.get(session_id)
+            if existing is not None and not existing.expired(time.time()) and not replace:
+                raise SessionExists(f"Session {session_id!r} already exists.")
+            self._sessions.pop(session_id, None)
+            session = self._create(session_id, info["ttl_seconds"])
+            session.created_at = info["created_at"]
+            session.expires_at = info["expires_at"]
+            session.values = dict(snapshot["values"])
+            session.history = copy.deepcopy(snapshot["history"])
+
+    def pop_dirty(self, count: int) -> list[str]:
+        with self._lock:
+            taken = [self._dirty.pop() for _ in range(min(count, len(self._dirty)))]
+        return taken
+
+    def mark_dirty(self, session_ids: list[str]) -> None:
+        with self._lock:
+            self._dirty.update(session_ids)
 
     def ping(self) -> None:
         return None

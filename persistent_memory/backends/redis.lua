@@ -1,14 +1,23 @@
 -- Every store operation on Redis, as one script: one EVALSHA is one round trip, and
--- a write, its history entry, its TTL alignment and summarization happen atomically.
+-- a write, its history entry, its TTL alignment, its summarization and its mark for
+-- the ORM mirror happen atomically.
 --
 -- ARGV: 1 operation, 2 key prefix, 3 session id ('' when an answer's session comes
--- from its run binding), 4 now (JSON number text), then the operation's own
--- arguments. Keys are built here from the prefix, in the node's layout; auxiliary
--- keys use '~', which no session id can hold. Errors come back as "PM_<CODE> message".
+-- from its run binding, or for operations on no one session), 4 now (JSON number
+-- text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty ('1'/'0'),
+-- then the operation's own arguments, read with arg(i). Keys are built here from the
+-- prefix in the node's layout; auxiliary keys hold '~', which no session id can.
+-- Errors come back as "PM_<CODE> message" replies.
 
 local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
 local SESSIONS = prefix .. ':__sessions__'
+local DIRTY = prefix .. ':~dirty'
 local base, META, KEYSET, HISTORY
+
+local function arg(i)
+  return ARGV[7 + i]
+end
 
 local function use_session(id)
   sid = id
@@ -28,6 +37,13 @@ local function fail(code, message)
   return redis.error_reply('PM_' .. code .. ' ' .. message)
 end
 
+-- The mirror syncs the sessions in this set.
+local function mark_dirty(id)
+  if track_dirty then
+    redis.call('SADD', DIRTY, id or sid)
+  end
+end
+
 -- Keys of a session whose meta is gone (expired, or left by a crash) are removed so
 -- that a session created again under the same id starts empty.
 local function purge_leftovers()
@@ -44,18 +60,20 @@ local function check_live()
   end
   if redis.call('SREM', SESSIONS, sid) == 1 then
     purge_leftovers()
+    mark_dirty()
     return fail('EXPIRED', "Session '" .. sid .. "' has expired.")
   end
   return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
 end
 
-local function create(ttl_ms, ttl_text)
+local function create(created_at, ttl_text, ttl_ms)
   purge_leftovers()
   redis.call('SADD', SESSIONS, sid)
-  redis.call('HSET', META, 'created_at', now, 'ttl_seconds', ttl_text)
-  if ttl_ms > 0 then
+  redis.call('HSET', META, 'created_at', created_at, 'ttl_seconds', ttl_text)
+  if tonumber(ttl_ms) > 0 then
     redis.call('PEXPIRE', META, ttl_ms)
   end
+  mark_dirty()
 end
 
 -- Every key of a session expires with its meta: later keys inherit what is left.
@@ -134,20 +152,36 @@ local function fold(max_entries)
     redis.call('DEL', HISTORY)
   end
   redis.call('LPUSH', HISTORY, summary)
-  return 1
+  return length - keep
 end
 
--- Append to the history and summarize when the rule says so.
-local function record(entry, max_entries, auto_summarize)
+-- Append to the history, summarize when the rule says so, mark for the mirror.
+local function record(entry)
   redis.call('RPUSH', HISTORY, entry)
-  if auto_summarize == '1' then
-    fold(tonumber(max_entries))
+  if auto_summarize then
+    fold(max_history)
   end
+  mark_dirty()
+end
+
+-- When the session expires, in epoch milliseconds (-1: never). PEXPIRETIME is
+-- Redis 7; on older servers server time plus PTTL gives the same number.
+local function expire_time()
+  local at = redis.pcall('PEXPIRETIME', META)
+  if type(at) == 'number' then
+    return at
+  end
+  local remaining = redis.call('PTTL', META)
+  if remaining < 0 then
+    return -1
+  end
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) + remaining
 end
 
 local function info()
   local meta = redis.call('HMGET', META, 'created_at', 'ttl_seconds')
-  return {meta[1], meta[2], redis.call('SCARD', KEYSET), redis.call('LLEN', HISTORY)}
+  return {meta[1], meta[2], redis.call('SCARD', KEYSET), redis.call('LLEN', HISTORY), expire_time()}
 end
 
 local function all_values()
@@ -178,15 +212,18 @@ local function add(key, amount)
   return result
 end
 
--- Live sessions whose id starts with ARGV[5]; 'list_info' adds each one's info.
+-- Operations on no one session -------------------------------------------------
+
+-- Live sessions whose id starts with arg(1); 'list_info' adds each one's info.
 if op == 'list' or op == 'list_info' then
-  local wanted = ARGV[5] or ''
+  local wanted = arg(1) or ''
   local live, stale = {}, {}
   for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
     if wanted == '' or string.sub(id, 1, #wanted) == wanted then
       use_session(id)
       if redis.call('EXISTS', META) == 0 then
         stale[#stale + 1] = id
+        mark_dirty(id)
       else
         live[#live + 1] = id
         if op == 'list_info' then
@@ -201,44 +238,83 @@ if op == 'list' or op == 'list_info' then
   return live
 end
 
+-- Operations that create a missing session -----------------------------------
+
 if op == 'create' then
   if redis.call('EXISTS', META) == 1 then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
-  create(tonumber(ARGV[5]), ARGV[6])
+  create(now, arg(1), arg(2))
   return info()
 end
 
 if op == 'enrich' then
   if redis.call('EXISTS', META) == 0 then
-    create(tonumber(ARGV[5]), ARGV[6])
+    create(now, arg(1), arg(2))
   end
-  if ARGV[7] ~= '' then
-    redis.call('SET', run_key(ARGV[7]), sid, 'PX', ARGV[8])
+  if arg(3) ~= '' then
+    redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
   end
   return all_values()
 end
 
 if op == 'answer' then
   if sid == '' then
-    local bound = redis.call('GET', run_key(ARGV[10]))
+    local bound = redis.call('GET', run_key(arg(4)))
     if not bound then
       return {}
     end
     use_session(bound)
   end
   if redis.call('EXISTS', META) == 0 then
-    create(tonumber(ARGV[5]), ARGV[6])
+    create(now, arg(1), arg(2))
   end
   local count, err = add('answer_count', 1)
   if err then return err end
-  redis.call('SET', base .. 'last_answer', ARGV[7])
+  redis.call('SET', base .. 'last_answer', arg(3))
   redis.call('SADD', KEYSET, 'last_answer', 'answer_count')
-  record(history_entry('put', 'last_answer'), ARGV[8], ARGV[9])
-  record(history_entry('increment', 'answer_count'), ARGV[8], ARGV[9])
+  record(history_entry('put', 'last_answer'))
+  record(history_entry('increment', 'answer_count'))
   align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
   return {sid, count}
 end
+
+-- A whole session as exported: arg(1) '1' to replace a live one, 2 created_at,
+-- 3 ttl_seconds text, 4 remaining ms ('0': none), 5 number of values, then that
+-- many key/JSON pairs, then the history entries.
+if op == 'restore' then
+  if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
+    return fail('EXISTS', "Session '" .. sid .. "' already exists.")
+  end
+  redis.call('DEL', META)
+  create(arg(2), arg(3), arg(4))
+  local n = tonumber(arg(5))
+  local keys = {}
+  for i = 0, n - 1 do
+    local key = arg(6 + 2 * i)
+    keys[#keys + 1] = base .. key
+    redis.call('SET', base .. key, arg(7 + 2 * i))
+    redis.call('SADD', KEYSET, key)
+  end
+  local first = 6 + 2 * n
+  local i = first
+  while arg(i) do
+    redis.call('RPUSH', HISTORY, arg(i))
+    i = i + 1
+  end
+  align(KEYSET, HISTORY, unpack(keys))
+  return 1
+end
+
+-- Read without side effects, for the mirror: 0 when the session is not live.
+if op == 'snapshot' then
+  if redis.call('EXISTS', META) == 0 then
+    return 0
+  end
+  return {info(), all_values(), redis.call('LRANGE', HISTORY, 0, -1)}
+end
+
+-- Operations on a live session -----------------------------------------------
 
 local err = check_live()
 if err then return err end
@@ -250,18 +326,19 @@ elseif op == 'delete' then
   purge_leftovers()
   redis.call('DEL', META)
   redis.call('SREM', SESSIONS, sid)
+  mark_dirty()
   return keys
 elseif op == 'put' then
-  local key = ARGV[5]
-  redis.call('SET', base .. key, ARGV[6])
+  local key = arg(1)
+  redis.call('SET', base .. key, arg(2))
   redis.call('SADD', KEYSET, key)
-  record(history_entry('put', key), ARGV[7], ARGV[8])
+  record(history_entry('put', key))
   align(base .. key, KEYSET, HISTORY)
   return 1
 elseif op == 'get' then
-  local value = redis.call('GET', base .. ARGV[5])
+  local value = redis.call('GET', base .. arg(1))
   if not value then
-    return fail('KEY_NOT_FOUND', "Session '" .. sid .. "' has no key '" .. ARGV[5] .. "'.")
+    return fail('KEY_NOT_FOUND', "Session '" .. sid .. "' has no key '" .. arg(1) .. "'.")
   end
   return value
 elseif op == 'get_all' then
@@ -269,15 +346,15 @@ elseif op == 'get_all' then
 elseif op == 'keys' then
   return redis.call('SMEMBERS', KEYSET)
 elseif op == 'increment' then
-  local key = ARGV[5]
-  local result, failure = add(key, ARGV[6])
+  local key = arg(1)
+  local result, failure = add(key, arg(2))
   if failure then return failure end
   redis.call('SADD', KEYSET, key)
-  record(history_entry('increment', key), ARGV[7], ARGV[8])
+  record(history_entry('increment', key))
   align(base .. key, KEYSET, HISTORY)
   return result
 elseif op == 'clear' then
-  local key = ARGV[5]
+  local key = arg(1)
   local cleared
   if key == '' then
     cleared = redis.call('SMEMBERS', KEYSET)
@@ -286,25 +363,28 @@ elseif op == 'clear' then
       redis.call('DEL', base .. member)
     end
     redis.call('DEL', KEYSET)
-    record(history_entry('clear', nil, ', "cleared": ' .. json_list(cleared)), ARGV[6], ARGV[7])
+    record(history_entry('clear', nil, ', "cleared": ' .. json_list(cleared)))
   else
     cleared = {}
     if redis.call('DEL', base .. key) == 1 then
       cleared[1] = key
     end
     redis.call('SREM', KEYSET, key)
-    record(history_entry('clear', key), ARGV[6], ARGV[7])
+    record(history_entry('clear', key))
   end
   align(HISTORY)
   return cleared
 elseif op == 'history' then
-  local limit = tonumber(ARGV[5])
+  local limit = tonumber(arg(1))
   if limit > 0 then
     return redis.call('LRANGE', HISTORY, -limit, -1)
   end
   return redis.call('LRANGE', HISTORY, 0, -1)
 elseif op == 'summarize' then
-  local folded = fold(tonumber(ARGV[5]))
+  local folded = fold(tonumber(arg(1)))
+  if folded > 0 then
+    mark_dirty()
+  end
   align(HISTORY)
   return folded
 end

@@ -25,8 +25,16 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo, session_info
-from persistent_memory.conf import MemorySettings
+from persistent_memory.backends.base import (
+    AnswerRecord,
+    BaseBackend,
+    RunBinding,
+    SessionInfo,
+    SessionSnapshot,
+    remaining_seconds,
+    session_info,
+)
+from persistent_memory.conf import MemorySettings, mirror_mode
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
@@ -101,13 +109,16 @@ class RedisBackend(BaseBackend):
         key_prefix: str = "rr:memory",
         max_history: int,
         auto_summarize: bool,
+        track_dirty: bool = False,
         owns_client: bool = True,
     ) -> None:
-        super().__init__(max_history=max_history, auto_summarize=auto_summarize)
+        super().__init__(max_history=max_history, auto_summarize=auto_summarize, track_dirty=track_dirty)
         self.client = client
         self.owns_client = owns_client
         self.key_prefix = key_prefix
-        self._policy = (str(max_history), "1" if auto_summarize else "0")
+        self._dirty_key = f"{key_prefix}:~dirty"
+        # ARGV 5-7 of every call (see redis.lua).
+        self._policy = (str(max_history), "1" if auto_summarize else "0", "1" if track_dirty else "0")
         self._script = client.register_script(SCRIPT)
 
     @classmethod
@@ -117,6 +128,7 @@ class RedisBackend(BaseBackend):
             key_prefix=conf.KEY_PREFIX,
             max_history=conf.MAX_HISTORY,
             auto_summarize=conf.AUTO_SUMMARIZE,
+            track_dirty=mirror_mode(conf) != "off",
             owns_client=not conf.REDIS_CACHE_ALIAS,
         )
 
@@ -143,18 +155,22 @@ class RedisBackend(BaseBackend):
         except redis.RedisError as exc:
             raise BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}") from None
 
+    def _args(self, op: str, session_id: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (op, self.key_prefix, session_id, repr(time.time()), *self._policy, *args)
+
     def _run(self, op: str, session_id: str, *args: Any) -> Any:
         # The script builds its keys from the prefix and session id (see redis.lua).
         with self._errors():
-            return self._script(args=(op, self.key_prefix, session_id, repr(time.time()), *args))
+            return self._script(args=self._args(op, session_id, args))
 
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
-        created_at, ttl, key_count, history_length = reply[:4]
+        created_at, ttl, key_count, history_length, expire_ms = reply[:5]
         return session_info(
             session_id,
             created_at=float(created_at),
             ttl_seconds=_parse_ttl(ttl),
+            expires_at=expire_ms / 1000 if expire_ms >= 0 else None,
             key_count=key_count,
             history_length=history_length,
         )
@@ -166,7 +182,7 @@ class RedisBackend(BaseBackend):
     # Sessions ---------------------------------------------------------------
 
     def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
-        reply = self._run("create", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds))
+        reply = self._run("create", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds))
         return self._info(session_id, reply)
 
     def resume_session(self, session_id: str) -> SessionInfo:
@@ -179,7 +195,7 @@ class RedisBackend(BaseBackend):
 
     def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
         flat = self._run("list_info", "", prefix)
-        return [self._info(flat[i].decode(), flat[i + 1 : i + 5]) for i in range(0, len(flat), 5)]
+        return [self._info(flat[i].decode(), flat[i + 1 : i + 6]) for i in range(0, len(flat), 6)]
 
     def delete_session(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("delete", session_id))
@@ -187,7 +203,7 @@ class RedisBackend(BaseBackend):
     # Values -----------------------------------------------------------------
 
     def put(self, session_id: str, key: str, value_json: str) -> None:
-        self._run("put", session_id, key, value_json, *self._policy)
+        self._run("put", session_id, key, value_json)
 
     def get(self, session_id: str, key: str) -> str:
         return self._run("get", session_id, key).decode()
@@ -199,18 +215,18 @@ class RedisBackend(BaseBackend):
         return sorted(item.decode() for item in self._run("keys", session_id))
 
     def increment(self, session_id: str, key: str, amount: int) -> int:
-        return self._run("increment", session_id, key, str(amount), *self._policy)
+        return self._run("increment", session_id, key, str(amount))
 
     def clear(self, session_id: str, key: str | None) -> list[str]:
-        return [item.decode() for item in self._run("clear", session_id, key or "", *self._policy)]
+        return [item.decode() for item in self._run("clear", session_id, key or "")]
 
     # History ----------------------------------------------------------------
 
     def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self._run("history", session_id, str(limit))]
 
-    def summarize(self, session_id: str, max_entries: int) -> bool:
-        return bool(self._run("summarize", session_id, str(max_entries)))
+    def summarize(self, session_id: str, max_entries: int) -> int:
+        return self._run("summarize", session_id, str(max_entries))
 
     # Lanes ------------------------------------------------------------------
 
@@ -219,7 +235,7 @@ class RedisBackend(BaseBackend):
     ) -> dict[str, str]:
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
         return self._pairs(
-            self._run("enrich", session_id, _ttl_ms(ttl_seconds), _ttl_text(ttl_seconds), *run_args)
+            self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args)
         )
 
     def record_answer(
@@ -228,13 +244,59 @@ class RedisBackend(BaseBackend):
         reply = self._run(
             "answer",
             session_id or "",
-            _ttl_ms(ttl_seconds),
             _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
             answer_json,
-            *self._policy,
             run_id or "",
         )
         return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
+
+    # Whole sessions, for the mirror, export and import -----------------------
+
+    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
+        # A pipeline of scripts: one round trip for the whole batch.
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_id in session_ids:
+                self._script(args=self._args("snapshot", session_id, ()), client=pipe)
+            replies = pipe.execute()
+        result: dict[str, SessionSnapshot | None] = {}
+        for session_id, reply in zip(session_ids, replies, strict=True):
+            if not reply:
+                result[session_id] = None
+                continue
+            info, values, history = reply
+            result[session_id] = {
+                "info": self._info(session_id, info),
+                "values": self._pairs(values),
+                "history": [json.loads(raw) for raw in history],
+            }
+        return result
+
+    def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
+        info = snapshot["info"]
+        remaining = remaining_seconds(info)
+        values = snapshot["values"]
+        self._run(
+            "restore",
+            info["session_id"],
+            "1" if replace else "0",
+            repr(info["created_at"]),
+            _ttl_text(info["ttl_seconds"]),
+            _ttl_ms(remaining),
+            str(len(values)),
+            *[part for key, value_json in values.items() for part in (key, value_json)],
+            *[json.dumps(entry) for entry in snapshot["history"]],
+        )
+
+    def pop_dirty(self, count: int) -> list[str]:
+        with self._errors():
+            return [item.decode() for item in self.client.spop(self._dirty_key, count) or []]
+
+    def mark_dirty(self, session_ids: list[str]) -> None:
+        if session_ids:
+            with self._errors():
+                self.client.sadd(self._dirty_key, *session_ids)
 
     # Health -----------------------------------------------------------------
 

@@ -1,0 +1,279 @@
+"""The admin: a read-only view of the mirror, with actions that act on the store.
+
+Rows are never edited here (an edit would not reach the store). Opening the
+sessions list or a session first syncs the sessions written since the last sync.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.timesince import timeuntil
+
+from persistent_memory import maintenance
+from persistent_memory.conf import memory_settings
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+from persistent_memory.store import get_store
+
+
+class ReadOnlyMixin:
+    """The mirror only changes through the store."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("live", "live"), ("expired", "expired"), ("gone", "gone (deleted)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        now = timezone.now()
+        live = Q(state=MemorySession.State.LIVE)
+        unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        if self.value() == "live":
+            return queryset.filter(live & unexpired)
+        if self.value() == "expired":
+            return queryset.filter(Q(state=MemorySession.State.EXPIRED) | (live & Q(expires_at__lte=now)))
+        if self.value() == "gone":
+            return queryset.filter(state=MemorySession.State.DELETED)
+        return queryset
+
+
+class TTLFilter(admin.SimpleListFilter):
+    title = "TTL"
+    parameter_name = "ttl"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "expires"), ("no", "never expires")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(expires_at__isnull=self.value() == "no")
+        return queryset
+
+
+class ValueInline(ReadOnlyMixin, admin.TabularInline):
+    model = MemoryValue
+    fields = ("key", "pretty_value")
+    readonly_fields = fields
+    extra = 0
+
+    @admin.display(description="value")
+    def pretty_value(self, obj: MemoryValue) -> str:
+        return format_html(
+            "<pre style='margin:0'>{}</pre>", json.dumps(obj.value, indent=2, ensure_ascii=False)
+        )
+
+
+class HistoryInline(ReadOnlyMixin, admin.TabularInline):
+    model = HistoryEntry
+    fields = ("position", "timestamp", "entry")
+    readonly_fields = fields
+    ordering = ("-position",)
+    extra = 0
+    verbose_name_plural = "history (newest first)"
+
+    @admin.display(description="entry")
+    def entry(self, obj: HistoryEntry) -> str:
+        return obj.describe()
+
+
+def state_label(session: MemorySession, now: datetime | None = None) -> str:
+    """live, expired or gone, as the admin shows it."""
+    if session.state == MemorySession.State.DELETED:
+        return "gone"
+    expired = session.expires_at is not None and session.expires_at <= (now or timezone.now())
+    return "expired" if session.state == MemorySession.State.EXPIRED or expired else "live"
+
+
+@admin.register(MemorySession)
+class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = (
+        "session_id",
+        "key_count",
+        "history_length",
+        "created_at",
+        "expires",
+        "last_activity",
+        "state_display",
+    )
+    list_filter = (StateFilter, TTLFilter)
+    search_fields = ("^session_id",)  # a prefix search uses the unique index
+    date_hierarchy = "last_activity"
+    ordering = ("-last_activity",)
+    list_per_page = 100
+    show_full_result_count = False
+    readonly_fields = (
+        "session_id",
+        "state",
+        "created_at",
+        "expires_at",
+        "ttl_seconds",
+        "key_count",
+        "history_length",
+        "last_activity",
+        "synced_at",
+        "gone_at",
+    )
+    inlines = (ValueInline, HistoryInline)
+    actions = ("summarize_now", "export_json", "clear_keys", "delete_from_store")
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, obj: MemorySession) -> str:
+        if obj.expires_at is None:
+            return "never"
+        if obj.expires_at <= timezone.now():
+            return f"{obj.expires_at:%Y-%m-%d %H:%M:%S} (past)"
+        return f"{obj.expires_at:%Y-%m-%d %H:%M:%S} (in {timeuntil(obj.expires_at)})"
+
+    @admin.display(description="state", ordering="state")
+    def state_display(self, obj: MemorySession) -> str:
+        return state_label(obj)
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """Acting on the store (delete, clear, summarize) takes the model's delete permission."""
+        return request.user.has_perm("persistent_memory.delete_memorysession")
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # it would delete rows, not sessions
+        return actions
+
+    # Every page shows the store as it is now --------------------------------
+
+    def _sync(self, request: HttpRequest) -> None:
+        store = get_store()
+        if not store.mirror.enabled:
+            return
+        try:
+            store.mirror.sync_dirty(limit=memory_settings.ADMIN_SYNC_LIMIT)
+        except PersistentMemoryError as exc:
+            self.message_user(request, f"Showing the mirror as last synced: {exc}", messages.WARNING)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        self._sync(request)
+        store = get_store()
+        context = {
+            "store_backend": store.backend.describe(),
+            "mirror_mode": store.mirror.mode,
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ):
+        self._sync(request)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # Actions: the store first, then the mirror -------------------------------
+
+    def _confirm(self, request: HttpRequest, queryset: QuerySet, action: str, what: str) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{what}: are you sure?",
+            "what": what,
+            "action": action,
+            "sessions": queryset,
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/persistent_memory/confirm_action.html", context)
+
+    def _act(self, request: HttpRequest, queryset: QuerySet, action: str, what: str, run: Any) -> Any:
+        if request.POST.get("confirmed") != "yes":
+            return self._confirm(request, queryset, action, what)
+        ids = list(queryset.values_list("session_id", flat=True))
+        try:
+            message = run(ids)
+        except PersistentMemoryError as exc:
+            self.message_user(request, f"Nothing done: {exc}", messages.ERROR)
+            return None
+        self.message_user(request, message, messages.SUCCESS)
+        return None
+
+    @admin.action(description="Delete selected sessions from the store", permissions=["manage"])
+    def delete_from_store(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        return self._act(
+            request,
+            queryset,
+            "delete_from_store",
+            "Delete these sessions with all their values and history",
+            lambda ids: f"Deleted {maintenance.delete_sessions(ids)} of {len(ids)} sessions from the store.",
+        )
+
+    @admin.action(description="Clear all keys of selected sessions", permissions=["manage"])
+    def clear_keys(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        return self._act(
+            request,
+            queryset,
+            "clear_keys",
+            "Clear every key of these sessions",
+            lambda ids: f"Cleared {maintenance.clear_sessions(ids)} keys from {len(ids)} sessions.",
+        )
+
+    @admin.action(description="Summarize history of selected sessions now", permissions=["manage"])
+    def summarize_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("session_id", flat=True))
+        try:
+            report = maintenance.summarize_sessions(ids)
+        except PersistentMemoryError as exc:
+            self.message_user(request, f"Nothing done: {exc}", messages.ERROR)
+            return
+        self.message_user(
+            request,
+            f"Summarized {report.summarized} of {report.scanned} sessions ({report.folded} entries folded).",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Export selected sessions as JSON", permissions=["view"])
+    def export_json(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        ids = list(queryset.values_list("session_id", flat=True))
+        records = list(maintenance.export_sessions(ids))
+        response = HttpResponse(json.dumps(records, indent=2), content_type="application/json")
+        name = f"memory-sessions-{timezone.now():%Y%m%d-%H%M%S}.json"
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+
+@admin.register(HistoryEntry)
+class HistoryEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ("timestamp", "session_link", "op", "key", "entry")
+    list_filter = ("op",)
+    search_fields = ("session__session_id", "key")
+    list_select_related = ("session",)
+    ordering = ("-timestamp",)
+    list_per_page = 100
+    show_full_result_count = False
+
+    @admin.display(description="session", ordering="session__session_id")
+    def session_link(self, obj: HistoryEntry) -> str:
+        url = reverse("admin:persistent_memory_memorysession_change", args=[obj.session_id])
+        return format_html('<a href="{}">{}</a>', url, obj.session.session_id)
+
+    @admin.display(description="entry")
+    def entry(self, obj: HistoryEntry) -> str:
+        return obj.describe()
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        return {}

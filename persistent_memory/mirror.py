@@ -1,0 +1,285 @@
+"""Copies the store into the ORM (``persistent_memory.models``) for the admin.
+
+Every store write marks its session dirty in the same backend step; a sync takes
+dirty ids, reads those sessions whole (one backend call per batch) and makes their
+rows equal to the store in one transaction. A sync never blocks store writes, and
+a failed one (database down) is logged and its ids marked dirty again.
+
+Modes (``MIRROR_MODE``): ``"immediate"`` runs a write-behind worker thread in the
+process that flushes about twice a second and once more at shutdown; ``"deferred"``
+syncs only when staff open the admin or ``manage.py memory_mirror`` runs; ``"off"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+
+from persistent_memory.backends.base import SessionSnapshot, session_info
+from persistent_memory.exceptions import PersistentMemoryError, SessionExists
+
+if TYPE_CHECKING:
+    from persistent_memory.models import MemorySession
+    from persistent_memory.store import MemoryStore
+
+logger = logging.getLogger(__name__)
+
+BATCH_SIZE = 200
+FLUSH_INTERVAL_SECONDS = 0.5
+
+# One mirror writer at a time in this process: SQLite allows a single writer, and
+# the worker and admin page loads would otherwise contend for it.
+_write_lock = threading.Lock()
+
+
+@dataclass
+class SyncResult:
+    """What a sync did."""
+
+    synced: int = 0
+    gone: int = 0
+    failed: int = 0
+
+    def __iadd__(self, other: SyncResult) -> SyncResult:
+        self.synced += other.synced
+        self.gone += other.gone
+        self.failed += other.failed
+        return self
+
+
+def _datetime(epoch: Any, default: datetime) -> datetime:
+    try:
+        return datetime.fromtimestamp(float(epoch), tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return default
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+class Mirror:
+    """The mirror of one store."""
+
+    def __init__(self, store: MemoryStore, mode: str) -> None:
+        self.store = store
+        self.mode = mode
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    # Syncing ----------------------------------------------------------------
+
+    def sync_sessions(self, session_ids: list[str]) -> SyncResult:
+        """Make the rows of these sessions equal to the store (gone ones are marked)."""
+        result = SyncResult()
+        for start in range(0, len(session_ids), BATCH_SIZE):
+            batch = session_ids[start : start + BATCH_SIZE]
+            try:
+                result += self._apply(self.store.backend.snapshots(batch))
+            except (DatabaseError, PersistentMemoryError):
+                logger.exception(
+                    "persistent_memory: mirror sync of %d sessions failed; will retry", len(batch)
+                )
+                self._retry_later(batch)
+                result.failed += len(batch)
+        return result
+
+    def _retry_later(self, session_ids: list[str]) -> None:
+        try:
+            self.store.backend.mark_dirty(session_ids)
+        except PersistentMemoryError:
+            # The backend is down too; `memory_mirror --all` reconciles everything later.
+            logger.warning("persistent_memory: could not mark %d sessions for a later sync", len(session_ids))
+
+    def sync_dirty(self, limit: int | None = None) -> SyncResult:
+        """Sync sessions written since their last sync (at most ``limit``)."""
+        result = SyncResult()
+        taken = 0
+        while limit is None or taken < limit:
+            count = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - taken)
+            ids = self.store.backend.pop_dirty(count)
+            if not ids:
+                break
+            taken += len(ids)
+            batch = self.sync_sessions(ids)
+            result += batch
+            if batch.failed:
+                break  # the database is failing: leave the rest for the next sync
+        return result
+
+    def sync_all(self) -> SyncResult:
+        """Sync every live session, and mark mirrored sessions the store no longer has."""
+        from persistent_memory.models import MemorySession
+
+        live = self.store.list_sessions()
+        mirrored = set(
+            MemorySession.objects.filter(state=MemorySession.State.LIVE).values_list("session_id", flat=True)
+        )
+        return self.sync_sessions(live + sorted(mirrored - set(live)))
+
+    def _apply(self, snapshots: dict[str, SessionSnapshot | None]) -> SyncResult:
+        from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+
+        now = timezone.now()
+        live = {sid: snap for sid, snap in snapshots.items() if snap is not None}
+        gone = [sid for sid, snap in snapshots.items() if snap is None]
+        with _write_lock, transaction.atomic():
+            marked = self._mark_gone(gone, now)
+            rows = [self._session_row(snap, now) for snap in live.values()]
+            MemorySession.objects.bulk_create(
+                rows,
+                update_conflicts=True,
+                unique_fields=["session_id"],
+                update_fields=[
+                    "state",
+                    "created_at",
+                    "expires_at",
+                    "ttl_seconds",
+                    "key_count",
+                    "history_length",
+                    "last_activity",
+                    "synced_at",
+                    "gone_at",
+                ],
+            )
+            pks = dict(MemorySession.objects.filter(session_id__in=live).values_list("session_id", "pk"))
+            MemoryValue.objects.filter(session_id__in=pks.values()).delete()
+            HistoryEntry.objects.filter(session_id__in=pks.values()).delete()
+            MemoryValue.objects.bulk_create(
+                MemoryValue(session_id=pks[sid], key=key, value=json.loads(text))
+                for sid, snap in live.items()
+                for key, text in snap["values"].items()
+            )
+            HistoryEntry.objects.bulk_create(
+                self._history_row(pks[sid], position, item, now)
+                for sid, snap in live.items()
+                for position, item in enumerate(snap["history"])
+            )
+        return SyncResult(synced=len(live), gone=marked)
+
+    @staticmethod
+    def _mark_gone(session_ids: list[str], now: datetime) -> int:
+        from persistent_memory.models import MemorySession
+
+        rows = MemorySession.objects.filter(session_id__in=session_ids, state=MemorySession.State.LIVE)
+        expired = rows.filter(expires_at__lte=now).update(
+            state=MemorySession.State.EXPIRED, gone_at=now, synced_at=now
+        )
+        deleted = rows.update(state=MemorySession.State.DELETED, gone_at=now, synced_at=now)
+        return expired + deleted
+
+    @staticmethod
+    def _session_row(snapshot: SessionSnapshot, now: datetime) -> MemorySession:
+        from persistent_memory.models import MemorySession
+
+        info = snapshot["info"]
+        created_at = _datetime(info["created_at"], now)
+        newest = snapshot["history"][-1].get("timestamp") if snapshot["history"] else None
+        return MemorySession(
+            session_id=info["session_id"],
+            state=MemorySession.State.LIVE,
+            created_at=created_at,
+            expires_at=None if info["expires_at"] is None else _datetime(info["expires_at"], now),
+            ttl_seconds=info["ttl_seconds"],
+            key_count=info["key_count"],
+            history_length=info["history_length"],
+            last_activity=_datetime(newest, created_at) if newest is not None else created_at,
+            synced_at=now,
+            gone_at=None,
+        )
+
+    @staticmethod
+    def _history_row(session_pk: int, position: int, item: dict[str, Any], now: datetime) -> Any:
+        from persistent_memory.models import HistoryEntry
+
+        key = item.get("key")
+        return HistoryEntry(
+            session_id=session_pk,
+            position=position,
+            op=str(item.get("op", "unknown"))[:32],
+            key=key if isinstance(key, str) else "",
+            timestamp=_datetime(item.get("timestamp"), now),
+            details={k: v for k, v in item.items() if k not in ("op", "key", "timestamp")},
+        )
+
+    # Restoring the embedded default after a restart ---------------------------
+
+    def restore(self) -> int:
+        """Load the mirror's live sessions into an empty memory store; return how many."""
+        from persistent_memory.models import MemorySession
+
+        now = timezone.now()
+        sessions = (
+            MemorySession.objects.filter(state=MemorySession.State.LIVE)
+            .exclude(expires_at__lte=now)
+            .prefetch_related("values", "history")
+        )
+        restored = 0
+        for row in sessions.iterator(chunk_size=500):
+            history = [
+                {"op": e.op, "key": e.key or None, **e.details, "timestamp": e.timestamp.timestamp()}
+                for e in sorted(row.history.all(), key=lambda e: e.position)
+            ]
+            info = session_info(
+                row.session_id,
+                created_at=row.created_at.timestamp(),
+                ttl_seconds=row.ttl_seconds,
+                expires_at=_epoch(row.expires_at),
+                key_count=row.key_count,
+                history_length=len(history),
+            )
+            snapshot: SessionSnapshot = {
+                "info": info,
+                "values": {v.key: json.dumps(v.value) for v in row.values.all()},
+                "history": history,
+            }
+            try:
+                self.store.backend.restore_session(snapshot, replace=False)
+            except SessionExists:
+                continue
+            restored += 1
+        # What was just loaded is what the mirror holds: nothing to write back.
+        while self.store.backend.pop_dirty(BATCH_SIZE):
+            pass
+        return restored
+
+    # The write-behind worker ("immediate") ------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        if self._worker is None:
+            self._stop.clear()
+            self._worker = threading.Thread(target=self._run, name="persistent-memory-mirror", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        """Stop the worker after a last flush."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._stop.set()
+            worker.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(FLUSH_INTERVAL_SECONDS):
+                self._flush()
+            self._flush()
+        finally:
+            connections.close_all()  # this thread's connections
+
+    def _flush(self) -> None:
+        try:
+            self.sync_dirty()
+        except Exception:  # the worker must survive anything and try again
+            logger.exception("persistent_memory: mirror flush failed")

@@ -1,0 +1,90 @@
+"""The ORM mirror of the store, for the admin. The store stays the source of truth:
+these rows are written only by :mod:`persistent_memory.mirror`."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class MemorySession(models.Model):
+    """One session as last synced from the store."""
+
+    class State(models.TextChoices):
+        LIVE = "live", "live"
+        EXPIRED = "expired", "expired"
+        DELETED = "deleted", "deleted"
+
+    session_id = models.CharField(max_length=128, unique=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.LIVE, db_index=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never expires.")
+    ttl_seconds = models.FloatField(null=True, blank=True)
+    key_count = models.PositiveIntegerField(default=0)
+    history_length = models.PositiveIntegerField(default=0)
+    last_activity = models.DateTimeField(db_index=True, help_text="Time of the newest history entry.")
+    synced_at = models.DateTimeField(default=timezone.now)
+    gone_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the sync found it gone from the store."
+    )
+
+    class Meta:
+        ordering = ["-last_activity"]
+        verbose_name = "memory session"
+
+    def __str__(self) -> str:
+        return self.session_id
+
+    @property
+    def is_live(self) -> bool:
+        """Live in the store as far as the mirror knows (and not past its expiry)."""
+        return self.state == self.State.LIVE and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class MemoryValue(models.Model):
+    """One key of a session and its value."""
+
+    session = models.ForeignKey(MemorySession, on_delete=models.CASCADE, related_name="values")
+    key = models.CharField(max_length=256)
+    value = models.JSONField(null=True)
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [models.UniqueConstraint(fields=["session", "key"], name="pm_unique_session_key")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}:{self.key}"
+
+
+class HistoryEntry(models.Model):
+    """One entry of a session's history (an operation, or a summary of many)."""
+
+    session = models.ForeignKey(MemorySession, on_delete=models.CASCADE, related_name="history")
+    position = models.PositiveIntegerField(help_text="0 is the oldest.")
+    op = models.CharField(max_length=32, db_index=True)
+    # "" for entries on no one key (clear all, summaries): no valid key is empty.
+    key = models.CharField(max_length=256, blank=True, default="", db_index=True)
+    timestamp = models.DateTimeField(db_index=True)
+    details = models.JSONField(default=dict, blank=True, help_text="cleared keys, or a summary's counts.")
+
+    class Meta:
+        ordering = ["session", "-position"]
+        verbose_name_plural = "history entries"
+        constraints = [
+            models.UniqueConstraint(fields=["session", "position"], name="pm_unique_session_position")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.key or ''}".strip()
+
+    def describe(self) -> str:
+        """A readable line, e.g. "summary of 150 operations: put 100, increment 50; keys: a, b"."""
+        if self.op != "summary":
+            cleared = self.details.get("cleared")
+            if cleared is not None:
+                return f"clear all: {', '.join(cleared) or 'nothing'}"
+            return f"{self.op} {self.key}" if self.key else self.op
+        counts = self.details.get("op_counts") or {}
+        ops = ", ".join(f"{op} {n}" for op, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+        keys = ", ".join(self.details.get("keys_touched") or []) or "none"
+        return f"summary of {self.details.get('summarized_count', 0)} operations: {ops}; keys: {keys}"
