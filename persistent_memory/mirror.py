@@ -215,6 +215,12 @@ class Mirror:
 
     # Restoring the embedded default after a restart ---------------------------
 
+    @staticmethod
+    def _history_item(entry: Any) -> dict[str, Any]:
+        """A history row back in the store's shape (summaries have no key field)."""
+        head = {"op": entry.op} if entry.op == "summary" else {"op": entry.op, "key": entry.key or None}
+        return {**head, **entry.details, "timestamp": entry.timestamp.timestamp()}
+
     def restore(self) -> int:
         """Load the mirror's live sessions into an empty memory store; return how many."""
         from persistent_memory.models import MemorySession
@@ -227,10 +233,7 @@ class Mirror:
         )
         restored = 0
         for row in sessions.iterator(chunk_size=500):
-            history = [
-                {"op": e.op, "key": e.key or None, **e.details, "timestamp": e.timestamp.timestamp()}
-                for e in sorted(row.history.all(), key=lambda e: e.position)
-            ]
+            history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
             info = session_info(
                 row.session_id,
                 created_at=row.created_at.timestamp(),

@@ -1,0 +1,230 @@
+"""The admin through Django's test client, on both backends (mirror in deferred mode,
+so the page loads are what sync it)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from persistent_memory.models import HistoryEntry, MemorySession
+
+CHANGELIST = "/admin/persistent_memory/memorysession/"
+HISTORY = "/admin/persistent_memory/historyentry/"
+
+
+@pytest.fixture
+def store(db, configure):
+    return configure(MIRROR_MODE="deferred", MAX_HISTORY=8)
+
+
+@pytest.fixture
+def admin_client(db):
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def viewer_client(db):
+    user = get_user_model().objects.create_user("viewer", password="pw-for-tests", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(codename="view_memorysession"),
+        Permission.objects.get(codename="view_historyentry"),
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def session_pk(session_id: str) -> int:
+    return MemorySession.objects.get(session_id=session_id).pk
+
+
+def fill(store):
+    store.create_session("chat-1", ttl_seconds=3600)
+    store.put("chat-1", "topic", {"city": "Paris"})
+    store.increment("chat-1", "turns", 3)
+    store.create_session("chat-2")
+    store.record_answer("chat-2", "hello")
+    store.create_session("other")
+
+
+def test_changelist_syncs_and_lists(admin_client, store):
+    fill(store)
+    assert MemorySession.objects.count() == 0  # nothing mirrored before the page load
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    body = response.content.decode()
+    for session_id in ("chat-1", "chat-2", "other"):
+        assert session_id in body
+    assert "never" in body and "(in 59" in body  # expiry and time remaining
+    assert store.backend.describe() in body
+    # Written after the last load: shown on the next one.
+    store.create_session("late")
+    assert "late" in admin_client.get(CHANGELIST).content.decode()
+
+
+def test_search_filters_and_date_hierarchy(admin_client, store):
+    fill(store)
+    store.create_session("short", ttl_seconds=0.2)
+    admin_client.get(CHANGELIST)
+    time.sleep(0.3)
+    found = admin_client.get(CHANGELIST, {"q": "chat"}).context["cl"].result_list
+    assert sorted(s.session_id for s in found) == ["chat-1", "chat-2"]
+
+    def ids(**params):
+        return sorted(s.session_id for s in admin_client.get(CHANGELIST, params).context["cl"].result_list)
+
+    assert ids(ttl="yes") == ["chat-1", "short"]
+    assert ids(ttl="no") == ["chat-2", "other"]
+    assert ids(state="expired") == ["short"]
+    assert ids(state="live") == ["chat-1", "chat-2", "other"]
+    store.delete_session("other")
+    assert ids(state="gone") == ["other"]
+    today = MemorySession.objects.get(session_id="chat-1").last_activity
+    assert "chat-1" in ids(last_activity__year=str(today.year))
+    assert ids(o="1") == sorted(ids())  # sortable by id
+
+
+def test_session_page_shows_values_and_history(admin_client, store):
+    store.create_session("s1")
+    store.put("s1", "topic", {"city": "Paris", "tags": ["a"]})
+    for _ in range(12):  # MAX_HISTORY=8: summarized on the way
+        store.increment("s1", "n")
+    admin_client.get(CHANGELIST)
+    response = admin_client.get(f"{CHANGELIST}{session_pk('s1')}/change/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "&quot;city&quot;: &quot;Paris&quot;" in body  # pretty-printed JSON
+    assert "summary of 9 operations: increment 8, put 1; keys: n, topic" in body
+    values_inline, history_inline = response.context["inline_admin_formsets"]
+    assert [f.original.key for f in values_inline] == ["n", "topic"]
+    positions = [f.original.position for f in history_inline]
+    assert positions == sorted(positions, reverse=True) and positions[-1] == 0  # newest first
+    assert 'name="_save"' not in body  # read-only
+
+
+def test_history_changelist(admin_client, store):
+    fill(store)
+    admin_client.get(CHANGELIST)
+    response = admin_client.get(HISTORY, {"op__exact": "increment"})
+    entries = response.context["cl"].result_list
+    assert {(e.session.session_id, e.key) for e in entries} == {
+        ("chat-1", "turns"),
+        ("chat-2", "answer_count"),
+    }
+    assert f'href="{CHANGELIST}{session_pk("chat-1")}/change/"' in response.content.decode()
+    by_key = admin_client.get(HISTORY, {"q": "topic"}).context["cl"].result_list
+    assert [(e.op, e.key) for e in by_key] == [("put", "topic")]
+    by_session = admin_client.get(HISTORY, {"q": "chat-2"}).context["cl"].result_list
+    assert {e.key for e in by_session} == {"last_answer", "answer_count"}
+
+
+def post_action(client, action, session_ids, **extra):
+    pks = [session_pk(s) for s in session_ids]
+    return client.post(CHANGELIST, {"action": action, "_selected_action": pks, **extra})
+
+
+def test_delete_action_confirms_then_acts_on_the_store(admin_client, store):
+    fill(store)
+    admin_client.get(CHANGELIST)
+    response = post_action(admin_client, "delete_from_store", ["chat-1", "chat-2"])
+    assert response.status_code == 200 and b"are you sure" in response.content
+    assert store.list_sessions() == ["chat-1", "chat-2", "other"]  # nothing yet
+    response = post_action(admin_client, "delete_from_store", ["chat-1", "chat-2"], confirmed="yes")
+    assert response.status_code == 302
+    assert store.list_sessions() == ["other"]
+    states = dict(MemorySession.objects.values_list("session_id", "state"))
+    assert states == {"chat-1": "deleted", "chat-2": "deleted", "other": "live"}
+    messages = [m.message for m in admin_client.get(CHANGELIST).context["messages"]]
+    assert "Deleted 2 of 2 sessions from the store." in messages
+
+
+def test_clear_action(admin_client, store):
+    fill(store)
+    admin_client.get(CHANGELIST)
+    assert b"are you sure" in post_action(admin_client, "clear_keys", ["chat-1"]).content
+    post_action(admin_client, "clear_keys", ["chat-1"], confirmed="yes")
+    assert store.get_all("chat-1") == {}
+    row = MemorySession.objects.get(session_id="chat-1")
+    assert row.key_count == 0 and row.values.count() == 0
+    assert row.history.order_by("-position").first().details == {"cleared": ["topic", "turns"]}
+
+
+def test_summarize_action(admin_client, configure, db):
+    store = configure(MIRROR_MODE="deferred", MAX_HISTORY=4, AUTO_SUMMARIZE=False)
+    store.create_session("s1")
+    for i in range(10):
+        store.put("s1", "k", i)
+    store.create_session("s2")
+    admin_client.get(CHANGELIST)
+    response = post_action(admin_client, "summarize_now", ["s1", "s2"])
+    assert response.status_code == 302
+    assert store.get_history("s1", 0)[0]["summarized_count"] == 9 - 1
+    assert HistoryEntry.objects.filter(session__session_id="s1", op="summary").count() == 1
+    messages = [m.message for m in admin_client.get(CHANGELIST).context["messages"]]
+    assert "Summarized 1 of 2 sessions (8 entries folded)." in messages
+
+
+def test_export_action(admin_client, store):
+    fill(store)
+    admin_client.get(CHANGELIST)
+    response = post_action(admin_client, "export_json", ["chat-1", "chat-2"])
+    assert response["Content-Type"] == "application/json"
+    assert response["Content-Disposition"].startswith('attachment; filename="memory-sessions-')
+    records = {r["session_id"]: r for r in json.loads(response.content)}
+    assert set(records) == {"chat-1", "chat-2"}
+    assert records["chat-1"]["values"] == {"topic": {"city": "Paris"}, "turns": 3}
+    assert records["chat-1"]["history"] == store.get_history("chat-1", 0)
+    assert 3500 < records["chat-1"]["ttl_remaining_seconds"] <= 3600
+    assert records["chat-2"]["ttl_remaining_seconds"] is None
+
+
+def test_permissions(viewer_client, store, db):
+    fill(store)
+    response = viewer_client.get(CHANGELIST)
+    assert response.status_code == 200
+    actions = [name for name, _ in response.context["action_form"].fields["action"].choices if name]
+    assert actions == ["export_json"]  # acting on the store takes the delete permission
+    post_action(viewer_client, "delete_from_store", ["chat-1"], confirmed="yes")
+    assert "chat-1" in store.list_sessions()
+    assert viewer_client.get(f"{CHANGELIST}add/").status_code == 403
+    page = viewer_client.get(f"{CHANGELIST}{session_pk('chat-1')}/change/")
+    assert page.status_code == 200 and b'name="_save"' not in page.content
+    assert viewer_client.post(f"{CHANGELIST}{session_pk('chat-1')}/delete/").status_code == 403
+    # Not staff, or staff without the permission: no sessions.
+    plain = get_user_model().objects.create_user("plain", password="pw-for-tests")
+    client = Client()
+    client.force_login(plain)
+    assert client.get(CHANGELIST).status_code == 302
+    staff = get_user_model().objects.create_user("staff", password="pw-for-tests", is_staff=True)
+    client.force_login(staff)
+    assert client.get(CHANGELIST).status_code == 403
+
+
+def test_changelist_queries_stay_bounded(admin_client, store, django_assert_max_num_queries):
+    for i in range(500):
+        store.create_session(f"s{i:03d}")
+        store.put(f"s{i:03d}", "k", i)
+    admin_client.get(CHANGELIST)  # syncs all 500 (ADMIN_SYNC_LIMIT)
+    assert MemorySession.objects.count() == 500
+    with django_assert_max_num_queries(12):
+        response = admin_client.get(CHANGELIST, {"state": "live", "ttl": "no"})
+    assert response.status_code == 200
+    assert len(response.context["cl"].result_list) == 100
+
+
+def test_no_redis_password_anywhere(admin_client, db, settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://:hunter2-secret@127.0.0.1:1/0"}
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "hunter2-secret" not in body
+    assert "Showing the mirror as last synced" in body
+    assert "redis://127.0.0.1:1/0" in body

@@ -1,0 +1,265 @@
+"""The ORM mirror on both backends: store change -> sync -> mirror equals store."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from django.db import connection
+
+from persistent_memory import get_store, reset_store
+from persistent_memory.conf import memory_settings
+from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+from persistent_memory.store import MemoryStore
+
+
+def assert_mirrored(store: MemoryStore, session_id: str) -> MemorySession:
+    """The session's rows say exactly what the store says."""
+    info = store.session_info(session_id)
+    row = MemorySession.objects.get(session_id=session_id)
+    assert row.state == MemorySession.State.LIVE
+    assert row.created_at.timestamp() == pytest.approx(info["created_at"], abs=1e-5)
+    if info["expires_at"] is None:
+        assert row.expires_at is None
+    else:
+        assert row.expires_at.timestamp() == pytest.approx(info["expires_at"], abs=1e-3)
+    assert (row.key_count, row.history_length, row.ttl_seconds) == (
+        info["key_count"],
+        info["history_length"],
+        info["ttl_seconds"],
+    )
+    assert {v.key: v.value for v in row.values.all()} == store.get_all(session_id)
+    history = store.get_history(session_id, 0)
+    rows = list(row.history.order_by("position"))
+    assert [(e.op, e.key or None) for e in rows] == [(h["op"], h.get("key")) for h in history]
+    for entry, item in zip(rows, history, strict=True):
+        assert entry.timestamp.timestamp() == pytest.approx(item["timestamp"], abs=1e-5)
+        assert entry.details == {k: v for k, v in item.items() if k not in ("op", "key", "timestamp")}
+    if history:
+        assert row.last_activity == rows[-1].timestamp
+    return row
+
+
+@pytest.fixture
+def mirrored(db, configure):
+    """A store whose mirror syncs when told to (deferred), on each backend."""
+    store = configure(MIRROR_MODE="deferred", MAX_HISTORY=6)
+    assert store.mirror.mode == "deferred" and store.backend.track_dirty
+    return store
+
+
+def test_default_modes(settings, redis_url):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": redis_url}
+    assert get_store().mirror.mode == "deferred"
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off"}
+    assert get_store().mirror.mode == "off" and not get_store().backend.track_dirty
+    settings.PERSISTENT_MEMORY = {}
+    assert memory_settings.MIRROR_MODE is None
+    from persistent_memory.conf import mirror_mode
+
+    assert mirror_mode(memory_settings) == "immediate"
+
+
+def test_writes_sync_and_match(mirrored):
+    store = mirrored
+    store.create_session("s1", ttl_seconds=3600)
+    store.put("s1", "topic", {"city": "Paris", "tags": ["a", None]})
+    store.increment("s1", "n", 5)
+    store.record_answer("s2", "hello")
+    result = store.mirror.sync_dirty()
+    assert (result.synced, result.gone, result.failed) == (2, 0, 0)
+    assert_mirrored(store, "s1")
+    assert_mirrored(store, "s2")
+    # Nothing is dirty any more: a second pass does nothing.
+    assert store.mirror.sync_dirty().synced == 0
+
+
+def test_clears_summaries_and_removed_keys(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    for i in range(9):  # MAX_HISTORY=6: auto-summarized along the way
+        store.put("s1", f"k{i % 3}", i)
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
+    store.clear("s1", "k0")
+    store.increment("s1", "n")
+    store.mirror.sync_dirty()
+    row = assert_mirrored(store, "s1")
+    assert not row.values.filter(key="k0").exists()
+    store.clear("s1")
+    store.summarize("s1", max_entries=1)
+    store.mirror.sync_dirty()
+    row = assert_mirrored(store, "s1")
+    assert row.values.count() == 0
+    (summary,) = row.history.all()
+    assert summary.op == "summary"
+    assert summary.describe().startswith(f"summary of {summary.details['summarized_count']} operations: put ")
+
+
+def test_delete_marks_gone(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    store.mirror.sync_dirty()
+    store.delete_session("s1")
+    result = store.mirror.sync_dirty()
+    assert result.gone == 1
+    row = MemorySession.objects.get(session_id="s1")
+    assert row.state == MemorySession.State.DELETED and row.gone_at is not None
+    # Recreated: live again, with nothing of the old session.
+    store.create_session("s1")
+    store.mirror.sync_dirty()
+    assert assert_mirrored(store, "s1").values.count() == 0
+
+
+def test_expiry_is_noticed_by_a_full_sync(mirrored):
+    store = mirrored
+    store.create_session("short", ttl_seconds=0.2)
+    store.put("short", "k", 1)
+    store.create_session("kept")
+    store.mirror.sync_dirty()
+    time.sleep(0.3)
+    result = store.mirror.sync_all()
+    assert result.gone == 1
+    assert MemorySession.objects.get(session_id="short").state == MemorySession.State.EXPIRED
+    assert MemorySession.objects.get(session_id="kept").state == MemorySession.State.LIVE
+
+
+def test_sync_is_idempotent(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "a", 1)
+    store.put("s1", "b", [1, 2])
+    for _ in range(3):
+        store.mirror.sync_sessions(["s1"])
+    assert MemorySession.objects.count() == 1
+    assert MemoryValue.objects.count() == 2
+    assert HistoryEntry.objects.count() == 2
+    assert_mirrored(store, "s1")
+
+
+def test_sync_all_without_dirty_marks(db, settings, redis_client, redis_url):
+    # Written while the mirror was off, mirrored by a full pass (Redis: a rebuilt
+    # memory store would start empty).
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": redis_url, "MIRROR_MODE": "off"}
+    store = get_store()
+    store.create_session("s1")
+    store.put("s1", "k", "v")
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": redis_url}
+    store = get_store()
+    assert store.mirror.sync_dirty().synced == 0
+    assert store.mirror.sync_all().synced == 1
+    assert_mirrored(store, "s1")
+
+
+def test_database_failure_is_logged_and_retried(mirrored, caplog):
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memoryvalue RENAME TO pm_broken")
+    try:
+        with caplog.at_level(logging.ERROR, logger="persistent_memory.mirror"):
+            result = store.mirror.sync_dirty()
+        assert result.failed == 1 and result.synced == 0
+        assert "mirror sync of 1 sessions failed" in caplog.text
+        store.put("s1", "k2", 2)  # store writes go on while the mirror fails
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_broken RENAME TO persistent_memory_memoryvalue")
+    assert store.mirror.sync_dirty().synced == 1
+    assert_mirrored(store, "s1")
+
+
+def test_dirty_mark_costs_no_extra_round_trip(counting_client):
+    from persistent_memory.backends.redis import RedisBackend
+    from tests.conftest import CountingConnection
+
+    backend = RedisBackend(client=counting_client, max_history=10, auto_summarize=True, track_dirty=True)
+    store = MemoryStore(backend)
+    store.create_session("warm")
+    for name, call in {
+        "create": lambda: store.create_session("s1"),
+        "put": lambda: store.put("s1", "k", 1),
+        "increment": lambda: store.increment("s1", "n"),
+        "clear": lambda: store.clear("s1", "k"),
+        "answer": lambda: store.record_answer("s2", "a"),
+        "delete": lambda: store.delete_session("warm"),
+    }.items():
+        CountingConnection.sends = 0
+        call()
+        assert CountingConnection.sends == 1, name
+    assert sorted(backend.pop_dirty(10)) == ["s1", "s2", "warm"]
+    assert backend.pop_dirty(10) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_immediate_mode_flushes_within_a_second(configure):
+    store = configure(MIRROR_MODE="immediate")
+    try:
+        store.create_session("s1")
+        store.put("s1", "k", {"v": 1})
+        deadline = time.monotonic() + 3
+        while not MemoryValue.objects.filter(session__session_id="s1", key="k").exists():
+            assert time.monotonic() < deadline, "the write-behind worker did not flush"
+            time.sleep(0.05)
+        assert_mirrored(store, "s1")
+    finally:
+        reset_store()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_closing_the_store_flushes(configure):
+    store = configure(MIRROR_MODE="immediate")
+    store.create_session("s1")
+    for i in range(20):
+        store.put("s1", f"k{i}", i)
+    snapshot = store.get_all("s1")
+    reset_store()  # what atexit does at shutdown
+    assert {v.key: v.value for v in MemoryValue.objects.filter(session__session_id="s1")} == snapshot
+
+
+@pytest.mark.django_db(transaction=True)
+def test_memory_store_restores_from_the_mirror_after_restart(settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_HISTORY": 8}
+    store = get_store()
+    store.create_session("kept", ttl_seconds=600)
+    store.put("kept", "topic", {"a": [1, 2]})
+    store.increment("kept", "n", 41)
+    for i in range(10):
+        store.put("kept", "k", i)
+    store.create_session("forever")
+    store.record_answer("forever", "hi")
+    store.create_session("short", ttl_seconds=0.3)
+    before = {
+        sid: (store.session_info(sid), store.get_all(sid), store.get_history(sid, 0))
+        for sid in ("kept", "forever")
+    }
+    reset_store()  # the process ends: the worker flushes
+    time.sleep(0.4)  # "short" expires meanwhile
+
+    fresh = MemoryStore.from_settings()  # a new process over the same database
+    try:
+        assert fresh.list_sessions() == ["forever", "kept"]
+        for session_id, (info, values, history) in before.items():
+            assert fresh.get_all(session_id) == values
+            restored = fresh.get_history(session_id, 0)
+            assert [{k: v for k, v in e.items() if k != "timestamp"} for e in restored] == [
+                {k: v for k, v in e.items() if k != "timestamp"} for e in history
+            ]
+            assert [e["timestamp"] for e in restored] == pytest.approx(
+                [e["timestamp"] for e in history], abs=1e-5
+            )
+            now_info = fresh.session_info(session_id)
+            assert now_info["created_at"] == pytest.approx(info["created_at"], abs=1e-5)
+            assert now_info["ttl_seconds"] == info["ttl_seconds"]
+            if info["expires_at"] is None:
+                assert now_info["expires_at"] is None
+            else:  # the remaining TTL carries over, it does not start again
+                assert now_info["expires_at"] == pytest.approx(info["expires_at"], abs=1e-3)
+        # Counters are still integers that increment accepts.
+        assert fresh.increment("kept", "n") == 42
+        assert fresh.record_answer("forever", "again").answer_count == 2
+    finally:
+        fresh.close()
