@@ -53,7 +53,7 @@ class MemoryValue(models.Model):
         constraints = [models.UniqueConstraint(fields=["session", "key"], name="pm_unique_session_key")]
 
     def __str__(self) -> str:
-        return f"{self.session_id}:{self.key}"
+        return self.key  # the session is shown around it; fetching its id would cost a query
 
 
 class HistoryEntry(models.Model):
