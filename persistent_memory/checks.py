@@ -10,7 +10,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
-from persistent_memory.conf import DEFAULTS, PROFILES, SETTING_NAME, MemorySettings
+from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
 
 _POSITIVE_INTS = (
     "MAX_HISTORY",
@@ -19,6 +19,7 @@ _POSITIVE_INTS = (
     "MAX_BATCH",
     "MAX_REQUEST_BYTES",
     "RETRY_AFTER_SECONDS",
+    "ADMIN_SYNC_LIMIT",
 )
 _CLASS_LISTS = ("API_PERMISSION_CLASSES", "API_AUTHENTICATION_CLASSES")
 
@@ -79,6 +80,14 @@ def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
                 f"{SETTING_NAME}['RUN_BINDING_TTL_SECONDS'] is {conf.RUN_BINDING_TTL_SECONDS!r}.",
                 hint="Use a positive number of seconds.",
                 id="persistent_memory.E002",
+            )
+        )
+    if conf.MIRROR_MODE is not None and conf.MIRROR_MODE not in MIRROR_MODES:
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['MIRROR_MODE'] is {conf.MIRROR_MODE!r}.",
+                hint=f"Use one of {', '.join(MIRROR_MODES)}, or None for the backend's default.",
+                id="persistent_memory.E008",
             )
         )
     port = conf.REDIS_PORT

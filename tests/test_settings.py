@@ -136,6 +136,14 @@ class TestChecks:
             ({"MAX_HISTROY": 5}, "persistent_memory.E005"),
             ({"PROFILE": "fast"}, "persistent_memory.E005"),
             ({"KEY_PREFIX": ""}, "persistent_memory.E006"),
+            ({"API_PERMISSION_CLASSES": ["no.such.Class"]}, "persistent_memory.E007"),
+            (
+                {"API_AUTHENTICATION_CLASSES": "rest_framework.authentication.TokenAuthentication"},
+                "persistent_memory.E007",
+            ),
+            ({"MIRROR_MODE": "sometimes"}, "persistent_memory.E008"),
+            ({"ADMIN_SYNC_LIMIT": 0}, "persistent_memory.E002"),
+            ({"RUN_BINDING_TTL_SECONDS": 0}, "persistent_memory.E002"),
         ],
     )
     def test_bad_configuration_is_an_error(self, settings, conf, expected):
