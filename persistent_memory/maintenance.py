@@ -1,29 +1,59 @@
 """Operations on many sessions at once, shared by the admin actions and the management
-commands. Each acts on the store first, then brings the mirror up to date."""
+commands. Each acts on the store first, then brings the mirror up to date, and works
+in batches so that its memory stays bounded at any number of sessions."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
-from persistent_memory.backends.base import SessionSnapshot, remaining_seconds
-from persistent_memory.exceptions import SessionNotFound
+from django.utils import timezone
+
+from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
+from persistent_memory.exceptions import PersistentMemoryError, SessionExists, SessionNotFound
 from persistent_memory.store import MemoryStore, get_store
+from persistent_memory.validation import encode_value, validate_key, validate_session_id
 
-BATCH_SIZE = 200
+BATCH_SIZE = 500
+
+#: Called with (sessions done, sessions in all or None when not known).
+Progress = Callable[[int, int | None], None]
 
 
-def _batches(session_ids: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(session_ids), BATCH_SIZE):
-        yield session_ids[start : start + BATCH_SIZE]
+def _noop(done: int, total: int | None) -> None:
+    pass
+
+
+def session_batches(
+    store: MemoryStore, session_ids: Iterable[str] | None = None, *, batch_size: int = BATCH_SIZE
+) -> Iterator[list[str]]:
+    """The named sessions, or every session read with a cursor, ``batch_size`` at a time."""
+    if session_ids is not None:
+        ids = [validate_session_id(sid) for sid in dict.fromkeys(session_ids)]
+        for start in range(0, len(ids), batch_size):
+            yield ids[start : start + batch_size]
+        return
+    cursor = 0
+    while True:
+        cursor, ids = store.backend.scan_sessions(cursor, batch_size)
+        if ids:
+            yield ids
+        if cursor == 0:
+            return
 
 
 def _after(store: MemoryStore, session_ids: list[str]) -> None:
     if store.mirror.enabled and session_ids:
         store.mirror.sync_sessions(session_ids)
+
+
+# Export and import ------------------------------------------------------------
 
 
 def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
@@ -40,15 +70,127 @@ def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
 
 
 def export_sessions(
-    session_ids: Iterable[str] | None = None, *, store: MemoryStore | None = None
-) -> Iterator[dict]:
+    session_ids: Iterable[str] | None = None, *, store: MemoryStore | None = None, progress: Progress = _noop
+) -> Iterator[dict[str, Any]]:
     """Export records of the named live sessions (all when None), read in batches."""
     store = store or get_store()
-    ids = sorted(session_ids) if session_ids is not None else store.list_sessions()
-    for batch in _batches(ids):
+    done = 0
+    for batch in session_batches(store, session_ids):
         for snapshot in store.backend.snapshots(batch).values():
             if snapshot is not None:
                 yield export_record(snapshot)
+        done += len(batch)
+        progress(done, None)
+
+
+class InvalidRecord(ValueError):
+    """A line of an import file that cannot be imported; nothing was written."""
+
+
+def _number(record: dict[str, Any], name: str, *, nullable: bool = False) -> float | None:
+    value = record.get(name)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise InvalidRecord(f"{name} must be a number of 0 or more{' or null' if nullable else ''}")
+    return value
+
+
+def parse_record(line: str, *, max_value_bytes: int) -> SessionSnapshot:
+    """One export line as a snapshot ready to restore, or ``InvalidRecord`` saying why not."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise InvalidRecord(f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise InvalidRecord("not a JSON object")
+    try:
+        session_id = validate_session_id(record.get("session_id"))
+        values = record.get("values")
+        if not isinstance(values, dict):
+            raise InvalidRecord("values must be an object")
+        encoded = {
+            validate_key(key): encode_value(value, max_bytes=max_value_bytes) for key, value in values.items()
+        }
+    except PersistentMemoryError as exc:
+        raise InvalidRecord(str(exc)) from None
+    history = record.get("history")
+    if not isinstance(history, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("op"), str) and _number(e, "timestamp") is not None
+        for e in history
+    ):
+        raise InvalidRecord("history must be a list of objects with a string op and a numeric timestamp")
+    created_at = _number(record, "created_at")
+    remaining = _number(record, "ttl_remaining_seconds", nullable=True)
+    ttl = _number(record, "ttl_seconds", nullable=True) if "ttl_seconds" in record else remaining
+    info = session_info(
+        session_id,
+        created_at=created_at,
+        ttl_seconds=ttl or None,
+        expires_at=None if remaining is None else time.time() + remaining,
+        key_count=len(encoded),
+        history_length=len(history),
+    )
+    return {"info": info, "values": encoded, "history": history}
+
+
+@dataclass
+class ImportReport:
+    """What an import did (or would do, in a dry run)."""
+
+    lines: int = 0
+    imported: int = 0
+    replaced: int = 0
+    skipped_expired: int = 0
+
+
+def import_sessions(
+    lines: Iterable[str],
+    *,
+    replace: bool = False,
+    dry_run: bool = False,
+    store: MemoryStore | None = None,
+    progress: Progress = _noop,
+) -> ImportReport:
+    """Restore sessions from export lines, values, history and remaining TTL exactly.
+
+    Every line is checked first (``InvalidRecord`` names the first bad line number),
+    and so is whether a session exists (``SessionExists`` unless ``replace``), before
+    anything is written.
+    """
+    store = store or get_store()
+    snapshots: list[SessionSnapshot] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            snapshots.append(parse_record(line, max_value_bytes=store.max_value_bytes))
+        except InvalidRecord as exc:
+            raise InvalidRecord(f"line {number}: {exc}") from None
+    ids = [s["info"]["session_id"] for s in snapshots]
+    if len(set(ids)) != len(ids):
+        raise InvalidRecord("the file holds a session id more than once")
+    existing = set().union(*(store.backend.existing(batch) for batch in session_batches(store, ids)))
+    if existing and not replace:
+        raise SessionExists(
+            f"{len(existing)} sessions exist already (pass --replace): {', '.join(sorted(existing)[:10])}"
+        )
+    report = ImportReport(lines=len(snapshots))
+    for done, snapshot in enumerate(snapshots, start=1):
+        if remaining_seconds(snapshot["info"]) == 0:
+            report.skipped_expired += 1
+            continue
+        report.replaced += snapshot["info"]["session_id"] in existing
+        report.imported += 1
+        if not dry_run:
+            store.backend.restore_session(snapshot, replace=replace)
+        progress(done, len(snapshots))
+    if not dry_run:
+        _after(store, ids)
+    return report
+
+
+# Actions on sessions ------------------------------------------------------------
 
 
 def delete_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
@@ -78,7 +220,7 @@ def clear_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = No
 
 @dataclass
 class SummarizeReport:
-    """What a summarization pass did."""
+    """What a summarization pass did (or would do, in a dry run)."""
 
     scanned: int = 0
     summarized: int = 0
@@ -86,19 +228,88 @@ class SummarizeReport:
 
 
 def summarize_sessions(
-    session_ids: Iterable[str], *, max_history: int | None = None, store: MemoryStore | None = None
+    session_ids: Iterable[str] | None = None,
+    *,
+    max_history: int | None = None,
+    dry_run: bool = False,
+    store: MemoryStore | None = None,
+    progress: Progress = _noop,
 ) -> SummarizeReport:
-    """Apply the summarization rule to each session now."""
+    """Apply the summarization rule now to the named sessions (every session when None).
+
+    Each session is summarized atomically by the backend, so writers may go on
+    writing meanwhile without an entry being lost.
+    """
     store = store or get_store()
-    ids, report = list(session_ids), SummarizeReport()
-    for session_id in ids:
-        try:
-            folded = store.fold_history(session_id, max_history)
-        except SessionNotFound:
-            continue
-        report.scanned += 1
-        if folded:
-            report.summarized += 1
-            report.folded += folded
-    _after(store, ids)
+    limit = store.backend.max_history if max_history is None else max_history
+    report = SummarizeReport()
+    for batch in session_batches(store, session_ids):
+        if dry_run:
+            infos = store.backend.infos(batch)
+            report.scanned += len(infos)
+            longer = [info["history_length"] for info in infos.values() if info["history_length"] > limit]
+            report.summarized += len(longer)
+            report.folded += sum(length - limit // 2 for length in longer)
+        else:
+            folded = store.backend.summarize_many(batch, limit)
+            report.scanned += len(folded)
+            report.summarized += sum(1 for n in folded.values() if n)
+            report.folded += sum(folded.values())
+            _after(store, [sid for sid, n in folded.items() if n])
+        progress(report.scanned, None)
     return report
+
+
+# The TTL sweep ------------------------------------------------------------------
+
+
+@dataclass
+class SweepReport:
+    """What a sweep removed (or would remove, in a dry run)."""
+
+    expired_sessions: int = 0
+    leftover_keys: int = 0
+    run_bindings: int = 0
+    mirror_marked_gone: int = 0
+    mirror_deleted: int = 0
+
+
+def sweep(
+    *,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+    mirror_retention_days: float = 30,
+    store: MemoryStore | None = None,
+) -> SweepReport:
+    """Remove what expired from the store, then mark it gone in the mirror and delete
+    mirrored sessions gone for longer than ``mirror_retention_days``."""
+    from persistent_memory.models import MemorySession
+
+    store = store or get_store()
+    report = SweepReport(**store.backend.sweep(dry_run=dry_run, batch_size=batch_size))
+    if not store.mirror.enabled:
+        return report
+    live_rows = MemorySession.objects.filter(state=MemorySession.State.LIVE).order_by("pk")
+    last_pk = 0
+    while True:
+        rows = list(live_rows.filter(pk__gt=last_pk).values_list("pk", "session_id")[:batch_size])
+        if not rows:
+            break
+        last_pk = rows[-1][0]
+        ids = [session_id for _, session_id in rows]
+        gone = sorted(set(ids) - store.backend.existing(ids))
+        report.mirror_marked_gone += len(gone)
+        if gone and not dry_run:
+            store.mirror.sync_sessions(gone)
+    old = MemorySession.objects.exclude(state=MemorySession.State.LIVE).filter(
+        gone_at__lt=timezone.now() - timedelta(days=mirror_retention_days)
+    )
+    report.mirror_deleted = old.count()
+    if not dry_run:
+        old.delete()
+    return report
+
+
+def as_counts(report: Any) -> dict[str, Any]:
+    """A report dataclass as the plain dict the commands print."""
+    return asdict(report)

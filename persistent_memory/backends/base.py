@@ -186,6 +186,31 @@ class BaseBackend(ABC):
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
         """Write a whole session (values, history, remaining TTL); ``SessionExists`` unless ``replace``."""
 
+    # Maintenance in batches (bounded memory at any number of sessions) --------
+
+    @abstractmethod
+    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+        """About ``count`` session ids from ``cursor`` (start at 0), and the next cursor (0: done).
+
+        Ids may include expired sessions not yet swept; an id may come twice.
+        """
+
+    @abstractmethod
+    def existing(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions are live."""
+
+    @abstractmethod
+    def infos(self, session_ids: list[str]) -> dict[str, SessionInfo]:
+        """The info of each of these sessions that is live (one step for the batch)."""
+
+    @abstractmethod
+    def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
+        """:meth:`summarize` each live session; how many entries each folded."""
+
+    @abstractmethod
+    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
+        """Remove what expired (sessions, leftover keys, run bindings); the counts by kind."""
+
     @abstractmethod
     def pop_dirty(self, count: int) -> list[str]:
         """Take up to ``count`` ids of sessions written since they were last taken."""

@@ -305,6 +305,50 @@ class MemoryBackend(BaseBackend):
             session.values = dict(snapshot["values"])
             session.history = copy.deepcopy(snapshot["history"])
 
+    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+        with self._lock:
+            ids = sorted(self._sessions)[cursor : cursor + count]
+        following = cursor + len(ids)
+        return (following if len(ids) == count else 0), ids
+
+    def existing(self, session_ids: list[str]) -> set[str]:
+        now = time.time()
+        with self._lock:
+            return {
+                sid for sid in session_ids if sid in self._sessions and not self._sessions[sid].expired(now)
+            }
+
+    def infos(self, session_ids: list[str]) -> dict[str, SessionInfo]:
+        now = time.time()
+        with self._lock:
+            return {
+                sid: self._info(sid, self._sessions[sid])
+                for sid in session_ids
+                if sid in self._sessions and not self._sessions[sid].expired(now)
+            }
+
+    def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
+        folded: dict[str, int] = {}
+        for session_id in session_ids:
+            try:
+                folded[session_id] = self.summarize(session_id, max_entries)
+            except SessionNotFound:
+                continue
+        return folded
+
+    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
+        now = time.time()
+        with self._lock:
+            expired = [sid for sid, session in self._sessions.items() if session.expired(now)]
+            stale_runs = [
+                r for r, (sid, until) in self._runs.items() if until <= now or sid not in self._sessions
+            ]
+            if not dry_run:
+                self._prune(now)
+                for run_id in stale_runs:
+                    del self._runs[run_id]
+        return {"expired_sessions": len(expired), "leftover_keys": 0, "run_bindings": len(stale_runs)}
+
     def pop_dirty(self, count: int) -> list[str]:
         with self._lock:
             taken = [self._dirty.pop() for _ in range(min(count, len(self._dirty)))]

@@ -238,6 +238,48 @@ if op == 'list' or op == 'list_info' then
   return live
 end
 
+-- The sweep, one batch of SCAN results at a time: check and remove in one atomic
+-- step, so a session created meanwhile is never touched. arg(1) '1' for a dry run.
+if op == 'sweep_ids' then
+  local removed = 0
+  local i = 2
+  while arg(i) do
+    local id = arg(i)
+    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
+      removed = removed + 1
+      if arg(1) ~= '1' then
+        redis.call('SREM', SESSIONS, id)
+        mark_dirty(id)
+      end
+    end
+    i = i + 1
+  end
+  return removed
+end
+
+if op == 'sweep_keys' then
+  local leftovers, runs = 0, 0
+  local i = 2
+  while arg(i) do
+    local key = arg(i)
+    local rest = string.sub(key, #prefix + 2)
+    local owner
+    if string.sub(rest, 1, 5) == '~run:' then
+      owner = redis.call('GET', key)
+    elseif string.sub(rest, 1, 1) ~= '~' then
+      owner = string.match(rest, '^([^:]+):')
+    end
+    if owner and redis.call('EXISTS', prefix .. ':' .. owner .. ':__meta__') == 0 then
+      if string.sub(rest, 1, 5) == '~run:' then runs = runs + 1 else leftovers = leftovers + 1 end
+      if arg(1) ~= '1' then
+        redis.call('DEL', key)
+      end
+    end
+    i = i + 1
+  end
+  return {leftovers, runs}
+end
+
 -- Operations that create a missing session -----------------------------------
 
 if op == 'create' then

@@ -14,6 +14,7 @@ original node's (so either can read the other's data)::
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -288,6 +289,73 @@ class RedisBackend(BaseBackend):
             *[part for key, value_json in values.items() for part in (key, value_json)],
             *[json.dumps(entry) for entry in snapshot["history"]],
         )
+
+    # Maintenance in batches -------------------------------------------------
+
+    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+        with self._errors():
+            following, ids = self.client.sscan(f"{self.key_prefix}:__sessions__", cursor, count=count)
+        return following, [item.decode() for item in ids]
+
+    def existing(self, session_ids: list[str]) -> set[str]:
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_id in session_ids:
+                pipe.exists(f"{self.key_prefix}:{session_id}:__meta__")
+            found = pipe.execute()
+        return {sid for sid, exists in zip(session_ids, found, strict=True) if exists}
+
+    def _pipelined(self, op: str, session_ids: list[str], *args: Any) -> dict[str, Any]:
+        """Run ``op`` for each session in one round trip; sessions gone meanwhile are left out."""
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_id in session_ids:
+                self._script(args=self._args(op, session_id, args), client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        result: dict[str, Any] = {}
+        for session_id, reply in zip(session_ids, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                if str(reply).startswith(("PM_NOT_FOUND", "PM_EXPIRED")):
+                    continue
+                with self._errors():
+                    raise reply
+            result[session_id] = reply
+        return result
+
+    def infos(self, session_ids: list[str]) -> dict[str, SessionInfo]:
+        return {sid: self._info(sid, reply) for sid, reply in self._pipelined("info", session_ids).items()}
+
+    def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
+        return self._pipelined("summarize", session_ids, str(max_entries))
+
+    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
+        dry = "1" if dry_run else "0"
+        counts = {"expired_sessions": 0, "leftover_keys": 0, "run_bindings": 0}
+        cursor = 0
+        while True:  # ids in the sessions set whose meta has expired
+            cursor, ids = self.scan_sessions(cursor, batch_size)
+            if ids:
+                counts["expired_sessions"] += self._run("sweep_ids", "", dry, *ids)
+            if cursor == 0:
+                break
+        # Every key under the prefix, never KEYS: SCAN in batches.
+        pattern = re.sub(r"([\\*?\[\]])", r"\\\1", self.key_prefix) + ":*"
+        with self._errors():
+            batches = self.client.scan_iter(match=pattern, count=batch_size)
+            batch: list[bytes] = []
+            for key in batches:
+                batch.append(key)
+                if len(batch) >= batch_size:
+                    self._sweep_keys(batch, dry, counts)
+                    batch = []
+            self._sweep_keys(batch, dry, counts)
+        return counts
+
+    def _sweep_keys(self, keys: list[bytes], dry: str, counts: dict[str, int]) -> None:
+        if keys:
+            leftovers, runs = self._run("sweep_keys", "", dry, *keys)
+            counts["leftover_keys"] += leftovers
+            counts["run_bindings"] += runs
 
     def pop_dirty(self, count: int) -> list[str]:
         with self._errors():

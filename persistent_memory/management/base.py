@@ -1,0 +1,68 @@
+"""What every ``memory_*`` command shares: ``--json``, verbosity-gated output through
+``self.stdout``/``self.stderr``, progress on a terminal, and store errors as
+``CommandError`` (a non-zero exit status)."""
+
+from __future__ import annotations
+
+import json
+import time
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.store import MemoryStore, get_store
+
+#: Runs over this many sessions show progress on a terminal.
+PROGRESS_FROM = 300
+
+
+class MemoryCommand(BaseCommand):
+    """Base of the maintenance commands: subclasses implement :meth:`run` and return counts."""
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print one JSON object with the counts.")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        self.as_json = options.get("json", False)
+        self.verbosity = options.get("verbosity", 1)
+        self._progress_at = 0.0
+        try:
+            return super().execute(*args, **options)
+        except PersistentMemoryError as exc:
+            raise CommandError(str(exc)) from exc
+
+    @property
+    def store(self) -> MemoryStore:
+        return get_store()
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        counts = self.run(**options)
+        if self.as_json:
+            self.stdout.write(json.dumps(counts, sort_keys=True))
+        else:
+            self.log(self.summary(counts))
+        if counts.get("failed"):
+            raise CommandError(f"{counts['failed']} sessions failed (see the log); run the command again.")
+
+    def run(self, **options: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def summary(self, counts: dict[str, Any]) -> str:
+        """The prose line for ``counts`` (``--json`` prints the counts themselves)."""
+        return ", ".join(f"{name.replace('_', ' ')}: {value}" for name, value in counts.items())
+
+    def log(self, message: str, level: int = 1) -> None:
+        """Write ``message`` when ``--verbosity`` is at least ``level`` (never with ``--json``)."""
+        if not self.as_json and self.verbosity >= level:
+            self.stdout.write(message)
+
+    def progress(self, done: int, total: int | None, what: str = "sessions") -> None:
+        """A line on stderr about once a second, only on a terminal and not with ``--json``."""
+        if self.as_json or self.verbosity < 1 or not self.stderr.isatty():
+            return
+        if (total or done) < PROGRESS_FROM or time.monotonic() - self._progress_at < 1:
+            return
+        self._progress_at = time.monotonic()
+        self.stderr.write(f"  {done}/{total} {what}" if total else f"  {done} {what}")
