@@ -200,51 +200,50 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/persistent_memory/confirm_action.html", context)
 
-    def _act(self, request: HttpRequest, queryset: QuerySet, action: str, what: str, run: Any) -> Any:
-        if request.POST.get("confirmed") != "yes":
-            return self._confirm(request, queryset, action, what)
+    def _act(self, request: HttpRequest, queryset: QuerySet, run: Any) -> None:
+        """Run ``run(session_ids) -> message`` on the store, then sync those sessions."""
         ids = list(queryset.values_list("session_id", flat=True))
         try:
             message = run(ids)
-        except PersistentMemoryError as exc:
-            self.message_user(request, f"Nothing done: {exc}", messages.ERROR)
-            return None
-        self.message_user(request, message, messages.SUCCESS)
-        return None
-
-    @admin.action(description="Delete selected sessions from the store", permissions=["manage"])
-    def delete_from_store(self, request: HttpRequest, queryset: QuerySet) -> Any:
-        return self._act(
-            request,
-            queryset,
-            "delete_from_store",
-            "Delete these sessions with all their values and history",
-            lambda ids: f"Deleted {maintenance.delete_sessions(ids)} of {len(ids)} sessions from the store.",
-        )
-
-    @admin.action(description="Clear all keys of selected sessions", permissions=["manage"])
-    def clear_keys(self, request: HttpRequest, queryset: QuerySet) -> Any:
-        return self._act(
-            request,
-            queryset,
-            "clear_keys",
-            "Clear every key of these sessions",
-            lambda ids: f"Cleared {maintenance.clear_sessions(ids)} keys from {len(ids)} sessions.",
-        )
-
-    @admin.action(description="Summarize history of selected sessions now", permissions=["manage"])
-    def summarize_now(self, request: HttpRequest, queryset: QuerySet) -> None:
-        ids = list(queryset.values_list("session_id", flat=True))
-        try:
-            report = maintenance.summarize_sessions(ids)
+            store = get_store()
+            if store.mirror.enabled:
+                store.mirror.sync_sessions(ids)
         except PersistentMemoryError as exc:
             self.message_user(request, f"Nothing done: {exc}", messages.ERROR)
             return
-        self.message_user(
+        self.message_user(request, message, messages.SUCCESS)
+
+    @admin.action(description="Delete selected sessions from the store", permissions=["manage"])
+    def delete_from_store(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
+        what = "Delete these sessions with all their values and history"
+        if request.POST.get("confirmed") != "yes":
+            return self._confirm(request, queryset, "delete_from_store", what)
+        self._act(
             request,
-            f"Summarized {report.summarized} of {report.scanned} sessions ({report.folded} entries folded).",
-            messages.SUCCESS,
+            queryset,
+            lambda ids: f"Deleted {maintenance.delete_sessions(ids)} of {len(ids)} sessions from the store.",
         )
+        return None
+
+    @admin.action(description="Clear all keys of selected sessions", permissions=["manage"])
+    def clear_keys(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
+        if request.POST.get("confirmed") != "yes":
+            return self._confirm(request, queryset, "clear_keys", "Clear every key of these sessions")
+        self._act(
+            request,
+            queryset,
+            lambda ids: f"Cleared {maintenance.clear_sessions(ids)} keys from {len(ids)} sessions.",
+        )
+        return None
+
+    @admin.action(description="Summarize history of selected sessions now", permissions=["manage"])
+    def summarize_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        def summarize(ids: list[str]) -> str:
+            report = maintenance.summarize_sessions(ids)
+            counts = f"{report.summarized} of {report.scanned} sessions ({report.folded} entries folded)"
+            return f"Summarized {counts}."
+
+        self._act(request, queryset, summarize)
 
     @admin.action(description="Export selected sessions as JSON", permissions=["view"])
     def export_json(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:

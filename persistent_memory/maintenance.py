@@ -1,6 +1,6 @@
 """Operations on many sessions at once, shared by the admin actions and the management
-commands. Each acts on the store first, then brings the mirror up to date, and works
-in batches so that its memory stays bounded at any number of sessions."""
+commands. They act on the store, whose writes mark their sessions for the mirror,
+and work in batches so that memory stays bounded at any number of sessions."""
 
 from __future__ import annotations
 
@@ -46,11 +46,6 @@ def session_batches(
             yield ids
         if cursor == 0:
             return
-
-
-def _after(store: MemoryStore, session_ids: list[str]) -> None:
-    if store.mirror.enabled and session_ids:
-        store.mirror.sync_sessions(session_ids)
 
 
 # Export and import ------------------------------------------------------------
@@ -185,8 +180,6 @@ def import_sessions(
         if not dry_run:
             store.backend.restore_session(snapshot, replace=replace)
         progress(done, len(snapshots))
-    if not dry_run:
-        _after(store, ids)
     return report
 
 
@@ -196,25 +189,23 @@ def import_sessions(
 def delete_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
     """Delete sessions from the store; return how many existed."""
     store = store or get_store()
-    ids, deleted = list(session_ids), 0
-    for session_id in ids:
+    deleted = 0
+    for session_id in session_ids:
         try:
             store.delete_session(session_id)
             deleted += 1
         except SessionNotFound:
             pass
-    _after(store, ids)
     return deleted
 
 
 def clear_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
     """Clear every key of each session; return how many keys were removed."""
     store = store or get_store()
-    ids, cleared = list(session_ids), 0
-    for session_id in ids:
+    cleared = 0
+    for session_id in session_ids:
         with contextlib.suppress(SessionNotFound):
             cleared += len(store.clear(session_id))
-    _after(store, ids)
     return cleared
 
 
@@ -255,7 +246,6 @@ def summarize_sessions(
             report.scanned += len(folded)
             report.summarized += sum(1 for n in folded.values() if n)
             report.folded += sum(folded.values())
-            _after(store, [sid for sid, n in folded.items() if n])
         progress(report.scanned, None)
     return report
 

@@ -76,7 +76,8 @@ class TestSummarize:
             history = store.get_history(f"s{i}", 0)
             assert operation_count(history) == (25 if i < 2 else 5)
         assert len(store.get_history("s0", 0)) == 6
-        # The mirror followed.
+        # The writes marked the sessions for the mirror; its next pass follows.
+        assert run_json("memory_mirror")["synced"] == 3
         assert MemorySession.objects.get(session_id="s0").history_length == 6
 
     def test_prose_output(self, configure, db):
@@ -370,6 +371,7 @@ class TestExportImport:
         assert store.get("s0000", "changed") is True
         assert run_json("memory_import", str(path), "--replace")["replaced"] == 2
         assert "changed" not in store.list_keys("s0000")
+        run("memory_mirror")  # the import marked the sessions for the mirror
         assert (
             MemorySession.objects.get(session_id="s0000").key_count
             == store.session_info("s0000")["key_count"]
