@@ -223,3 +223,11 @@ def test_run_binding_key_cannot_collide_with_a_session(rstore, redis_client):
     assert 3_590_000 < redis_client.pttl("rr:memory:~run:run-1") <= 3_600_000
     # '~' is outside the session id alphabet, so no session's keys can take this name.
     assert rstore.list_sessions() == ["s1"]
+
+
+def test_create_with_a_ttl_shorter_than_the_script(rstore):
+    # The meta may expire before the script's next command: create must not read it back.
+    for i in range(300):
+        info = rstore.create_session(f"blink{i}", ttl_seconds=0.001)
+        assert info["expires_at"] == pytest.approx(info["created_at"] + 0.001, abs=0.05)
+        assert (info["key_count"], info["history_length"]) == (0, 0)

@@ -156,7 +156,6 @@ class SummarizeRequest(serializers.Serializer):
 class SummarizeResponse(serializers.Serializer):
     session_id = serializers.CharField()
     summarized = serializers.BooleanField()
-    history_length = serializers.IntegerField()
 
 
 class Health(serializers.Serializer):

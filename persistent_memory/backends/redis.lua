@@ -66,14 +66,25 @@ local function check_live()
   return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
 end
 
+local function server_ms()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+
+-- Returns when the new session expires, in epoch ms (-1: never). The expiry is set
+-- as an absolute time and reported from it, not read back: a 1 ms TTL may be over
+-- before the next command of this script runs.
 local function create(created_at, ttl_text, ttl_ms)
   purge_leftovers()
   redis.call('SADD', SESSIONS, sid)
   redis.call('HSET', META, 'created_at', created_at, 'ttl_seconds', ttl_text)
-  if tonumber(ttl_ms) > 0 then
-    redis.call('PEXPIRE', META, ttl_ms)
-  end
   mark_dirty()
+  if tonumber(ttl_ms) > 0 then
+    local at = server_ms() + tonumber(ttl_ms)
+    redis.call('PEXPIREAT', META, at)
+    return at
+  end
+  return -1
 end
 
 -- Every key of a session expires with its meta: later keys inherit what is left.
@@ -175,8 +186,7 @@ local function expire_time()
   if remaining < 0 then
     return -1
   end
-  local clock = redis.call('TIME')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) + remaining
+  return server_ms() + remaining
 end
 
 local function info()
@@ -286,8 +296,8 @@ if op == 'create' then
   if redis.call('EXISTS', META) == 1 then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
-  create(now, arg(1), arg(2))
-  return info()
+  local expires = create(now, arg(1), arg(2))
+  return {now, arg(1), 0, 0, expires}
 end
 
 if op == 'enrich' then

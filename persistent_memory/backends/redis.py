@@ -167,6 +167,8 @@ class RedisBackend(BaseBackend):
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
         created_at, ttl, key_count, history_length, expire_ms = reply[:5]
+        if created_at is None:  # the meta expired between the script's commands
+            raise SessionExpired(f"Session {session_id!r} has expired.")
         return session_info(
             session_id,
             created_at=float(created_at),
