@@ -123,18 +123,7 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     ordering = ("-last_activity",)
     list_per_page = 100
     show_full_result_count = False
-    readonly_fields = (
-        "session_id",
-        "state",
-        "created_at",
-        "expires_at",
-        "ttl_seconds",
-        "key_count",
-        "history_length",
-        "last_activity",
-        "synced_at",
-        "gone_at",
-    )
+    readonly_fields = ("session_id", *MemorySession.SYNCED_FIELDS)
     inlines = (ValueInline, HistoryInline)
     actions = ("summarize_now", "export_json", "clear_keys", "delete_from_store")
 

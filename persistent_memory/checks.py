@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -12,20 +13,89 @@ from django.utils.module_loading import import_string
 from persistent_memory.backends import backend_class
 from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
 
-_POSITIVE_INTS = (
-    "MAX_HISTORY",
-    "MAX_SESSIONS",
-    "MAX_VALUE_BYTES",
-    "MAX_BATCH",
-    "MAX_REQUEST_BYTES",
-    "RETRY_AFTER_SECONDS",
-    "ADMIN_SYNC_LIMIT",
-)
-_CLASS_LISTS = ("API_PERMISSION_CLASSES", "API_AUTHENTICATION_CLASSES")
+
+def _is_int(value: Any, low: int, high: int | None = None) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value <= high)
+    )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _is_number(value: Any, *, positive: bool = False) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
+
+
+def _class_list(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, list | tuple):
+        return False
+    try:
+        for path in value:
+            import_string(path)
+    except (ImportError, TypeError):
+        return False
+    return True
+
+
+POSITIVE_INTEGER = "Use a positive integer."
+
+#: (setting, whether a value is valid, hint, check id)
+RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
+    *(
+        (name, lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002")
+        for name in (
+            "MAX_HISTORY",
+            "MAX_SESSIONS",
+            "MAX_VALUE_BYTES",
+            "MAX_BATCH",
+            "MAX_REQUEST_BYTES",
+            "RETRY_AFTER_SECONDS",
+            "ADMIN_SYNC_LIMIT",
+        )
+    ),
+    ("SESSION_TTL_HOURS", _is_number, "Use a number that is 0 or more.", "E002"),
+    ("REDIS_SOCKET_TIMEOUT", _is_number, "Use a number that is 0 or more.", "E002"),
+    (
+        "RUN_BINDING_TTL_SECONDS",
+        lambda v: _is_number(v, positive=True),
+        "Use a positive number of seconds.",
+        "E002",
+    ),
+    ("REDIS_PORT", lambda v: _is_int(v, 1, 65535), "Use a port from 1 to 65535.", "E002"),
+    (
+        "KEY_PREFIX",
+        lambda v: isinstance(v, str) and bool(v) and not any(c.isspace() for c in v),
+        "Use a non-empty string without spaces, such as 'rr:memory'.",
+        "E006",
+    ),
+    (
+        "API_PERMISSION_CLASSES",
+        _class_list,
+        "Use a list of import strings of DRF classes, or None for the project's defaults.",
+        "E007",
+    ),
+    (
+        "API_AUTHENTICATION_CLASSES",
+        _class_list,
+        "Use a list of import strings of DRF classes, or None for the project's defaults.",
+        "E007",
+    ),
+    (
+        "MIRROR_MODE",
+        lambda v: v is None or v in MIRROR_MODES,
+        f"Use one of {', '.join(MIRROR_MODES)}, or None for the backend's default.",
+        "E008",
+    ),
+]
+
+
+def _bad(name: str, value: Any, hint: str, code: str, reason: str = "") -> Error:
+    return Error(f"{SETTING_NAME}['{name}'] is {value!r}{reason}.", hint=hint, id=f"persistent_memory.{code}")
 
 
 def _check_names(user: Any) -> list[CheckMessage]:
@@ -41,95 +111,9 @@ def _check_names(user: Any) -> list[CheckMessage]:
                 id="persistent_memory.E005",
             )
         )
-    if user.get("PROFILE", DEFAULTS["PROFILE"]) not in PROFILES:
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['PROFILE'] is {user['PROFILE']!r}.",
-                hint=f"Use one of {', '.join(sorted(PROFILES))}.",
-                id="persistent_memory.E005",
-            )
-        )
-    return errors
-
-
-def _check_numbers(conf: MemorySettings) -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
-    for name in _POSITIVE_INTS:
-        value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            errors.append(
-                Error(
-                    f"{SETTING_NAME}['{name}'] is {value!r}.",
-                    hint="Use a positive integer.",
-                    id="persistent_memory.E002",
-                )
-            )
-    for name in ("SESSION_TTL_HOURS", "REDIS_SOCKET_TIMEOUT"):
-        value = getattr(conf, name)
-        if not _is_number(value) or value < 0:
-            errors.append(
-                Error(
-                    f"{SETTING_NAME}['{name}'] is {value!r}.",
-                    hint="Use a number that is 0 or more.",
-                    id="persistent_memory.E002",
-                )
-            )
-    if not _is_number(conf.RUN_BINDING_TTL_SECONDS) or conf.RUN_BINDING_TTL_SECONDS <= 0:
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['RUN_BINDING_TTL_SECONDS'] is {conf.RUN_BINDING_TTL_SECONDS!r}.",
-                hint="Use a positive number of seconds.",
-                id="persistent_memory.E002",
-            )
-        )
-    if conf.MIRROR_MODE is not None and conf.MIRROR_MODE not in MIRROR_MODES:
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['MIRROR_MODE'] is {conf.MIRROR_MODE!r}.",
-                hint=f"Use one of {', '.join(MIRROR_MODES)}, or None for the backend's default.",
-                id="persistent_memory.E008",
-            )
-        )
-    port = conf.REDIS_PORT
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['REDIS_PORT'] is {port!r}.",
-                hint="Use a port from 1 to 65535.",
-                id="persistent_memory.E002",
-            )
-        )
-    prefix = conf.KEY_PREFIX
-    if not isinstance(prefix, str) or not prefix or any(c.isspace() for c in prefix):
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['KEY_PREFIX'] is {prefix!r}.",
-                hint="Use a non-empty string without spaces, such as 'rr:memory'.",
-                id="persistent_memory.E006",
-            )
-        )
-    return errors
-
-
-def _check_api_classes(conf: MemorySettings) -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
-    for name in _CLASS_LISTS:
-        value = getattr(conf, name)
-        if value is None:
-            continue
-        try:
-            if not isinstance(value, list | tuple):
-                raise TypeError("not a list of import strings")
-            for path in value:
-                import_string(path)
-        except (ImportError, TypeError) as exc:
-            errors.append(
-                Error(
-                    f"{SETTING_NAME}['{name}'] is {value!r}: {exc}",
-                    hint="Use a list of import strings of DRF classes, or None for the project's defaults.",
-                    id="persistent_memory.E007",
-                )
-            )
+    profile = user.get("PROFILE", DEFAULTS["PROFILE"])
+    if profile not in PROFILES:
+        errors.append(_bad("PROFILE", profile, f"Use one of {', '.join(sorted(PROFILES))}.", "E005"))
     return errors
 
 
@@ -137,13 +121,8 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
     try:
         cls = backend_class(conf.BACKEND)
     except (ImportError, TypeError, ValueError) as exc:
-        return [
-            Error(
-                f"{SETTING_NAME}['BACKEND'] is {conf.BACKEND!r}: {exc}",
-                hint="Use 'memory', 'redis' or an import string to a BaseBackend subclass.",
-                id="persistent_memory.E001",
-            )
-        ]
+        hint = "Use 'memory', 'redis' or an import string to a BaseBackend subclass."
+        return [_bad("BACKEND", conf.BACKEND, hint, "E001", f": {exc}")]
     from persistent_memory.backends.redis import RedisBackend
 
     if not issubclass(cls, RedisBackend):
@@ -152,13 +131,8 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
     if alias:
         cache = getattr(settings, "CACHES", {}).get(alias)
         if not cache or not str(cache.get("BACKEND", "")).startswith("django_redis."):
-            return [
-                Error(
-                    f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] is {alias!r}: not a django-redis cache in CACHES.",
-                    hint="Name a CACHES entry whose BACKEND is django_redis.cache.RedisCache.",
-                    id="persistent_memory.E004",
-                )
-            ]
+            hint = "Name a CACHES entry whose BACKEND is django_redis.cache.RedisCache."
+            return [_bad("REDIS_CACHE_ALIAS", alias, hint, "E004", ": not a django-redis cache in CACHES")]
         return []
     if not conf.REDIS_URL and not conf.REDIS_HOST:
         return [
@@ -179,7 +153,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if errors:
         return errors
     conf = MemorySettings(user)
-    return _check_numbers(conf) + _check_backend(conf) + _check_api_classes(conf)
+    values = [
+        _bad(name, getattr(conf, name), hint, code)
+        for name, valid, hint, code in RULES
+        if not valid(getattr(conf, name))
+    ]
+    return values + _check_backend(conf)
 
 
 @register(Tags.compatibility, deploy=True)

@@ -141,17 +141,7 @@ class Mirror:
                 rows,
                 update_conflicts=True,
                 unique_fields=["session_id"],
-                update_fields=[
-                    "state",
-                    "created_at",
-                    "expires_at",
-                    "ttl_seconds",
-                    "key_count",
-                    "history_length",
-                    "last_activity",
-                    "synced_at",
-                    "gone_at",
-                ],
+                update_fields=MemorySession.SYNCED_FIELDS,
             )
             pks = dict(MemorySession.objects.filter(session_id__in=live).values_list("session_id", "pk"))
             MemoryValue.objects.filter(session_id__in=pks.values()).delete()

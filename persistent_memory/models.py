@@ -10,6 +10,19 @@ from django.utils import timezone
 class MemorySession(models.Model):
     """One session as last synced from the store."""
 
+    #: The columns a sync writes (everything but the id it is found by).
+    SYNCED_FIELDS = (
+        "state",
+        "created_at",
+        "expires_at",
+        "ttl_seconds",
+        "key_count",
+        "history_length",
+        "last_activity",
+        "synced_at",
+        "gone_at",
+    )
+
     class State(models.TextChoices):
         LIVE = "live", "live"
         EXPIRED = "expired", "expired"
