@@ -23,7 +23,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
-from persistent_memory.exceptions import PersistentMemoryError, SessionExists
+from persistent_memory.exceptions import CapacityExceeded, PersistentMemoryError, SessionExists
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
@@ -219,6 +219,7 @@ class Mirror:
         sessions = (
             MemorySession.objects.filter(state=MemorySession.State.LIVE)
             .exclude(expires_at__lte=now)
+            .order_by("-last_activity")  # the most recently used first, should the cap be reached
             .prefetch_related("values", "history")
         )
         restored = 0
@@ -241,6 +242,10 @@ class Mirror:
                 self.store.backend.restore_session(snapshot, replace=False)
             except SessionExists:
                 continue
+            except CapacityExceeded as exc:
+                left = sessions.count() - restored
+                logger.warning("persistent_memory: %s; %d older sessions stay in the mirror only", exc, left)
+                break
             restored += 1
         # What was just loaded is what the mirror holds: nothing to write back.
         while self.store.backend.pop_dirty(BATCH_SIZE):

@@ -263,3 +263,21 @@ def test_memory_store_restores_from_the_mirror_after_restart(settings):
         assert fresh.record_answer("forever", "again").answer_count == 2
     finally:
         fresh.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_restore_keeps_the_most_recent_sessions_within_the_cap(settings, caplog):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 10}
+    store = get_store()
+    for i in range(10):
+        store.record_answer(f"s{i}", "a")
+        time.sleep(0.002)
+    reset_store()
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 4}
+    with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
+        fresh = MemoryStore.from_settings()
+    try:
+        assert fresh.list_sessions() == ["s6", "s7", "s8", "s9"]
+        assert "6 older sessions stay in the mirror only" in caplog.text
+    finally:
+        fresh.close()
