@@ -192,15 +192,18 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def _act(self, request: HttpRequest, queryset: QuerySet, run: Any) -> None:
         """Run ``run(session_ids) -> message`` on the store, then sync those sessions."""
         ids = list(queryset.values_list("session_id", flat=True))
+        store = get_store()
         try:
             message = run(ids)
-            store = get_store()
-            if store.mirror.enabled:
-                store.mirror.sync_sessions(ids)
         except PersistentMemoryError as exc:
-            self.message_user(request, f"Nothing done: {exc}", messages.ERROR)
-            return
-        self.message_user(request, message, messages.SUCCESS)
+            # Sessions before the failing one may have been changed: say so, and sync.
+            self.message_user(
+                request, f"Stopped by an error; some sessions may have changed: {exc}", messages.ERROR
+            )
+        else:
+            self.message_user(request, message, messages.SUCCESS)
+        if store.mirror.enabled:
+            store.mirror.sync_sessions(ids)
 
     @admin.action(description="Delete selected sessions from the store", permissions=["manage"])
     def delete_from_store(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:

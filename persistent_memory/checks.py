@@ -59,7 +59,20 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         )
     ),
     ("SESSION_TTL_HOURS", _is_number, "Use a number that is 0 or more.", "E002"),
-    ("REDIS_SOCKET_TIMEOUT", _is_number, "Use a number that is 0 or more.", "E002"),
+    (
+        "REDIS_SOCKET_TIMEOUT",
+        lambda v: _is_number(v, positive=True),
+        "Use a positive number of seconds.",
+        "E002",
+    ),
+    ("REDIS_DB", lambda v: _is_int(v, 0), "Use a database number of 0 or more.", "E002"),
+    ("AUTO_SUMMARIZE", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    (
+        "REDIS_URL",
+        lambda v: v is None or (isinstance(v, str) and v.startswith(("redis://", "rediss://", "unix://"))),
+        "Use a URL such as redis://host:6379/0 (or rediss://, unix://).",
+        "E003",
+    ),
     (
         "RUN_BINDING_TTL_SECONDS",
         lambda v: _is_number(v, positive=True),

@@ -20,6 +20,10 @@ def entry(op: str, key: str | None, timestamp: float, **extra: Any) -> dict[str,
     return {"op": op, "key": key, **extra, "timestamp": timestamp}
 
 
+def _count(value: Any, *, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def operation_count(entries: list[dict[str, Any]]) -> int:
     """How many operations a history stands for (summaries count what they folded)."""
     return sum(e.get("summarized_count", 1) if e.get("op") == SUMMARY_OP else 1 for e in entries)
@@ -36,9 +40,14 @@ def fold(entries: list[dict[str, Any]], max_entries: int, timestamp: float) -> l
     keys: set[str] = set()
     for item in old:
         if item.get("op") == SUMMARY_OP:
-            count += int(item.get("summarized_count", 1))
-            op_counts.update({str(op): int(n) for op, n in (item.get("op_counts") or {}).items()})
-            keys.update(k for k in item.get("keys_touched") or [] if isinstance(k, str))
+            # Tolerant of summaries written by others, like the Lua version.
+            count += _count(item.get("summarized_count"), default=1)
+            counts = item.get("op_counts")
+            if isinstance(counts, dict):
+                op_counts.update({str(op): _count(n, default=0) for op, n in counts.items()})
+            touched = item.get("keys_touched")
+            if isinstance(touched, list):
+                keys.update(k for k in touched if isinstance(k, str))
         else:
             count += 1
             op = item.get("op")

@@ -55,9 +55,7 @@ def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
     """A session as export writes it and import reads it (values decoded)."""
     info = snapshot["info"]
     return {
-        "session_id": info["session_id"],
-        "created_at": info["created_at"],
-        "ttl_seconds": info["ttl_seconds"],
+        **info,  # what GET sessions/{id}/ answers
         "ttl_remaining_seconds": remaining_seconds(info),
         "values": {key: json.loads(text) for key, text in sorted(snapshot["values"].items())},
         "history": snapshot["history"],
@@ -151,7 +149,8 @@ def import_sessions(
 
     Every line is checked first (``InvalidRecord`` names the first bad line number),
     and so is whether a session exists (``SessionExists`` unless ``replace``), before
-    anything is written.
+    anything is written; should a write fail part way (capacity, Redis gone), what
+    was written is undone and replaced sessions are put back.
     """
     store = store or get_store()
     snapshots: list[SessionSnapshot] = []
@@ -171,16 +170,40 @@ def import_sessions(
             f"{len(existing)} sessions exist already (pass --replace): {', '.join(sorted(existing)[:10])}"
         )
     report = ImportReport(lines=len(snapshots))
-    for done, snapshot in enumerate(snapshots, start=1):
-        if remaining_seconds(snapshot["info"]) == 0:
-            report.skipped_expired += 1
-            continue
-        report.replaced += snapshot["info"]["session_id"] in existing
-        report.imported += 1
-        if not dry_run:
+    wanted = [s for s in snapshots if remaining_seconds(s["info"]) != 0]
+    report.skipped_expired = len(snapshots) - len(wanted)
+    report.imported = len(wanted)
+    report.replaced = sum(1 for s in wanted if s["info"]["session_id"] in existing)
+    if dry_run:
+        return report
+    # Keep what is replaced, so that a failure part way can put everything back.
+    previous = {
+        sid: snap
+        for batch in session_batches(
+            store, [s["info"]["session_id"] for s in wanted if s["info"]["session_id"] in existing]
+        )
+        for sid, snap in store.backend.snapshots(batch).items()
+    }
+    written: list[str] = []
+    try:
+        for snapshot in wanted:
             store.backend.restore_session(snapshot, replace=replace)
-        progress(done, len(snapshots))
+            written.append(snapshot["info"]["session_id"])
+            progress(len(written), len(wanted))
+    except BaseException:
+        _undo_import(store, written, previous)
+        raise
     return report
+
+
+def _undo_import(store: MemoryStore, written: list[str], previous: dict[str, SessionSnapshot | None]) -> None:
+    for session_id in reversed(written):
+        with contextlib.suppress(PersistentMemoryError):
+            earlier = previous.get(session_id)
+            if earlier is None:
+                store.backend.delete_session(session_id)
+            else:
+                store.backend.restore_session(earlier, replace=True)
 
 
 # Actions on sessions ------------------------------------------------------------

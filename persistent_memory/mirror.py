@@ -73,6 +73,8 @@ class Mirror:
         self.mode = mode
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
+        #: A memory store whose restore failed: the worker retries it before any sync.
+        self.restore_pending = False
 
     @property
     def enabled(self) -> bool:
@@ -86,13 +88,20 @@ class Mirror:
         for start in range(0, len(session_ids), BATCH_SIZE):
             batch = session_ids[start : start + BATCH_SIZE]
             try:
-                result += self._apply(self.store.backend.snapshots(batch))
+                # Read and write under one lock: in this process a later snapshot is
+                # never overwritten by an earlier one (across processes, see _apply).
+                with _write_lock:
+                    read_at = timezone.now()
+                    result += self._apply(self.store.backend.snapshots(batch), read_at)
             except (DatabaseError, PersistentMemoryError):
                 logger.exception(
                     "persistent_memory: mirror sync of %d sessions failed; will retry", len(batch)
                 )
                 self._retry_later(batch)
                 result.failed += len(batch)
+            except BaseException:  # Ctrl-C, a bug: keep the marks for the next sync
+                self._retry_later(batch)
+                raise
         return result
 
     def _retry_later(self, session_ids: list[str]) -> None:
@@ -128,17 +137,22 @@ class Mirror:
         )
         return self.sync_sessions(live + sorted(mirrored - set(live)))
 
-    def _apply(self, snapshots: dict[str, SessionSnapshot | None]) -> SyncResult:
+    def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
+        """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a
+        row another process synced from a later read is left alone."""
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
-        now = timezone.now()
-        live = {sid: snap for sid, snap in snapshots.items() if snap is not None}
-        gone = [sid for sid, snap in snapshots.items() if snap is None]
-        with _write_lock, transaction.atomic():
-            marked = self._mark_gone(gone, now)
-            rows = [self._session_row(snap, now) for snap in live.values()]
+        with transaction.atomic():
+            newer = set(
+                MemorySession.objects.select_for_update()
+                .filter(session_id__in=list(snapshots), synced_at__gt=read_at)
+                .values_list("session_id", flat=True)
+            )
+            live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
+            gone = [sid for sid, snap in snapshots.items() if snap is None and sid not in newer]
+            marked = self._mark_gone(gone, read_at)
             MemorySession.objects.bulk_create(
-                rows,
+                [self._session_row(snap, read_at) for snap in live.values()],
                 update_conflicts=True,
                 unique_fields=["session_id"],
                 update_fields=MemorySession.SYNCED_FIELDS,
@@ -152,7 +166,7 @@ class Mirror:
                 for key, text in snap["values"].items()
             )
             HistoryEntry.objects.bulk_create(
-                self._history_row(pks[sid], position, item, now)
+                self._history_row(pks[sid], position, item, read_at)
                 for sid, snap in live.items()
                 for position, item in enumerate(snap["history"])
             )
@@ -222,35 +236,65 @@ class Mirror:
             .order_by("-last_activity")  # the most recently used first, should the cap be reached
             .prefetch_related("values", "history")
         )
+        # Marks of writes made before (a retried restore) are kept; marks the restore
+        # itself makes are dropped: what it loads is what the mirror holds.
+        earlier = self._drain_marks()
         restored = 0
-        for row in sessions.iterator(chunk_size=500):
-            history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
-            info = session_info(
-                row.session_id,
-                created_at=row.created_at.timestamp(),
-                ttl_seconds=row.ttl_seconds,
-                expires_at=_epoch(row.expires_at),
-                key_count=row.key_count,
-                history_length=len(history),
-            )
-            snapshot: SessionSnapshot = {
-                "info": info,
-                "values": {v.key: json.dumps(v.value) for v in row.values.all()},
-                "history": history,
-            }
-            try:
-                self.store.backend.restore_session(snapshot, replace=False)
-            except SessionExists:
-                continue
-            except CapacityExceeded as exc:
-                left = sessions.count() - restored
-                logger.warning("persistent_memory: %s; %d older sessions stay in the mirror only", exc, left)
-                break
-            restored += 1
-        # What was just loaded is what the mirror holds: nothing to write back.
-        while self.store.backend.pop_dirty(BATCH_SIZE):
-            pass
+        try:
+            for row in sessions.iterator(chunk_size=500):
+                try:
+                    self.store.backend.restore_session(self._snapshot_of(row), replace=False)
+                except SessionExists:
+                    continue
+                except CapacityExceeded as exc:
+                    left = sessions.count() - restored
+                    logger.warning(
+                        "persistent_memory: %s; %d older sessions stay in the mirror only", exc, left
+                    )
+                    break
+                restored += 1
+            self._drain_marks()
+        finally:
+            self.store.backend.mark_dirty(earlier)
         return restored
+
+    def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
+        history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
+        info = session_info(
+            row.session_id,
+            created_at=row.created_at.timestamp(),
+            ttl_seconds=row.ttl_seconds,
+            expires_at=_epoch(row.expires_at),
+            key_count=row.key_count,
+            history_length=len(history),
+        )
+        return {
+            "info": info,
+            "values": {v.key: json.dumps(v.value) for v in row.values.all()},
+            "history": history,
+        }
+
+    def _drain_marks(self) -> list[str]:
+        taken: list[str] = []
+        while batch := self.store.backend.pop_dirty(BATCH_SIZE):
+            taken.extend(batch)
+        return taken
+
+    def restore_safely(self) -> bool:
+        """:meth:`restore`, logging a failure and leaving it pending for the worker to retry."""
+        try:
+            restored = self.restore()
+        except Exception:  # no table before `migrate`, the database down...
+            if not self.restore_pending:
+                logger.warning(
+                    "persistent_memory: could not restore sessions from the mirror; will retry", exc_info=True
+                )
+            self.restore_pending = True
+            return False
+        self.restore_pending = False
+        if restored:
+            logger.info("persistent_memory: restored %d sessions from the mirror", restored)
+        return True
 
     # The write-behind worker ("immediate") ------------------------------------
 
@@ -277,6 +321,10 @@ class Mirror:
             connections.close_all()  # this thread's connections
 
     def _flush(self) -> None:
+        # Until the restore has worked, writing this process's sessions into the mirror
+        # could replace rows that were never loaded.
+        if self.restore_pending and not self.restore_safely():
+            return
         try:
             self.sync_dirty()
         except Exception:  # the worker must survive anything and try again

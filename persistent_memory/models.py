@@ -48,11 +48,6 @@ class MemorySession(models.Model):
     def __str__(self) -> str:
         return self.session_id
 
-    @property
-    def is_live(self) -> bool:
-        """Live in the store as far as the mirror knows (and not past its expiry)."""
-        return self.state == self.State.LIVE and (self.expires_at is None or self.expires_at > timezone.now())
-
 
 class MemoryValue(models.Model):
     """One key of a session and its value."""

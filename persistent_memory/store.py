@@ -18,7 +18,7 @@ from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
-from persistent_memory.exceptions import InvalidSessionId, InvalidValue, SessionNotFound
+from persistent_memory.exceptions import InvalidSessionId, InvalidValue
 from persistent_memory.mirror import Mirror
 from persistent_memory.validation import (
     decode_value,
@@ -57,8 +57,8 @@ class MemoryStore:
         """Build the store ``PERSISTENT_MEMORY`` describes."""
         try:
             backend = backend_class(conf.BACKEND).from_settings(conf)
-        except (ImportError, TypeError) as exc:
-            raise ImproperlyConfigured(f"PERSISTENT_MEMORY['BACKEND']: {exc}") from exc
+        except (ImportError, TypeError, ValueError) as exc:  # ValueError: redis-py on a bad URL
+            raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc} (see `manage.py check`)") from exc
         try:
             store = cls(
                 backend,
@@ -72,20 +72,9 @@ class MemoryStore:
             raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc} (see `manage.py check`)") from exc
         if store.mirror.mode == "immediate":
             if isinstance(backend, MemoryBackend):
-                store.restore_from_mirror()
+                store.mirror.restore_safely()
             store.mirror.start()
         return store
-
-    def restore_from_mirror(self) -> int:
-        """Reload the mirror's live sessions into a fresh memory store (the durable default)."""
-        try:
-            restored = self.mirror.restore()
-        except Exception:  # no table before `migrate`, no database in this process...
-            logger.warning("persistent_memory: could not restore sessions from the mirror", exc_info=True)
-            return 0
-        if restored:
-            logger.info("persistent_memory: restored %d sessions from the mirror", restored)
-        return restored
 
     def _ttl(self, ttl_seconds: Any) -> float | None:
         return self.default_ttl_seconds if ttl_seconds is None else validate_ttl(ttl_seconds)
@@ -205,14 +194,6 @@ class MemoryStore:
     def ping(self) -> None:
         """Return if the backend answers; ``BackendUnavailable`` otherwise."""
         self.backend.ping()
-
-    def exists(self, session_id: str) -> bool:
-        """Whether a live session has this id."""
-        try:
-            self.session_info(session_id)
-        except SessionNotFound:
-            return False
-        return True
 
     def close(self) -> None:
         """Flush and stop the mirror worker, then release the backend's connections."""

@@ -110,6 +110,19 @@ def redis_url(redis_server: RedisServer | None) -> str:
     url = os.environ.get("REDIS_URL") or (redis_server.url if redis_server else None)
     if url is None:
         _no_redis("redis-server is not installed and REDIS_URL is not set")
+    if redis_server is None:
+        # Every test flushes the database: refuse one that holds data (the demo's REDIS_URL).
+        client = redis.Redis.from_url(url)
+        try:
+            size = client.dbsize()
+        except redis.ConnectionError as exc:
+            _no_redis(str(exc))
+        finally:
+            client.close()
+        if size:
+            pytest.exit(
+                f"REDIS_URL={url} holds {size} keys and the tests flush it: point it at an empty database."
+            )
     return url  # type: ignore[return-value]
 
 

@@ -229,6 +229,23 @@ class TestSweepRedis:
         assert "cmdstat_keys" not in stats
         assert stats["cmdstat_scan"]["calls"] >= 2 and stats["cmdstat_sscan"]["calls"] >= 2
 
+    def test_sweep_leaves_a_deployment_with_a_longer_prefix_alone(self, db, redis_store, redis_client):
+        # Another deployment whose KEY_PREFIX starts with ours: rr:memory:staging.
+        other = {
+            "rr:memory:staging:__sessions__": ("sadd", "s1"),
+            "rr:memory:staging:s1:__meta__": ("hset", "created_at"),
+            "rr:memory:staging:s1:k": ("set", "1"),
+            "rr:memory:staging:~run:r1": ("set", "s1"),
+        }
+        for key, (kind, value) in other.items():
+            if kind == "hset":
+                redis_client.hset(key, value, "1")
+            else:
+                getattr(redis_client, kind)(key, value)
+        counts = run_json("memory_sweep")
+        assert (counts["expired_sessions"], counts["leftover_keys"], counts["run_bindings"]) == (0, 0, 0)
+        assert redis_client.exists(*other) == len(other)
+
 
 class TestMirrorCommand:
     def test_passes(self, store):
@@ -353,8 +370,11 @@ class TestExportImport:
             "turns": 1,
         }
         assert record["history"] == store.get_history("s0001", 0)
+        info = store.session_info("s0001")
+        assert {k: record[k] for k in info} == info  # what GET sessions/{id}/ answers, and more
         assert 3500 < record["ttl_remaining_seconds"] <= 3600
-        assert err.strip() == "Exported 1 sessions."
+        assert err.strip().endswith("Exported 1 sessions.")
+        assert ("memory backend lives inside each process" in err) == (store.backend.name == "memory")
         with pytest.raises(CommandError):
             run("memory_export", "--json")
 
@@ -407,6 +427,38 @@ class TestExportImport:
             run("memory_import", str(path))
         assert store.list_sessions() == []
 
+    def test_a_failing_import_is_undone(self, db, settings, tmp_path):
+        # The memory backend's cap stops this import at its sixth session.
+        settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off", "MAX_SESSIONS": 5}
+        from persistent_memory import get_store
+
+        store = get_store()
+        for session_id in ("s0000", "s0001"):
+            store.create_session(session_id)
+            store.put(session_id, "before", True)
+        records = [
+            {"session_id": f"s{i:04d}", "created_at": 1.0, "values": {"n": i}, "history": []}
+            for i in range(8)
+        ]
+        path = tmp_path / "too-many.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        before = {sid: store.get_all(sid) for sid in store.list_sessions()}
+        with pytest.raises(CommandError):
+            run("memory_import", str(path), "--replace")
+        assert {sid: store.get_all(sid) for sid in store.list_sessions()} == before
+
+    def test_foreign_summaries_do_not_break_later_writes(self, configure, db, tmp_path):
+        store = configure(MAX_HISTORY=2)
+        odd = {"op": "summary", "summarized_count": "many", "op_counts": {"put": "x"}, "timestamp": 1.0}
+        record = {"session_id": "odd", "created_at": 1.0, "values": {}, "history": [odd, odd]}
+        path = tmp_path / "odd.jsonl"
+        path.write_text(json.dumps(record) + "\n")
+        run("memory_import", str(path))
+        store.put("odd", "k", 1)  # folds the odd summaries in
+        (summary, last) = store.get_history("odd", 0)
+        assert summary["op"] == "summary" and summary["summarized_count"] == 2
+        assert last["key"] == "k"
+
     def test_expired_records_are_skipped(self, store, tmp_path):
         path = tmp_path / "expired.jsonl"
         record = {
@@ -431,18 +483,19 @@ def test_progress_only_on_a_terminal(db, configure):
         store.create_session(f"p{i}")
     tty, piped = TTY(), io.StringIO()
     call_command("memory_summarize", "--all", stdout=io.StringIO(), stderr=tty)
-    assert tty.getvalue().strip() == "400 sessions"
+    assert "  400 sessions" in tty.getvalue().splitlines()
     call_command("memory_summarize", "--all", stdout=io.StringIO(), stderr=piped)
-    assert piped.getvalue() == ""
+    assert "400 sessions" not in piped.getvalue()
     tty = TTY()
     call_command("memory_summarize", "--all", "--json", stdout=io.StringIO(), stderr=tty)
-    assert tty.getvalue() == ""
+    assert "400 sessions" not in tty.getvalue()
 
 
-def test_manage_py_exits_non_zero_on_bad_input():
+def test_manage_py_exits_non_zero_on_bad_input(tmp_path):
     result = subprocess.run(
         [sys.executable, "manage.py", "memory_summarize", "--max-history", "0"],
         cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"},
         capture_output=True,
         text=True,
     )

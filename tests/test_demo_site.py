@@ -30,8 +30,14 @@ def test_home_page_reports_unreachable_redis(client, settings):
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_environment_selects_the_backend(backend, redis_url):
-    env = {**os.environ, "MEMORY_BACKEND": backend, "REDIS_URL": redis_url, "SESSION_TTL_HOURS": "1.5"}
+def test_environment_selects_the_backend(backend, redis_url, tmp_path):
+    env = {
+        **os.environ,
+        "MEMORY_BACKEND": backend,
+        "REDIS_URL": redis_url,
+        "SESSION_TTL_HOURS": "1.5",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    }
     code = (
         "from persistent_memory import get_store; s = get_store(); "
         "print(s.backend.name, s.default_ttl_seconds); s.ping()"

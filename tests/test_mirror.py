@@ -281,3 +281,22 @@ def test_restore_keeps_the_most_recent_sessions_within_the_cap(settings, caplog)
         assert "6 older sessions stay in the mirror only" in caplog.text
     finally:
         fresh.close()
+
+
+def test_an_older_snapshot_never_replaces_a_newer_row(mirrored):
+    # Two syncers (another process) read the same session at t1 and t2 and write in
+    # the other order: the row keeps what was read at t2.
+    from django.utils import timezone
+
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "k", "old")
+    t1, old = timezone.now(), store.backend.snapshots(["s1"])
+    store.put("s1", "k", "new")
+    t2, new = timezone.now(), store.backend.snapshots(["s1"])
+    store.mirror._apply(new, t2)
+    store.mirror._apply(old, t1)
+    assert MemoryValue.objects.get(session__session_id="s1", key="k").value == "new"
+    store.delete_session("s1")
+    store.mirror._apply(store.backend.snapshots(["s1"]), t1)  # "gone", but read before t2
+    assert MemorySession.objects.get(session_id="s1").state == "live"

@@ -210,7 +210,7 @@ def test_redis_restart_recovers_without_new_store(redis_server, redis_url):
     store.close()
 
 
-def test_describe_hides_password(redis_url):
+def test_describe_hides_password():
     backend = RedisBackend(
         client=redis.Redis.from_url("redis://:hunter2@127.0.0.1:6390/3"), max_history=10, auto_summarize=True
     )
@@ -231,3 +231,93 @@ def test_create_with_a_ttl_shorter_than_the_script(rstore):
         info = rstore.create_session(f"blink{i}", ttl_seconds=0.001)
         assert info["expires_at"] == pytest.approx(info["created_at"] + 0.001, abs=0.05)
         assert (info["key_count"], info["history_length"]) == (0, 0)
+
+
+def test_sessions_with_more_keys_than_lua_unpack_takes(rstore, redis_client):
+    # Lua's unpack() stops at about 8,000 items: the script works in chunks.
+    count = 9000
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.sadd("rr:memory:__sessions__", "big")
+    pipe.hset("rr:memory:big:__meta__", mapping={"created_at": "1.0", "ttl_seconds": "None"})
+    pipe.mset({f"rr:memory:big:k{i}": str(i) for i in range(count)})
+    pipe.sadd("rr:memory:big:__keys__", *[f"k{i}" for i in range(count)])
+    pipe.execute()
+    values = rstore.get_all("big")
+    assert len(values) == count and values["k8999"] == 8999
+    assert len(rstore.enrich("big")) == count
+    snapshot = rstore.backend.snapshots(["big"])["big"]
+    snapshot["info"]["session_id"] = "copy"
+    snapshot["info"]["expires_at"] = time.time() + 60
+    rstore.backend.restore_session(snapshot, replace=False)
+    assert len(rstore.get_all("copy")) == count
+    ttls = {redis_client.pttl(f"rr:memory:copy:k{i}") for i in (0, 4500, 8999)}
+    assert all(0 < ttl <= 60_000 for ttl in ttls)
+
+
+def test_many_sessions_are_listed_in_batches(rstore, redis_client, monkeypatch):
+    from persistent_memory.backends import redis as redis_backend
+
+    monkeypatch.setattr(redis_backend, "ONE_STEP_LIST_LIMIT", 3)
+    for i in range(10):
+        rstore.create_session(f"s{i}", ttl_seconds=0.1 if i < 2 else None)
+    time.sleep(0.2)
+    assert rstore.list_sessions() == [f"s{i}" for i in range(2, 10)]
+    infos = rstore.list_session_infos("s")
+    assert sorted(info["session_id"] for info in infos) == [f"s{i}" for i in range(2, 10)]
+    assert infos[0]["created_at"] >= infos[-1]["created_at"]  # newest first
+    assert redis_client.smembers("rr:memory:__sessions__") == {f"s{i}".encode() for i in range(2, 10)}
+
+
+def test_a_write_whose_reply_is_lost_is_not_run_twice(redis_client, redis_url):
+    # A proxy that passes the command to Redis and drops the connection instead of the reply.
+    import socket
+    import threading
+
+    target = ("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    drop = threading.Event()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(target)
+
+            def pump(src, dst, is_reply, pair):
+                try:
+                    while data := src.recv(65536):
+                        if is_reply and drop.is_set():
+                            drop.clear()  # one reply lost; a reconnect would work
+                            for sock in pair:
+                                sock.shutdown(socket.SHUT_RDWR)  # the client sees the connection drop
+                                sock.close()
+                            return
+                        dst.sendall(data)
+                except OSError:
+                    pass
+
+            pair = (client, upstream)
+            threading.Thread(target=pump, args=(client, upstream, False, pair), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client, True, pair), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    from persistent_memory.conf import MemorySettings
+
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    store = MemoryStore.from_settings(
+        MemorySettings({"BACKEND": "redis", "REDIS_URL": url, "MIRROR_MODE": "off"})
+    )
+    try:
+        store.create_session("s1")
+        drop.set()
+        with pytest.raises(BackendUnavailable):
+            store.increment("s1", "n")
+        assert redis_client.get("rr:memory:s1:n") == b"1"  # it ran once, and only once
+        assert redis_client.llen("rr:memory:s1:__history__") == 1
+    finally:
+        store.close()
+        listener.close()

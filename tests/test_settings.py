@@ -85,6 +85,9 @@ class TestSettingsObject:
         settings.PERSISTENT_MEMORY = {"BACKEND": "nope"}
         with pytest.raises(ImproperlyConfigured):
             get_store()
+        settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "localhost:6390"}
+        with pytest.raises(ImproperlyConfigured):
+            get_store()
 
     def test_redis_url_host_and_cache_alias(self, settings, redis_client, redis_url):
         settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": redis_url}
@@ -142,6 +145,10 @@ class TestChecks:
                 "persistent_memory.E007",
             ),
             ({"MIRROR_MODE": "sometimes"}, "persistent_memory.E008"),
+            ({"BACKEND": "redis", "REDIS_URL": "localhost:6390"}, "persistent_memory.E003"),
+            ({"REDIS_SOCKET_TIMEOUT": 0}, "persistent_memory.E002"),
+            ({"REDIS_DB": -1}, "persistent_memory.E002"),
+            ({"AUTO_SUMMARIZE": "yes"}, "persistent_memory.E002"),
             ({"ADMIN_SYNC_LIMIT": 0}, "persistent_memory.E002"),
             ({"RUN_BINDING_TTL_SECONDS": 0}, "persistent_memory.E002"),
         ],

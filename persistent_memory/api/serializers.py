@@ -144,6 +144,10 @@ class IncrementResponse(serializers.Serializer):
     value = serializers.IntegerField()
 
 
+class HistoryQuery(serializers.Serializer):
+    limit = serializers.IntegerField(required=False, default=50, min_value=0, max_value=1_000_000)
+
+
 class History(serializers.Serializer):
     session_id = serializers.CharField()
     entries = serializers.ListField(child=serializers.DictField())

@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 
 from persistent_memory.api import serializers as s
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
-from persistent_memory.backends.base import SessionInfo
+from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import BackendUnavailable, PersistentMemoryError
 from persistent_memory.pipeline import MemoryFilter
@@ -40,9 +40,7 @@ SESSION_ERRORS = errors(404, 410)
 
 def with_remaining(info: SessionInfo) -> dict[str, Any]:
     """A session's info plus the seconds it has left (None: never expires)."""
-    expires_at = info["expires_at"]
-    remaining = None if expires_at is None else max(0.0, round(expires_at - time.time(), 3))
-    return {**info, "ttl_remaining_seconds": remaining}
+    return {**info, "ttl_remaining_seconds": remaining_seconds(info)}
 
 
 class MemoryAPIView(APIView):
@@ -256,10 +254,6 @@ class IncrementView(MemoryAPIView):
         return Response({"value": self.store.increment(session_id, key, amount)})
 
 
-class HistoryQuery(s.serializers.Serializer):
-    limit = s.serializers.IntegerField(required=False, default=50, min_value=0, max_value=1_000_000)
-
-
 class HistoryView(MemoryAPIView):
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, description="Newest N entries, oldest first; 0 for all.")],
@@ -268,7 +262,7 @@ class HistoryView(MemoryAPIView):
         summary="A session's history",
     )
     def get(self, request: Request, session_id: str) -> Response:
-        limit = self.validated(HistoryQuery, request.query_params)["limit"]
+        limit = self.validated(s.HistoryQuery, request.query_params)["limit"]
         return Response({"session_id": session_id, "entries": self.store.get_history(session_id, limit)})
 
 

@@ -44,6 +44,28 @@ local function mark_dirty(id)
   end
 end
 
+-- Lua's unpack() takes at most a few thousand items: call in chunks.
+local CHUNK = 1000
+local function call_chunked(command, key, items)
+  local replies = {}
+  for first = 1, #items, CHUNK do
+    local args = {}
+    for i = first, math.min(first + CHUNK - 1, #items) do
+      args[#args + 1] = items[i]
+    end
+    local reply
+    if key then
+      reply = redis.call(command, key, unpack(args))
+    else
+      reply = redis.call(command, unpack(args))
+    end
+    if type(reply) == 'table' then
+      for _, item in ipairs(reply) do replies[#replies + 1] = item end
+    end
+  end
+  return replies
+end
+
 -- Keys of a session whose meta is gone (expired, or left by a crash) are removed so
 -- that a session created again under the same id starts empty.
 local function purge_leftovers()
@@ -202,7 +224,7 @@ local function all_values()
   end
   local data_keys = {}
   for i, key in ipairs(keys) do data_keys[i] = base .. key end
-  local values = redis.call('MGET', unpack(data_keys))
+  local values = call_chunked('MGET', nil, data_keys)
   for i, key in ipairs(keys) do
     if values[i] then
       flat[#flat + 1] = key
@@ -224,8 +246,13 @@ end
 
 -- Operations on no one session -------------------------------------------------
 
--- Live sessions whose id starts with arg(1); 'list_info' adds each one's info.
+-- Live sessions whose id starts with arg(1); 'list_info' adds each one's info. With
+-- more than arg(2) ids in the set it declines (PM_TOO_MANY) rather than hold Redis
+-- for long: the caller then reads the set in batches.
 if op == 'list' or op == 'list_info' then
+  if redis.call('SCARD', SESSIONS) > tonumber(arg(2)) then
+    return fail('TOO_MANY', 'Too many sessions for one step.')
+  end
   local wanted = arg(1) or ''
   local live, stale = {}, {}
   for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
@@ -242,9 +269,7 @@ if op == 'list' or op == 'list_info' then
       end
     end
   end
-  if #stale > 0 then
-    redis.call('SREM', SESSIONS, unpack(stale))
-  end
+  call_chunked('SREM', SESSIONS, stale)
   return live
 end
 
@@ -273,14 +298,20 @@ if op == 'sweep_keys' then
   while arg(i) do
     local key = arg(i)
     local rest = string.sub(key, #prefix + 2)
+    -- Only keys of this deployment's layout: "{id}:{key}" or "~run:{run id}". Anything
+    -- else (another deployment whose prefix starts with ours) is not ours to touch.
     local owner
-    if string.sub(rest, 1, 5) == '~run:' then
+    local run_id = string.match(rest, '^~run:([%w_%-]+)$')
+    if run_id then
       owner = redis.call('GET', key)
-    elseif string.sub(rest, 1, 1) ~= '~' then
-      owner = string.match(rest, '^([^:]+):')
+    else
+      local id, name = string.match(rest, '^([%w_%-]+):([%w_%.%-]+)$')
+      if id and name ~= '__sessions__' then
+        owner = id
+      end
     end
     if owner and redis.call('EXISTS', prefix .. ':' .. owner .. ':__meta__') == 0 then
-      if string.sub(rest, 1, 5) == '~run:' then runs = runs + 1 else leftovers = leftovers + 1 end
+      if run_id then runs = runs + 1 else leftovers = leftovers + 1 end
       if arg(1) ~= '1' then
         redis.call('DEL', key)
       end
@@ -339,7 +370,7 @@ if op == 'restore' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
   redis.call('DEL', META)
-  create(arg(2), arg(3), arg(4))
+  local expires = create(arg(2), arg(3), arg(4))
   local n = tonumber(arg(5))
   local keys = {}
   for i = 0, n - 1 do
@@ -354,7 +385,13 @@ if op == 'restore' then
     redis.call('RPUSH', HISTORY, arg(i))
     i = i + 1
   end
-  align(KEYSET, HISTORY, unpack(keys))
+  if expires > 0 then
+    keys[#keys + 1] = KEYSET
+    keys[#keys + 1] = HISTORY
+    for _, key in ipairs(keys) do
+      redis.call('PEXPIREAT', key, expires)
+    end
+  end
   return 1
 end
 

@@ -49,6 +49,14 @@ from persistent_memory.exceptions import (
 
 SCRIPT = resources.files("persistent_memory.backends").joinpath("redis.lua").read_text()
 
+#: Up to this many sessions, listing them is one script; beyond, batches (see redis.lua).
+ONE_STEP_LIST_LIMIT = 2000
+
+
+class _TooMany(Exception):
+    """redis.lua declined to list every session in one step."""
+
+
 # Reply prefixes of redis.lua's errors.
 _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_NOT_FOUND": SessionNotFound,
@@ -84,10 +92,10 @@ def _build_client(conf: MemorySettings) -> redis.Redis:
     options: dict[str, Any] = {
         "socket_timeout": conf.REDIS_SOCKET_TIMEOUT,
         "socket_connect_timeout": conf.REDIS_SOCKET_TIMEOUT,
-        # One immediate retry on a dropped connection (a pooled socket that died while
-        # Redis restarted), none on timeouts: a timed-out script may have run, and
-        # running an increment twice would be wrong.
-        "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        # No retries: a reply lost after the script ran cannot be told from a command
+        # never sent, and running a write twice (an increment, a history entry) is
+        # wrong. The caller gets BackendUnavailable (the API: 503 with Retry-After).
+        "retry": Retry(NoBackoff(), 0),
     }
     if conf.REDIS_URL:
         return redis.Redis.from_url(conf.REDIS_URL, **options)
@@ -150,6 +158,8 @@ class RedisBackend(BaseBackend):
             code, _, text = message.partition(" ")
             if code in _SCRIPT_ERRORS:
                 raise _SCRIPT_ERRORS[code](text) from None
+            if code == "PM_TOO_MANY":
+                raise _TooMany() from None
             if code == "OOM":
                 raise CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}") from None
             raise BackendUnavailable(f"Redis at {self.describe()} refused the operation: {message}") from None
@@ -194,11 +204,28 @@ class RedisBackend(BaseBackend):
     session_info = resume_session
 
     def list_sessions(self) -> list[str]:
-        return sorted(item.decode() for item in self._run("list", ""))
+        try:
+            return sorted(item.decode() for item in self._run("list", "", "", str(ONE_STEP_LIST_LIMIT)))
+        except _TooMany:
+            return sorted(info["session_id"] for info in self._scan_infos(""))
 
     def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
-        flat = self._run("list_info", "", prefix)
+        try:
+            flat = self._run("list_info", "", prefix, str(ONE_STEP_LIST_LIMIT))
+        except _TooMany:
+            return self._scan_infos(prefix)
         return [self._info(flat[i].decode(), flat[i + 1 : i + 6]) for i in range(0, len(flat), 6)]
+
+    def _scan_infos(self, prefix: str) -> list[SessionInfo]:
+        """Many sessions: SSCAN and one pipelined step per batch, so Redis is never held long."""
+        infos: list[SessionInfo] = []
+        cursor = 0
+        while True:
+            cursor, ids = self.scan_sessions(cursor, 500)
+            wanted = [sid for sid in dict.fromkeys(ids) if sid.startswith(prefix)]
+            infos.extend(self.infos(wanted).values())
+            if cursor == 0:
+                return list({info["session_id"]: info for info in infos}.values())
 
     def delete_session(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("delete", session_id))
@@ -257,15 +284,11 @@ class RedisBackend(BaseBackend):
     # Whole sessions, for the mirror, export and import -----------------------
 
     def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
-        # A pipeline of scripts: one round trip for the whole batch.
-        with self._errors():
-            pipe = self.client.pipeline(transaction=False)
-            for session_id in session_ids:
-                self._script(args=self._args("snapshot", session_id, ()), client=pipe)
-            replies = pipe.execute()
+        replies = self._pipelined("snapshot", session_ids)
         result: dict[str, SessionSnapshot | None] = {}
-        for session_id, reply in zip(session_ids, replies, strict=True):
-            if not reply:
+        for session_id in session_ids:
+            reply = replies.get(session_id)
+            if not reply:  # 0 from the script: not live
                 result[session_id] = None
                 continue
             info, values, history = reply

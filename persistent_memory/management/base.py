@@ -21,6 +21,9 @@ PROGRESS_FROM = 300
 class MemoryCommand(BaseCommand):
     """Base of the maintenance commands: subclasses implement :meth:`run` and return counts."""
 
+    #: Whether the command reads or changes sessions (a memory store is this process's own).
+    uses_sessions = True
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON object with the counts.")
 
@@ -38,6 +41,7 @@ class MemoryCommand(BaseCommand):
         return get_store()
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.warn_if_private()
         counts = self.run(**options)
         if self.as_json:
             self.stdout.write(json.dumps(counts, sort_keys=True))
@@ -48,6 +52,15 @@ class MemoryCommand(BaseCommand):
 
     def run(self, **options: Any) -> dict[str, Any]:
         raise NotImplementedError
+
+    def warn_if_private(self) -> None:
+        """On the memory backend a command sees its own process's copy, not a server's."""
+        if self.uses_sessions and self.store.backend.name == "memory" and self.verbosity >= 1:
+            self.stderr.write(
+                "Note: the memory backend lives inside each process. This command works on its own "
+                "copy (restored from the mirror), not on the sessions of a running server; change "
+                "those from the server (admin actions, API) or use the redis backend."
+            )
 
     def summary(self, counts: dict[str, Any]) -> str:
         """The prose line for ``counts`` (``--json`` prints the counts themselves)."""

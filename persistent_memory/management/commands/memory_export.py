@@ -26,6 +26,7 @@ class Command(MemoryCommand):
     def handle(self, *args: Any, session: list[str] | None, output: str | None, **options: Any) -> None:
         if output is None and self.as_json:
             raise CommandError("--json prints counts: give --output FILE for the sessions.")
+        self.warn_if_private()
         records = export_sessions(session, progress=self.progress)
         if output is None:
             count = self._write(records, self.stdout.write)  # OutputWrapper ends each line
