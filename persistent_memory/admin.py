@@ -189,8 +189,15 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/persistent_memory/confirm_action.html", context)
 
-    def _act(self, request: HttpRequest, queryset: QuerySet, run: Any) -> None:
-        """Run ``run(session_ids) -> message`` on the store, then sync those sessions."""
+    def _act(
+        self, request: HttpRequest, queryset: QuerySet, run: Any, *, confirm: tuple[str, str] | None = None
+    ) -> TemplateResponse | None:
+        """Run ``run(session_ids) -> message`` on the store, then sync those sessions.
+
+        ``confirm`` (action name, what it does) asks first, for destructive actions.
+        """
+        if confirm is not None and request.POST.get("confirmed") != "yes":
+            return self._confirm(request, queryset, *confirm)
         ids = list(queryset.values_list("session_id", flat=True))
         store = get_store()
         try:
@@ -204,29 +211,25 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
             self.message_user(request, message, messages.SUCCESS)
         if store.mirror.enabled:
             store.mirror.sync_sessions(ids)
+        return None
 
     @admin.action(description="Delete selected sessions from the store", permissions=["manage"])
     def delete_from_store(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
-        what = "Delete these sessions with all their values and history"
-        if request.POST.get("confirmed") != "yes":
-            return self._confirm(request, queryset, "delete_from_store", what)
-        self._act(
+        return self._act(
             request,
             queryset,
             lambda ids: f"Deleted {maintenance.delete_sessions(ids)} of {len(ids)} sessions from the store.",
+            confirm=("delete_from_store", "Delete these sessions with all their values and history"),
         )
-        return None
 
     @admin.action(description="Clear all keys of selected sessions", permissions=["manage"])
     def clear_keys(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
-        if request.POST.get("confirmed") != "yes":
-            return self._confirm(request, queryset, "clear_keys", "Clear every key of these sessions")
-        self._act(
+        return self._act(
             request,
             queryset,
             lambda ids: f"Cleared {maintenance.clear_sessions(ids)} keys from {len(ids)} sessions.",
+            confirm=("clear_keys", "Clear every key of these sessions"),
         )
-        return None
 
     @admin.action(description="Summarize history of selected sessions now", permissions=["manage"])
     def summarize_now(self, request: HttpRequest, queryset: QuerySet) -> None:
