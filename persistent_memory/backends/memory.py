@@ -306,10 +306,10 @@ class MemoryBackend(BaseBackend):
             session.history = copy.deepcopy(snapshot["history"])
 
     def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+        # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go
+        # between batches.
         with self._lock:
-            ids = sorted(self._sessions)[cursor : cursor + count]
-        following = cursor + len(ids)
-        return (following if len(ids) == count else 0), ids
+            return 0, sorted(self._sessions)
 
     def existing(self, session_ids: list[str]) -> set[str]:
         now = time.time()
