@@ -14,15 +14,20 @@ from contextlib import contextmanager
 import redis
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextmanager
 def redis_url() -> Iterator[str]:
     """REDIS_URL when set; otherwise a fresh redis-server, stopped on exit."""
     if os.environ.get("REDIS_URL"):
         yield os.environ["REDIS_URL"]
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     folder = tempfile.mkdtemp(prefix="pm-bench-redis-")
     server = subprocess.Popen(
         [

@@ -1,0 +1,285 @@
+"""The benchmark of the store and the REST API against their floors.
+
+    python bench/run.py [--duration 2] [--sessions 100] [--keys 10 50] [--backend both]
+                        [--api-duration 4] [--rounds 2] [--no-api] [--output PATH]
+
+Starts a redis-server of its own on a free loopback port (or uses REDIS_URL, which
+must point at an empty database) and a temporary SQLite database for the mirror and
+the API's token, then measures in one run, so the figures compare as ratios:
+
+1. the floor: redis-py on one connection, PING and EVALSHA of ``return 1``;
+2. the store on Redis and on memory (its default, immediate mirror), single-threaded;
+3. the API under gunicorn with 2 workers, driven by bench/load.py in another process,
+   against a no-op DRF view with the same authentication.
+
+Prints markdown tables and the targets met or missed, and writes every figure as
+JSON (bench/results/latest.json by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(1, str(ROOT))  # the project (bench/ itself is sys.path[0])
+
+import django  # noqa: E402
+import redis  # noqa: E402
+from local_redis import redis_url  # noqa: E402
+from store_bench import ENRICH, EVALSHA, STORE  # noqa: E402
+
+
+def setup_django(folder: str) -> None:
+    """The bench site's settings on a fresh SQLite file (never the project's database)."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "site_settings"
+    os.environ["DATABASE_URL"] = f"sqlite:///{folder}/bench.sqlite3"
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def machine(url: str) -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
+    client = redis.Redis.from_url(url)
+    redis_version = client.info("server")["redis_version"]
+    client.close()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "redis_server": redis_version,
+        **{name: version(name) for name in ("django", "djangorestframework", "redis", "gunicorn")},
+    }
+
+
+def measure_store(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    from store_bench import FLOOR_PREFIX, memory_figures, redis_figures
+
+    results: dict[str, Any] = {}
+    if args.backend in ("both", "redis"):
+        figures = redis_figures(url, args.duration, args.sessions, args.keys)
+        results["floor"] = {
+            k.removeprefix(FLOOR_PREFIX): v for k, v in figures.items() if k.startswith(FLOOR_PREFIX)
+        }
+        results["redis"] = {k: v for k, v in figures.items() if not k.startswith(FLOOR_PREFIX)}
+        redis.Redis.from_url(url).flushdb()
+    if args.backend in ("both", "memory"):
+        results["memory"], results["memory_mirror_catch_up_s"] = memory_figures(
+            args.duration, args.sessions, args.keys
+        )
+    return results
+
+
+def _lane(figures: dict[str, Any], lane: str) -> dict[str, Any]:
+    return next(value for name, value in figures.items() if name.startswith(lane))
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the benchmark issue: what it asks, what was measured, met or not."""
+    checks: list[dict[str, Any]] = []
+
+    def check(target: str, measured: Any, met: bool) -> None:
+        checks.append({"target": target, "measured": measured, "met": met})
+
+    if "redis" in results:
+        trips = {name: f["round_trips_per_op"] for name, f in results["redis"].items()}
+        check("Redis: 1 round trip per operation", trips, all(t == 1 for t in trips.values()))
+        floor = results["floor"][EVALSHA]["ops_per_s"]
+        for lane in (ENRICH, STORE):
+            ratio = _lane(results["redis"], lane)["ops_per_s"] / floor
+            check(f"Redis {lane}: >= 70% of EVALSHA floor", f"{ratio:.0%}", ratio >= 0.70)
+    if "memory" in results:
+        for lane in (ENRICH, STORE):
+            rate = _lane(results["memory"], lane)["ops_per_s"]
+            check(f"Memory {lane}: >= 50,000 ops/s", f"{rate:,.0f} ops/s", rate >= 50_000)
+        caught_up = results["memory_mirror_catch_up_s"]
+        check("Memory: mirror caught up within 1 s", caught_up, caught_up is not None and caught_up <= 1)
+    if "api" in results:
+        for name in ("enrich", "store"):
+            ratio = _lane(results["api"], name)["ratio_to_floor"]
+            check(f"API {name}: >= 75% of no-op view rps", f"{ratio:.0%}", ratio >= 0.75)
+    return checks
+
+
+def markdown(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(results: dict[str, Any]) -> str:
+    """The tables the README's Performance section shows."""
+    parts = []
+    floor = results["floor"][EVALSHA]["ops_per_s"] if "floor" in results else 0
+    rows = [
+        [
+            f"redis-py {name}",
+            f"{f['ops_per_s']:,.0f}",
+            "",
+            f["p50_us"],
+            f["p99_us"],
+            f["round_trips_per_op"],
+            f["commands_per_op"],
+        ]
+        for name, f in results.get("floor", {}).items()
+    ]
+    for backend in ("redis", "memory"):
+        for name, f in results.get(backend, {}).items():
+            ratio = f"{f['ops_per_s'] / floor:.0%}" if backend == "redis" else ""
+            rows.append(
+                [
+                    f"{backend}: {name}",
+                    f"{f['ops_per_s']:,.0f}",
+                    ratio,
+                    f["p50_us"],
+                    f["p99_us"],
+                    f["round_trips_per_op"],
+                    f["commands_per_op"],
+                ]
+            )
+    parts.append(
+        markdown(
+            [
+                "Operation (one thread)",
+                "ops/s",
+                "of EVALSHA floor",
+                "p50 µs",
+                "p99 µs",
+                "round trips/op",
+                "Redis commands/op",
+            ],
+            rows,
+        )
+    )
+    if "memory_mirror_catch_up_s" in results:
+        parts.append(
+            f"Memory backend: the mirror caught up {results['memory_mirror_catch_up_s']} s after the run."
+        )
+    if "api" in results:
+        parts.append(
+            markdown(
+                [
+                    "Endpoint (gunicorn, 2 workers)",
+                    "requests/s",
+                    "of no-op view",
+                    "p50 ms",
+                    "p99 ms",
+                    "statuses",
+                    "EVALSHA/request",
+                    "load generator CPU s",
+                ],
+                [
+                    [
+                        name,
+                        f"{f['rps']:,.0f}",
+                        f"{f['ratio_to_floor']:.0%}",
+                        f["p50_ms"],
+                        f["p99_ms"],
+                        " ".join(f"{code}×{n}" for code, n in f["statuses"].items()),
+                        f["evalsha_per_request"],
+                        f["client_cpu_s"],
+                    ]
+                    for name, f in results["api"].items()
+                ],
+            )
+        )
+    parts.append(
+        markdown(
+            ["Target", "Measured", "Met"],
+            [
+                [
+                    c["target"],
+                    c["measured"]
+                    if not isinstance(c["measured"], dict)
+                    else "all 1"
+                    if c["met"]
+                    else ", ".join(f"{k}: {v}" for k, v in c["measured"].items()),
+                    "yes" if c["met"] else "**no**",
+                ]
+                for c in results["targets"]
+            ],
+        )
+    )
+    return "\n\n".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per store operation")
+    parser.add_argument("--sessions", type=int, default=100, help="sessions each operation cycles through")
+    parser.add_argument(
+        "--keys",
+        type=int,
+        nargs="+",
+        default=[10, 50],
+        help="keys per session for get_all (each); the first also for enrich",
+    )
+    parser.add_argument("--backend", choices=["both", "redis", "memory"], default="both")
+    parser.add_argument("--api-duration", type=float, default=4.0, help="seconds per API run")
+    parser.add_argument("--rounds", type=int, default=2, help="API runs per endpoint (the best counts)")
+    parser.add_argument("--max-requests", type=int, default=100_000, help="request budget per API run")
+    parser.add_argument("--concurrency", type=int, default=4, help="load generator connections")
+    parser.add_argument("--no-api", action="store_true", help="leave the API section out")
+    parser.add_argument("--output", type=Path, default=BENCH / "results" / "latest.json")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="pm-bench-") as folder, redis_url() as url:
+        client = redis.Redis.from_url(url)
+        if client.dbsize():
+            raise SystemExit(f"{url} holds keys: the benchmark needs an empty database (it flushes it).")
+        client.close()
+        setup_django(folder)
+        started = time.time()
+        results: dict[str, Any] = {
+            "machine": machine(url),
+            "options": {k: v for k, v in vars(args).items() if k != "output"},
+        }
+        results.update(measure_store(args, url))
+        if not args.no_api:
+            from api_bench import api_figures
+
+            results["api"] = api_figures(
+                url,
+                duration=args.api_duration,
+                rounds=args.rounds,
+                sessions=args.sessions,
+                keys=args.keys[0],
+                max_requests=args.max_requests,
+                concurrency=args.concurrency,
+            )
+        results["targets"] = targets(results)
+        results["seconds"] = round(time.time() - started, 1)
+    print(report(results))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nWritten to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

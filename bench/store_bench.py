@@ -1,0 +1,195 @@
+"""The floor (redis-py alone) and the store's operations, single-threaded.
+
+Needs Django set up (bench/run.py does it): the memory store's mirror writes to the
+default database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from timing import timed
+
+from persistent_memory.conf import MemorySettings
+from persistent_memory.pipeline import MemoryFilter
+from persistent_memory.store import MemoryStore
+
+#: Operations in the pass that counts round trips and Redis commands (not timed).
+COUNTED = 200
+VALUE = {"text": "The user prefers short answers in French.", "score": 0.87, "tags": ["pref", "lang"]}
+ANSWER = "Paris is the capital of France."
+EVALSHA = "EVALSHA (return 1)"
+FLOOR_PREFIX = "redis-py "
+ENRICH, STORE = "enrich lane", "store lane"
+
+
+class CountingConnection(redis.Connection):
+    """Counts network round trips: one per packed send (a command or a whole pipeline)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)
+
+
+def count_round_trips(client: redis.Redis) -> None:
+    """Make ``client``'s new connections count their round trips."""
+    client.connection_pool.disconnect()
+    client.connection_pool.connection_class = CountingConnection
+
+
+def command_calls(stats: redis.Redis) -> int:
+    """Commands Redis has run, those inside scripts included, INFO itself excluded."""
+    return sum(v["calls"] for k, v in stats.info("commandstats").items() if k != "cmdstat_info")
+
+
+def per_op(operation: Callable[[], Any], stats: redis.Redis | None) -> dict[str, float]:
+    """Round trips and Redis commands per call of ``operation`` (0 without Redis)."""
+    if stats is None:
+        return {"round_trips_per_op": 0.0, "commands_per_op": 0.0}
+    calls = command_calls(stats)
+    CountingConnection.sends = 0
+    for _ in range(COUNTED):
+        operation()
+    sends = CountingConnection.sends
+    return {
+        "round_trips_per_op": sends / COUNTED,
+        "commands_per_op": (command_calls(stats) - calls) / COUNTED,
+    }
+
+
+def measure(
+    operations: dict[str, Callable[[], Any]], duration: float, stats: redis.Redis | None
+) -> dict[str, dict[str, Any]]:
+    """Time the operations (taking turns), then count each one's round trips and commands."""
+    figures = timed(operations, duration)
+    for name, operation in operations.items():
+        figures[name].update(per_op(operation, stats))
+    return figures
+
+
+def floor_operations(client: redis.Redis) -> dict[str, Callable[[], Any]]:
+    """redis-py alone, one round trip each: PING, and EVALSHA of a script that returns 1."""
+    sha = client.script_load("return 1")
+    return {"PING": client.ping, EVALSHA: lambda: client.evalsha(sha, 0)}
+
+
+def build_store(backend: str, url: str, max_sessions: int = 1000) -> MemoryStore:
+    """A store as a project configures it: the backend's default mirror mode and TTL."""
+    conf: dict[str, Any] = {"BACKEND": backend, "MAX_SESSIONS": max_sessions}
+    if backend == "redis":
+        conf["REDIS_URL"] = url
+    store = MemoryStore.from_settings(MemorySettings(conf))
+    if backend == "redis":
+        count_round_trips(store.backend.client)
+    return store
+
+
+def fill(store: MemoryStore, name: str, sessions: int, keys: int) -> list[str]:
+    """Ids of ``sessions`` sessions named for ``name``, each given ``keys`` values."""
+    ids = [f"bench-{name}-{i}" for i in range(sessions)]
+    for session_id in ids:
+        store.create_session(session_id)
+        for n in range(keys):
+            store.put(session_id, f"k{n}", {**VALUE, "n": n})
+    return ids
+
+
+def _cycle(items: list[Any]) -> Callable[[], Any]:
+    return itertools.cycle(items).__next__
+
+
+def operations(store: MemoryStore, sessions: int, keys: list[int]) -> dict[str, Callable[[], Any]]:
+    """Each measured operation, on sessions of its own, spread over ``sessions`` ids."""
+    written = _cycle(fill(store, "write", sessions, 1))
+    result: dict[str, Callable[[], Any]] = {
+        "put": lambda: store.put(written(), "k0", VALUE),
+        "get": lambda: store.get(written(), "k0"),
+    }
+    for count in keys:
+        full = _cycle(fill(store, f"full{count}", sessions, count))
+        result[f"get_all ({count} keys)"] = lambda full=full: store.get_all(full())
+    result["increment"] = lambda: store.increment(written(), "counter")
+    lanes = MemoryFilter(store)
+    questions = [
+        {"text": "Where?", "metadata": {"session_id": sid}}
+        for sid in fill(store, "enrich", sessions, keys[0])
+    ]
+    answers = [
+        {"text": ANSWER, "metadata": {"session_id": sid}} for sid in fill(store, "answer", sessions, 0)
+    ]
+    question, answer = _cycle(questions), _cycle(answers)
+    result[f"{ENRICH} ({keys[0]} keys)"] = lambda: lanes.enrich(question())
+    result[STORE] = lambda: lanes.store(answer())
+    return result
+
+
+def redis_figures(url: str, duration: float, sessions: int, keys: list[int]) -> dict[str, dict[str, Any]]:
+    """The floor and the store on Redis, taking turns in one timing run."""
+    client = redis.Redis.from_url(url)
+    count_round_trips(client)
+    stats = redis.Redis.from_url(url)
+    store = build_store("redis", url)
+    try:
+        floor = floor_operations(client)
+        ops = {f"{FLOOR_PREFIX}{name}": op for name, op in floor.items()}
+        ops.update(operations(store, sessions, keys))
+        return measure(ops, duration, stats)
+    finally:
+        store.close()
+        client.close()
+        stats.close()
+
+
+def memory_figures(
+    duration: float, sessions: int, keys: list[int]
+) -> tuple[dict[str, dict[str, Any]], float | None]:
+    """The store on memory with its default mirror, and the mirror's catch-up time after."""
+    store = build_store("memory", "", max_sessions=max(1000, 10 * sessions))
+    try:
+        figures = measure(operations(store, sessions, keys), duration, None)
+        return figures, mirror_catch_up(store)
+    finally:
+        store.close()
+
+
+def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
+    """Whether the mirror's rows hold what the store holds for these sessions."""
+    from persistent_memory.models import MemorySession, MemoryValue
+
+    snapshots = store.backend.snapshots(session_ids)
+    rows = {row.session_id: row for row in MemorySession.objects.filter(session_id__in=session_ids)}
+    values: dict[str, dict[str, Any]] = {sid: {} for sid in session_ids}
+    for sid, key, value in MemoryValue.objects.filter(session__session_id__in=session_ids).values_list(
+        "session__session_id", "key", "value"
+    ):
+        values[sid][key] = value
+    for sid, snapshot in snapshots.items():
+        row = rows.get(sid)
+        if snapshot is None or row is None:
+            return False
+        newest = snapshot["history"][-1]["timestamp"] if snapshot["history"] else None
+        if (
+            row.history_length != snapshot["info"]["history_length"]
+            or values[sid] != {key: json.loads(text) for key, text in snapshot["values"].items()}
+            or (newest is not None and abs(row.last_activity.timestamp() - newest) > 1e-3)
+        ):
+            return False
+    return True
+
+
+def mirror_catch_up(store: MemoryStore, timeout: float = 10.0) -> float | None:
+    """Seconds until the mirror equals the store after the last write (None: not within ``timeout``)."""
+    session_ids = store.list_sessions()
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if _mirrored(store, session_ids):
+            return round(time.perf_counter() - start, 3)
+        time.sleep(0.01)
+    return None
