@@ -135,46 +135,17 @@ def report(results: dict[str, Any]) -> str:
     """The tables the README's Performance section shows."""
     parts = []
     floor = results["floor"][EVALSHA]["ops_per_s"] if "floor" in results else 0
-    rows = [
-        [
-            f"redis-py {name}",
-            f"{f['ops_per_s']:,.0f}",
-            "",
-            f["p50_us"],
-            f["p99_us"],
-            f["round_trips_per_op"],
-            f["commands_per_op"],
-        ]
-        for name, f in results.get("floor", {}).items()
-    ]
-    for backend in ("redis", "memory"):
-        for name, f in results.get(backend, {}).items():
-            ratio = f"{f['ops_per_s'] / floor:.0%}" if backend == "redis" else ""
-            rows.append(
-                [
-                    f"{backend}: {name}",
-                    f"{f['ops_per_s']:,.0f}",
-                    ratio,
-                    f["p50_us"],
-                    f["p99_us"],
-                    f["round_trips_per_op"],
-                    f["commands_per_op"],
-                ]
-            )
-    parts.append(
-        markdown(
-            [
-                "Operation (one thread)",
-                "ops/s",
-                "of EVALSHA floor",
-                "p50 µs",
-                "p99 µs",
-                "round trips/op",
-                "Redis commands/op",
-            ],
-            rows,
-        )
-    )
+
+    def row(label: str, f: dict[str, Any], floor: float) -> list[Any]:
+        ratio = f"{f['ops_per_s'] / floor:.0%}" if floor else ""
+        counts = [f["round_trips_per_op"], f["commands_per_op"], f["server_us_per_op"]]
+        return [label, f"{f['ops_per_s']:,.0f}", ratio, f["p50_us"], f["p99_us"], *counts]
+
+    rows = [row(f"redis-py {name}", f, floor) for name, f in results.get("floor", {}).items()]
+    rows += [row(f"redis: {name}", f, floor) for name, f in results.get("redis", {}).items()]
+    rows += [row(f"memory: {name}", f, 0) for name, f in results.get("memory", {}).items()]
+    headers = ["Operation (one thread)", "ops/s", "of EVALSHA floor", "p50 µs", "p99 µs", "round trips/op"]
+    parts.append(markdown([*headers, "Redis commands/op", "Redis µs/op"], rows))
     if "memory_mirror_catch_up_s" in results:
         parts.append(
             f"Memory backend: the mirror caught up {results['memory_mirror_catch_up_s']} s after the run."

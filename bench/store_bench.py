@@ -24,6 +24,7 @@ COUNTED = 200
 VALUE = {"text": "The user prefers short answers in French.", "score": 0.87, "tags": ["pref", "lang"]}
 ANSWER = "Paris is the capital of France."
 EVALSHA = "EVALSHA (return 1)"
+POOLED_EVALSHA = "EVALSHA (return 1) on a pooled connection"
 FLOOR_PREFIX = "redis-py "
 ENRICH, STORE = "enrich lane", "store lane"
 
@@ -44,23 +45,29 @@ def count_round_trips(client: redis.Redis) -> None:
     client.connection_pool.connection_class = CountingConnection
 
 
-def command_calls(stats: redis.Redis) -> int:
-    """Commands Redis has run, those inside scripts included, INFO itself excluded."""
-    return sum(v["calls"] for k, v in stats.info("commandstats").items() if k != "cmdstat_info")
+def command_stats(stats: redis.Redis) -> tuple[int, int]:
+    """Commands Redis has run (those inside scripts too, INFO excluded), and the
+    microseconds it spent on the ones clients sent (EVALSHA, PING)."""
+    table = stats.info("commandstats")
+    calls = sum(v["calls"] for k, v in table.items() if k != "cmdstat_info")
+    usec = sum(table.get(k, {}).get("usec", 0) for k in ("cmdstat_evalsha", "cmdstat_ping"))
+    return calls, usec
 
 
 def per_op(operation: Callable[[], Any], stats: redis.Redis | None) -> dict[str, float]:
-    """Round trips and Redis commands per call of ``operation`` (0 without Redis)."""
+    """Round trips, Redis commands and Redis time per call of ``operation`` (0 without Redis)."""
     if stats is None:
-        return {"round_trips_per_op": 0.0, "commands_per_op": 0.0}
-    calls = command_calls(stats)
+        return {"round_trips_per_op": 0.0, "commands_per_op": 0.0, "server_us_per_op": 0.0}
+    calls, usec = command_stats(stats)
     CountingConnection.sends = 0
     for _ in range(COUNTED):
         operation()
     sends = CountingConnection.sends
+    calls_after, usec_after = command_stats(stats)
     return {
         "round_trips_per_op": sends / COUNTED,
-        "commands_per_op": (command_calls(stats) - calls) / COUNTED,
+        "commands_per_op": (calls_after - calls) / COUNTED,
+        "server_us_per_op": round((usec_after - usec) / COUNTED, 1),
     }
 
 
@@ -75,9 +82,20 @@ def measure(
 
 
 def floor_operations(client: redis.Redis) -> dict[str, Callable[[], Any]]:
-    """redis-py alone, one round trip each: PING, and EVALSHA of a script that returns 1."""
+    """redis-py alone, one round trip each: PING, and EVALSHA of a script that returns 1,
+    through the client and, as the store sends its script, on a pooled connection."""
     sha = client.script_load("return 1")
-    return {"PING": client.ping, EVALSHA: lambda: client.evalsha(sha, 0)}
+    pool = client.connection_pool
+
+    def on_connection() -> Any:
+        connection = pool.get_connection()
+        try:
+            connection.send_command("EVALSHA", sha, 0)
+            return connection.read_response()
+        finally:
+            pool.release(connection)
+
+    return {"PING": client.ping, EVALSHA: lambda: client.evalsha(sha, 0), POOLED_EVALSHA: on_connection}
 
 
 def build_store(backend: str, url: str, max_sessions: int = 1000) -> MemoryStore:

@@ -1,12 +1,13 @@
 """The memory_persistent node's two lanes, for Python callers (the REST API wraps this).
 
 Entries are dicts shaped ``{"text": ..., "metadata": {"session_id": ...}, ...}``. The
-originals are never mutated: each lane returns a deep copy with what it changed.
+originals are never mutated: each lane returns a new entry dict with a new
+``metadata`` dict; values nested deeper are shared with the original, as with
+``dict.copy()`` (a deep copy would cost more than the lane's own work).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any, Literal, TypedDict
 
@@ -28,6 +29,13 @@ class Outcome(TypedDict, total=False):
     keys: list[str]
     answer_count: int
     reason: str
+
+
+def _copy(entry: dict[str, Any]) -> dict[str, Any]:
+    entry = dict(entry)
+    if isinstance(entry.get("metadata"), dict):
+        entry["metadata"] = dict(entry["metadata"])
+    return entry
 
 
 def _session_id_of(entry: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -68,7 +76,7 @@ class MemoryFilter:
         ``run_id`` (a pipeline run that calls once per lane) is remembered in the backend
         so that :meth:`store` with the same ``run_id`` finds this session.
         """
-        question = copy.deepcopy(question)
+        question = _copy(question)
         session_id, reason = _session_id_of(question)
         if session_id is None:
             return question, {"status": "skipped", "session_id": None, "reason": reason or ""}
@@ -86,7 +94,7 @@ class MemoryFilter:
         An answer with no session id falls back to the last question's session since
         :meth:`open`, else to the session ``run_id`` was enriched on.
         """
-        answer = copy.deepcopy(answer)
+        answer = _copy(answer)
         session_id, reason = _session_id_of(answer)
         if session_id is None and reason == NO_SESSION_ID:
             session_id = self.current_session_id

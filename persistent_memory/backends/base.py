@@ -133,8 +133,11 @@ class BaseBackend(ABC):
         """The JSON text under ``key``; ``KeyNotFound`` when absent."""
 
     @abstractmethod
-    def get_all(self, session_id: str) -> dict[str, str]:
-        """Every key and its JSON text."""
+    def get_all(self, session_id: str) -> str:
+        """Every key and its value as the text of one JSON object, keys sorted.
+
+        One object, not a dict of texts: the store decodes it in one call, which is
+        most of what reading a session costs."""
 
     @abstractmethod
     def list_keys(self, session_id: str) -> list[str]:
@@ -163,8 +166,8 @@ class BaseBackend(ABC):
     @abstractmethod
     def enrich(
         self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> dict[str, str]:
-        """Resume or create the session (binding ``run`` to it), then return every key's JSON text."""
+    ) -> str:
+        """Resume or create the session (binding ``run`` to it), then return :meth:`get_all`'s text."""
 
     @abstractmethod
     def record_answer(

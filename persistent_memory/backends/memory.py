@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from persistent_memory import history
@@ -142,6 +143,11 @@ class MemoryBackend(BaseBackend):
         )
 
     @staticmethod
+    def _values_json(session: _Session) -> str:
+        items = sorted(session.values.items())
+        return "{" + ", ".join([f"{encode_basestring_ascii(key)}: {text}" for key, text in items]) + "}"
+
+    @staticmethod
     def _add(session: _Session, key: str, amount: int) -> int:
         current = session.values.get(key, "0")
         number = json.loads(current)
@@ -198,9 +204,9 @@ class MemoryBackend(BaseBackend):
             except KeyError:
                 raise KeyNotFound(f"Session {session_id!r} has no key {key!r}.") from None
 
-    def get_all(self, session_id: str) -> dict[str, str]:
+    def get_all(self, session_id: str) -> str:
         with self._lock:
-            return dict(self._live(session_id).values)
+            return self._values_json(self._live(session_id))
 
     def list_keys(self, session_id: str) -> list[str]:
         with self._lock:
@@ -243,9 +249,9 @@ class MemoryBackend(BaseBackend):
 
     def enrich(
         self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> dict[str, str]:
+    ) -> str:
         with self._lock:
-            values = dict(self._live_or_create(session_id, ttl_seconds).values)
+            values = self._values_json(self._live_or_create(session_id, ttl_seconds))
             if run is not None:
                 self._bind(run, session_id)
             return values

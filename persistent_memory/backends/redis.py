@@ -129,6 +129,7 @@ class RedisBackend(BaseBackend):
         # ARGV 5-7 of every call (see redis.lua).
         self._policy = (str(max_history), "1" if auto_summarize else "0", "1" if track_dirty else "0")
         self._script = client.register_script(SCRIPT)
+        self._sha = self._script.sha
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
@@ -148,31 +149,60 @@ class RedisBackend(BaseBackend):
             return f"redis+unix://{kwargs['path']}"
         return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
+    def _error(self, exc: redis.RedisError) -> Exception:
+        """The store's exception for a redis-py error."""
+        if isinstance(exc, redis.ResponseError):
+            message = str(exc)
+            code, _, text = message.partition(" ")
+            if code in _SCRIPT_ERRORS:
+                return _SCRIPT_ERRORS[code](text)
+            if code == "PM_TOO_MANY":
+                return _TooMany()
+            if code == "OOM":
+                return CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}")
+            return BackendUnavailable(f"Redis at {self.describe()} refused the operation: {message}")
+        return BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}")
+
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """Turn redis-py errors into the store's exceptions."""
         try:
             yield
-        except redis.ResponseError as exc:
-            message = str(exc)
-            code, _, text = message.partition(" ")
-            if code in _SCRIPT_ERRORS:
-                raise _SCRIPT_ERRORS[code](text) from None
-            if code == "PM_TOO_MANY":
-                raise _TooMany() from None
-            if code == "OOM":
-                raise CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}") from None
-            raise BackendUnavailable(f"Redis at {self.describe()} refused the operation: {message}") from None
         except redis.RedisError as exc:
-            raise BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}") from None
+            raise self._error(exc) from None
 
     def _args(self, op: str, session_id: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (op, self.key_prefix, session_id, repr(time.time()), *self._policy, *args)
 
     def _run(self, op: str, session_id: str, *args: Any) -> Any:
-        # The script builds its keys from the prefix and session id (see redis.lua).
-        with self._errors():
-            return self._script(args=self._args(op, session_id, args))
+        """One EVALSHA of the script (it builds its keys from the prefix and session id).
+
+        Sent on a pooled connection directly rather than through ``Redis.evalsha``:
+        the client's command wrapper (retries, which are off, and instrumentation)
+        costs more on this hot path than the rest of the store's Python code.
+        """
+        pool = self.client.connection_pool
+        command = ("EVALSHA", self._sha, 0, *self._args(op, session_id, args))
+        try:
+            connection = pool.get_connection()
+            try:
+                connection.send_command(*command)
+                try:
+                    return connection.read_response()
+                except redis.exceptions.NoScriptError:  # a restarted or flushed server
+                    connection.send_command("SCRIPT", "LOAD", SCRIPT)
+                    connection.read_response()
+                    connection.send_command(*command)
+                    return connection.read_response()
+            except redis.ResponseError:
+                raise  # a whole reply was read: the connection is fine
+            except BaseException:
+                connection.disconnect()  # a reply may be left half read
+                raise
+            finally:
+                pool.release(connection)
+        except redis.RedisError as exc:
+            raise self._error(exc) from None
 
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
@@ -238,8 +268,8 @@ class RedisBackend(BaseBackend):
     def get(self, session_id: str, key: str) -> str:
         return self._run("get", session_id, key).decode()
 
-    def get_all(self, session_id: str) -> dict[str, str]:
-        return self._pairs(self._run("get_all", session_id))
+    def get_all(self, session_id: str) -> str:
+        return self._run("get_all", session_id).decode()
 
     def list_keys(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("keys", session_id))
@@ -262,11 +292,9 @@ class RedisBackend(BaseBackend):
 
     def enrich(
         self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> dict[str, str]:
+    ) -> str:
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
-        return self._pairs(
-            self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args)
-        )
+        return self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args).decode()
 
     def record_answer(
         self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
