@@ -164,9 +164,7 @@ class BaseBackend(ABC):
     # The pipeline lanes, each one atomic step -------------------------------
 
     @abstractmethod
-    def enrich(
-        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> str:
+    def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         """Resume or create the session (binding ``run`` to it), then return :meth:`get_all`'s text."""
 
     @abstractmethod

@@ -247,9 +247,7 @@ class MemoryBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
-    def enrich(
-        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> str:
+    def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         with self._lock:
             values = self._values_json(self._live_or_create(session_id, ttl_seconds))
             if run is not None:

@@ -290,11 +290,10 @@ class RedisBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
-    def enrich(
-        self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None
-    ) -> str:
+    def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
-        return self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args).decode()
+        reply = self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args)
+        return reply.decode()
 
     def record_answer(
         self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
