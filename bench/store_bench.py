@@ -177,6 +177,23 @@ def memory_figures(
         store.close()
 
 
+def _caught_up(store: MemoryStore, session_ids: list[str]) -> bool:
+    """Whether every row shows its session's newest history entry: every write adds one,
+    and a sync writes a session whole, so this is cheap to ask and enough."""
+    from persistent_memory.models import MemorySession
+
+    rows = dict(
+        MemorySession.objects.filter(session_id__in=session_ids).values_list("session_id", "last_activity")
+    )
+    for session_id in session_ids:
+        newest = store.get_history(session_id, 1)
+        if session_id not in rows or (
+            newest and abs(rows[session_id].timestamp() - newest[-1]["timestamp"]) > 1e-5
+        ):
+            return False
+    return True
+
+
 def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
     """Whether the mirror's rows hold what the store holds for these sessions."""
     from persistent_memory.models import MemorySession, MemoryValue
@@ -188,26 +205,25 @@ def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
         "session__session_id", "key", "value"
     ):
         values[sid][key] = value
-    for sid, snapshot in snapshots.items():
-        row = rows.get(sid)
-        if snapshot is None or row is None:
-            return False
-        newest = snapshot["history"][-1]["timestamp"] if snapshot["history"] else None
-        if (
-            row.history_length != snapshot["info"]["history_length"]
-            or values[sid] != {key: json.loads(text) for key, text in snapshot["values"].items()}
-            or (newest is not None and abs(row.last_activity.timestamp() - newest) > 1e-3)
-        ):
-            return False
-    return True
+    return all(
+        snapshot is not None
+        and sid in rows
+        and rows[sid].history_length == snapshot["info"]["history_length"]
+        and rows[sid].key_count == snapshot["info"]["key_count"]
+        and values[sid] == {key: json.loads(text) for key, text in snapshot["values"].items()}
+        for sid, snapshot in snapshots.items()
+    )
 
 
-def mirror_catch_up(store: MemoryStore, timeout: float = 10.0) -> float | None:
-    """Seconds until the mirror equals the store after the last write (None: not within ``timeout``)."""
+def mirror_catch_up(store: MemoryStore, timeout: float = 10.0) -> dict[str, Any]:
+    """Seconds from the last write until the mirror shows every session's last write
+    (None: not within ``timeout``), and whether its rows then equal the store."""
     session_ids = store.list_sessions()
     start = time.perf_counter()
+    seconds = None
     while time.perf_counter() - start < timeout:
-        if _mirrored(store, session_ids):
-            return round(time.perf_counter() - start, 3)
-        time.sleep(0.01)
-    return None
+        if _caught_up(store, session_ids):
+            seconds = round(time.perf_counter() - start, 3)
+            break
+        time.sleep(0.02)
+    return {"seconds": seconds, "rows_equal_store": _mirrored(store, session_ids)}

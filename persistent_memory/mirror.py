@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections, router, transaction
+from django.db.models import Model, Q
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
@@ -52,6 +54,31 @@ class SyncResult:
         self.gone += other.gone
         self.failed += other.failed
         return self
+
+
+def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> None:
+    """INSERT rows of column values with one ``executemany``.
+
+    ``bulk_create`` builds a model instance per row, which was most of a sync's time
+    after a busy second (tens of thousands of history rows); each value still goes
+    through its field's own conversion for the database.
+    """
+    connection = connections[router.db_for_write(model)]
+    columns = [model._meta.get_field(name) for name in fields]
+    quote = connection.ops.quote_name
+    # Only quoted table and column names from the model go into the text; values are parameters.
+    sql = "INSERT INTO {} ({}) VALUES ({})".format(  # noqa: S608
+        quote(model._meta.db_table),
+        ", ".join(quote(field.column) for field in columns),
+        ", ".join(["%s"] * len(columns)),
+    )
+    params = [
+        [field.get_db_prep_save(value, connection) for field, value in zip(columns, row, strict=True)]
+        for row in rows
+    ]
+    if params:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, params)
 
 
 def _datetime(epoch: Any, default: datetime) -> datetime:
@@ -151,6 +178,9 @@ class Mirror:
             live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
             gone = [sid for sid, snap in snapshots.items() if snap is None and sid not in newer]
             marked = self._mark_gone(gone, read_at)
+            mirrored = dict(
+                MemorySession.objects.filter(session_id__in=live).values_list("session_id", "history_length")
+            )
             MemorySession.objects.bulk_create(
                 [self._session_row(snap, read_at) for snap in live.values()],
                 update_conflicts=True,
@@ -158,19 +188,72 @@ class Mirror:
                 update_fields=MemorySession.SYNCED_FIELDS,
             )
             pks = dict(MemorySession.objects.filter(session_id__in=live).values_list("session_id", "pk"))
+            kept = self._kept_history(live, pks, mirrored, read_at)
             MemoryValue.objects.filter(session_id__in=pks.values()).delete()
-            HistoryEntry.objects.filter(session_id__in=pks.values()).delete()
-            MemoryValue.objects.bulk_create(
-                MemoryValue(session_id=pks[sid], key=key, value=json.loads(text))
-                for sid, snap in live.items()
-                for key, text in snap["values"].items()
+            HistoryEntry.objects.filter(session_id__in=[pks[sid] for sid in live if sid not in kept]).delete()
+            _insert(
+                MemoryValue,
+                ("session", "key", "value"),
+                (
+                    (pks[sid], key, json.loads(text))
+                    for sid, snap in live.items()
+                    for key, text in snap["values"].items()
+                ),
             )
-            HistoryEntry.objects.bulk_create(
-                self._history_row(pks[sid], position, item, read_at)
-                for sid, snap in live.items()
-                for position, item in enumerate(snap["history"])
+            _insert(
+                HistoryEntry,
+                ("session", "position", "op", "key", "timestamp", "details"),
+                (
+                    self._history_row(pks[sid], position, item, read_at)
+                    for sid, snap in live.items()
+                    for position, item in enumerate(snap["history"])
+                    if position >= kept.get(sid, 0)
+                ),
             )
         return SyncResult(synced=len(live), gone=marked)
+
+    def _kept_history(
+        self,
+        live: dict[str, SessionSnapshot],
+        pks: dict[str, int],
+        mirrored: dict[str, int],
+        read_at: datetime,
+    ) -> dict[str, int]:
+        """Sessions whose mirrored history rows are a prefix of the new history, and how long.
+
+        A history only grows at its end until a fold replaces its start with a new
+        summary (or an import replaces it whole), so rows whose first and last entries
+        are still in place stay, and a sync writes only the entries added since: most
+        syncs write a few rows per session instead of its whole history.
+        """
+        from persistent_memory.models import HistoryEntry
+
+        candidates = {pks[sid]: (sid, n) for sid, n in mirrored.items() if 0 < n <= len(live[sid]["history"])}
+        if not candidates:
+            return {}
+        ends = Q()
+        for pk, (_sid, n) in candidates.items():
+            ends |= Q(session_id=pk, position__in=(0, n - 1))
+        found = {
+            (pk, position): (op, timestamp)
+            for pk, position, op, timestamp in HistoryEntry.objects.filter(ends).values_list(
+                "session_id", "position", "op", "timestamp"
+            )
+        }
+        kept = {}
+        for pk, (sid, n) in candidates.items():
+            history = live[sid]["history"]
+            if all(
+                found.get((pk, position)) == self._signature(history[position], read_at)
+                for position in (0, n - 1)
+            ):
+                kept[sid] = n
+        return kept
+
+    @staticmethod
+    def _signature(item: dict[str, Any], now: datetime) -> tuple[str, datetime]:
+        """An entry's op and time as :meth:`_history_row` writes them."""
+        return str(item.get("op", "unknown"))[:32], _datetime(item.get("timestamp"), now)
 
     @staticmethod
     def _mark_gone(session_ids: list[str], now: datetime) -> int:
@@ -204,18 +287,12 @@ class Mirror:
         )
 
     @staticmethod
-    def _history_row(session_pk: int, position: int, item: dict[str, Any], now: datetime) -> Any:
-        from persistent_memory.models import HistoryEntry
-
+    def _history_row(session_pk: int, position: int, item: dict[str, Any], now: datetime) -> tuple[Any, ...]:
+        """The column values of one history entry, in the order :meth:`_apply` inserts them."""
         key = item.get("key")
-        return HistoryEntry(
-            session_id=session_pk,
-            position=position,
-            op=str(item.get("op", "unknown"))[:32],
-            key=key if isinstance(key, str) else "",
-            timestamp=_datetime(item.get("timestamp"), now),
-            details={k: v for k, v in item.items() if k not in ("op", "key", "timestamp")},
-        )
+        op, timestamp = Mirror._signature(item, now)
+        details = {k: v for k, v in item.items() if k not in ("op", "key", "timestamp")}
+        return session_pk, position, op, key if isinstance(key, str) else "", timestamp, details
 
     # Restoring the embedded default after a restart ---------------------------
 

@@ -97,6 +97,42 @@ def test_clears_summaries_and_removed_keys(mirrored):
     assert summary.describe().startswith(f"summary of {summary.details['summarized_count']} operations: put ")
 
 
+def test_a_sync_writes_only_the_history_added_since_the_last(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "a", 1)
+    store.put("s1", "b", 2)
+    store.mirror.sync_dirty()
+    before = dict(HistoryEntry.objects.values_list("position", "pk"))
+    store.increment("s1", "n")
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
+    after = dict(HistoryEntry.objects.values_list("position", "pk"))
+    # The rows already mirrored are the same rows; only the new entry was written.
+    assert {position: after[position] for position in before} == before
+    assert set(after) == {0, 1, 2}
+
+
+def test_a_fold_or_a_replaced_history_rewrites_the_rows(mirrored):
+    store = mirrored  # MAX_HISTORY=6
+    store.create_session("s1")
+    for i in range(6):
+        store.put("s1", "a", i)
+    store.mirror.sync_dirty()
+    first = set(HistoryEntry.objects.values_list("pk", flat=True))
+    store.put("s1", "b", 0)  # the seventh entry: folded into a summary and 3 entries
+    store.mirror.sync_dirty()
+    row = assert_mirrored(store, "s1")
+    assert row.history.order_by("position").first().op == "summary"
+    assert not first & set(HistoryEntry.objects.values_list("pk", flat=True))
+    # A history replaced whole, as long as the mirrored one, with other entries.
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    snapshot["history"] = [{"op": "put", "key": "z", "timestamp": 1000.0 + i} for i in range(4)]
+    store.backend.restore_session(snapshot, replace=True)
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
+
+
 def test_delete_marks_gone(mirrored):
     store = mirrored
     store.create_session("s1")
