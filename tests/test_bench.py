@@ -1,0 +1,58 @@
+"""bench/run.py works end to end (a short run): every section, and the counts it reports.
+
+Only counts are asserted (round trips, Redis calls, statuses, mirror equality),
+never timings: those belong to the benchmark's output, not to a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
+
+
+def test_a_short_benchmark_run_reports_every_section(tmp_path):
+    output = tmp_path / "latest.json"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    command = [sys.executable, str(BENCH), "--duration", "0.3", "--sessions", "5", "--keys", "10", "50"]
+    command += ["--api-duration", "0.5", "--rounds", "1", "--max-requests", "300", "--output", str(output)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(output.read_text())
+
+    assert "| redis: enrich lane (10 keys) |" in done.stdout and "| Target | Measured | Met |" in done.stdout
+    assert set(results["floor"]) == {
+        "PING",
+        "EVALSHA (return 1)",
+        "EVALSHA (return 1) on a pooled connection",
+    }
+    operations = {"put", "get", "get_all (10 keys)", "get_all (50 keys)", "increment"}
+    operations |= {"enrich lane (10 keys)", "store lane"}
+    assert set(results["redis"]) == set(results["memory"]) == operations
+    # One round trip per operation, counted on the client; the script's commands on the server.
+    for figures in [*results["floor"].values(), *results["redis"].values()]:
+        assert figures["round_trips_per_op"] == 1.0
+        assert figures["ops"] > 0 and figures["p50_us"] <= figures["p99_us"]
+    assert results["redis"]["get"]["commands_per_op"] == 3.0  # EVALSHA, EXISTS, GET
+    assert all(f["round_trips_per_op"] == 0.0 for f in results["memory"].values())
+    assert results["memory_mirror_catch_up"]["rows_equal_store"] is True
+    assert results["memory_mirror_catch_up"]["seconds"] is not None
+
+    api = results["api"]
+    assert set(api) == {"no-op DRF view", "enrich (10 keys)", "store", "process (2 entries)"}
+    for name, figures in api.items():
+        assert figures["requests"] > 0 and figures["statuses"] == {"200": figures["requests"]}, name
+    calls = {name: figures["evalsha_per_request"] for name, figures in api.items()}
+    assert calls == {"no-op DRF view": 0.0, "enrich (10 keys)": 1.0, "store": 1.0, "process (2 entries)": 2.0}
+
+    assert [check["target"] for check in results["targets"]][0] == "Redis: 1 round trip per operation"
+    assert results["targets"][0]["met"] is True
+    assert len(results["targets"]) == 8
