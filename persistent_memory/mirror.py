@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, router, transaction
-from django.db.models import Model, Q
+from django.db.models import CharField, ForeignKey, IntegerField, Model, Q
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
@@ -72,8 +72,14 @@ def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[An
         ", ".join(quote(field.column) for field in columns),
         ", ".join(["%s"] * len(columns)),
     )
+    # Integers and strings go to the driver as they are; dates and JSON need the field.
+    plain = (IntegerField, CharField, ForeignKey)
+    convert = [None if isinstance(field, plain) else field.get_db_prep_save for field in columns]
     params = [
-        [field.get_db_prep_save(value, connection) for field, value in zip(columns, row, strict=True)]
+        [
+            value if to_db is None else to_db(value, connection)
+            for to_db, value in zip(convert, row, strict=True)
+        ]
         for row in rows
     ]
     if params:

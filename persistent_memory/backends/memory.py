@@ -288,10 +288,13 @@ class MemoryBackend(BaseBackend):
                 if session is None or session.expired(now):
                     result[session_id] = None
                     continue
+                # Entries are never changed once appended, and snapshot readers (the
+                # mirror, export) only read them: a copy of each entry is enough, and a
+                # deep copy of every history was most of a mirror sync's reading time.
                 result[session_id] = {
                     "info": self._info(session_id, session),
                     "values": dict(session.values),
-                    "history": copy.deepcopy(session.history),
+                    "history": [dict(entry) for entry in session.history],
                 }
         return result
 
