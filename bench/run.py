@@ -1,7 +1,7 @@
 """The benchmark of the store and the REST API against their floors.
 
     python bench/run.py [--duration 2] [--sessions 100] [--keys 10 50] [--backend both]
-                        [--api-duration 4] [--rounds 2] [--no-api] [--output PATH]
+                        [--api-duration 3] [--rounds 3] [--no-api] [--output PATH]
 
 Starts a redis-server of its own on a free loopback port (or uses REDIS_URL, which
 must point at an empty database) and a temporary SQLite database for the mirror and
@@ -219,8 +219,8 @@ def main() -> None:
         help="keys per session for get_all (each); the first also for enrich",
     )
     parser.add_argument("--backend", choices=["both", "redis", "memory"], default="both")
-    parser.add_argument("--api-duration", type=float, default=4.0, help="seconds per API run")
-    parser.add_argument("--rounds", type=int, default=2, help="API runs per endpoint (the best counts)")
+    parser.add_argument("--api-duration", type=float, default=3.0, help="seconds per API run")
+    parser.add_argument("--rounds", type=int, default=3, help="API runs per endpoint (the best counts)")
     parser.add_argument("--max-requests", type=int, default=100_000, help="request budget per API run")
     parser.add_argument("--concurrency", type=int, default=4, help="load generator connections")
     parser.add_argument("--no-api", action="store_true", help="leave the API section out")
