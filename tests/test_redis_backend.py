@@ -210,6 +210,14 @@ def test_redis_restart_recovers_without_new_store(redis_server, redis_url):
     store.close()
 
 
+def test_a_flushed_script_cache_is_reloaded_and_the_write_runs_once(rstore, redis_client):
+    rstore.create_session("s1")
+    assert rstore.increment("s1", "n") == 1
+    redis_client.script_flush()
+    assert rstore.increment("s1", "n") == 2  # NOSCRIPT: loaded, then sent again, run once
+    assert [e["op"] for e in rstore.get_history("s1", 0)] == ["increment", "increment"]
+
+
 def test_describe_hides_password():
     backend = RedisBackend(
         client=redis.Redis.from_url("redis://:hunter2@127.0.0.1:6390/3"), max_history=10, auto_summarize=True
