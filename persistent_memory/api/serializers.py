@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from persistent_memory.conf import memory_settings
@@ -23,15 +25,23 @@ def _entry(value: Any, *, lane: str) -> dict[str, Any]:
     return value
 
 
-class EntryField(serializers.JSONField):
-    """A pipeline entry: ``{"text": ..., "metadata": {...}, ...}``."""
+@extend_schema_field(OpenApiTypes.OBJECT)
+class EntryField(serializers.Field):
+    """A pipeline entry: ``{"text": ..., "metadata": {...}, ...}``.
+
+    Not a ``JSONField``, which serializes its data whole to check that it can: the
+    body was parsed from JSON, so that check only costs time, most on large entries.
+    """
 
     def __init__(self, *, lane: str, **kwargs: Any) -> None:
         self.lane = lane
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
-        return _entry(super().to_internal_value(data), lane=self.lane)
+        return _entry(data, lane=self.lane)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
 
 
 class EnrichRequest(serializers.Serializer):
