@@ -167,11 +167,18 @@ def redis_figures(url: str, duration: float, sessions: int, keys: list[int]) -> 
 
 def memory_figures(
     duration: float, sessions: int, keys: list[int]
-) -> tuple[dict[str, dict[str, Any]], float | None]:
-    """The store on memory with its default mirror, and the mirror's catch-up time after."""
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The store on memory with its default mirror, and the mirror's catch-up after.
+
+    Each operation is timed on its own once the mirror has caught up with the one
+    before: its figure includes the mirror work its own writes cause, not the others'.
+    """
     store = build_store("memory", "", max_sessions=max(1000, 10 * sessions))
     try:
-        figures = measure(operations(store, sessions, keys), duration, None)
+        figures = {}
+        for name, operation in operations(store, sessions, keys).items():
+            _wait_for_mirror(store, store.list_sessions())
+            figures.update(measure({name: operation}, duration, None))
         return figures, mirror_catch_up(store)
     finally:
         store.close()
@@ -195,8 +202,8 @@ def _caught_up(store: MemoryStore, session_ids: list[str]) -> bool:
 
 
 def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
-    """Whether the mirror's rows hold what the store holds for these sessions."""
-    from persistent_memory.models import MemorySession, MemoryValue
+    """Whether the mirror's rows hold what the store holds: values, and every history entry."""
+    from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
     snapshots = store.backend.snapshots(session_ids)
     rows = {row.session_id: row for row in MemorySession.objects.filter(session_id__in=session_ids)}
@@ -205,13 +212,25 @@ def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
         "session__session_id", "key", "value"
     ):
         values[sid][key] = value
+    history: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in session_ids}
+    entries = HistoryEntry.objects.filter(session__session_id__in=session_ids).order_by("session", "position")
+    for sid, op, key, timestamp in entries.values_list("session__session_id", "op", "key", "timestamp"):
+        history[sid].append((op, key or None, timestamp.timestamp()))
     return all(
         snapshot is not None
         and sid in rows
-        and rows[sid].history_length == snapshot["info"]["history_length"]
         and rows[sid].key_count == snapshot["info"]["key_count"]
         and values[sid] == {key: json.loads(text) for key, text in snapshot["values"].items()}
+        and _same_history(history[sid], snapshot["history"])
         for sid, snapshot in snapshots.items()
+    )
+
+
+def _same_history(rows: list[tuple[Any, ...]], entries: list[dict[str, Any]]) -> bool:
+    """Rows and entries alike, times to the microsecond the database keeps."""
+    return len(rows) == len(entries) and all(
+        (op, key) == (entry["op"], entry.get("key")) and abs(timestamp - entry["timestamp"]) < 2e-6
+        for (op, key, timestamp), entry in zip(rows, entries, strict=True)
     )
 
 
@@ -219,11 +238,14 @@ def mirror_catch_up(store: MemoryStore, timeout: float = 10.0) -> dict[str, Any]
     """Seconds from the last write until the mirror shows every session's last write
     (None: not within ``timeout``), and whether its rows then equal the store."""
     session_ids = store.list_sessions()
+    seconds = _wait_for_mirror(store, session_ids, timeout)
+    return {"seconds": seconds, "rows_equal_store": _mirrored(store, session_ids)}
+
+
+def _wait_for_mirror(store: MemoryStore, session_ids: list[str], timeout: float = 10.0) -> float | None:
     start = time.perf_counter()
-    seconds = None
     while time.perf_counter() - start < timeout:
         if _caught_up(store, session_ids):
-            seconds = round(time.perf_counter() - start, 3)
-            break
+            return round(time.perf_counter() - start, 3)
         time.sleep(0.02)
-    return {"seconds": seconds, "rows_equal_store": _mirrored(store, session_ids)}
+    return None

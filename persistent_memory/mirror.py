@@ -12,6 +12,7 @@ syncs only when staff open the admin or ``manage.py memory_mirror`` runs; ``"off
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, router, transaction
-from django.db.models import CharField, ForeignKey, IntegerField, Model, Q
+from django.db.models import CharField, ForeignKey, IntegerField, Model
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
@@ -85,6 +86,24 @@ def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[An
     if params:
         with connection.cursor() as cursor:
             cursor.executemany(sql, params)
+
+
+def _history_digests(history: list[dict[str, Any]], length: int) -> tuple[str, str | None]:
+    """Digests of the whole history and of its first ``length`` entries (None: it has fewer).
+
+    A history grows at its end until a fold replaces its start (or an import replaces
+    it whole): when the first entries hash to the digest the rows were written with,
+    a sync keeps those rows and writes only the entries after them. The text hashed
+    is the JSON list without its brackets, so a prefix's text starts the whole one's.
+    """
+    hasher = hashlib.blake2b(digest_size=16)
+    head = json.dumps(history[:length])[1:-1]
+    hasher.update(head.encode())
+    prefix = hasher.hexdigest() if length <= len(history) else None
+    if length < len(history):
+        tail = json.dumps(history[length:])[1:-1]
+        hasher.update(((", " if head else "") + tail).encode())
+    return hasher.hexdigest(), prefix
 
 
 def _datetime(epoch: Any, default: datetime) -> datetime:
@@ -176,25 +195,32 @@ class Mirror:
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
         with transaction.atomic():
-            newer = set(
-                MemorySession.objects.select_for_update()
-                .filter(session_id__in=list(snapshots), synced_at__gt=read_at)
-                .values_list("session_id", flat=True)
-            )
+            # Every existing row locked first: a sync in another process waits here and
+            # then reads what that one committed (on PostgreSQL; SQLite has one writer).
+            rows = {
+                sid: (synced_at, length, digest)
+                for sid, synced_at, length, digest in MemorySession.objects.select_for_update()
+                .filter(session_id__in=list(snapshots))
+                .values_list("session_id", "synced_at", "history_length", "history_digest")
+            }
+            newer = {sid for sid, (synced_at, _, _) in rows.items() if synced_at > read_at}
             live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
             gone = [sid for sid, snap in snapshots.items() if snap is None and sid not in newer]
             marked = self._mark_gone(gone, read_at)
-            mirrored = dict(
-                MemorySession.objects.filter(session_id__in=live).values_list("session_id", "history_length")
-            )
+            kept: dict[str, int] = {}
+            digests: dict[str, str] = {}
+            for sid, snap in live.items():
+                _, length, digest = rows.get(sid, (None, 0, ""))
+                digests[sid], prefix = _history_digests(snap["history"], length)
+                if length and prefix == digest:
+                    kept[sid] = length
             MemorySession.objects.bulk_create(
-                [self._session_row(snap, read_at) for snap in live.values()],
+                [self._session_row(snap, read_at, digests[sid]) for sid, snap in live.items()],
                 update_conflicts=True,
                 unique_fields=["session_id"],
                 update_fields=MemorySession.SYNCED_FIELDS,
             )
             pks = dict(MemorySession.objects.filter(session_id__in=live).values_list("session_id", "pk"))
-            kept = self._kept_history(live, pks, mirrored, read_at)
             MemoryValue.objects.filter(session_id__in=pks.values()).delete()
             HistoryEntry.objects.filter(session_id__in=[pks[sid] for sid in live if sid not in kept]).delete()
             _insert(
@@ -218,49 +244,6 @@ class Mirror:
             )
         return SyncResult(synced=len(live), gone=marked)
 
-    def _kept_history(
-        self,
-        live: dict[str, SessionSnapshot],
-        pks: dict[str, int],
-        mirrored: dict[str, int],
-        read_at: datetime,
-    ) -> dict[str, int]:
-        """Sessions whose mirrored history rows are a prefix of the new history, and how long.
-
-        A history only grows at its end until a fold replaces its start with a new
-        summary (or an import replaces it whole), so rows whose first and last entries
-        are still in place stay, and a sync writes only the entries added since: most
-        syncs write a few rows per session instead of its whole history.
-        """
-        from persistent_memory.models import HistoryEntry
-
-        candidates = {pks[sid]: (sid, n) for sid, n in mirrored.items() if 0 < n <= len(live[sid]["history"])}
-        if not candidates:
-            return {}
-        ends = Q()
-        for pk, (_sid, n) in candidates.items():
-            ends |= Q(session_id=pk, position__in=(0, n - 1))
-        found = {
-            (pk, position): (op, timestamp)
-            for pk, position, op, timestamp in HistoryEntry.objects.filter(ends).values_list(
-                "session_id", "position", "op", "timestamp"
-            )
-        }
-        kept = {}
-        for pk, (sid, n) in candidates.items():
-            history = live[sid]["history"]
-            if all(
-                found.get((pk, position)) == self._signature(history[position], read_at)
-                for position in (0, n - 1)
-            ):
-                kept[sid] = n
-        return kept
-
-    @staticmethod
-    def _signature(item: dict[str, Any], now: datetime) -> tuple[str, datetime]:
-        """An entry's op and time as :meth:`_history_row` writes them."""
-        return str(item.get("op", "unknown"))[:32], _datetime(item.get("timestamp"), now)
-
     @staticmethod
     def _mark_gone(session_ids: list[str], now: datetime) -> int:
         from persistent_memory.models import MemorySession
@@ -273,7 +256,7 @@ class Mirror:
         return expired + deleted
 
     @staticmethod
-    def _session_row(snapshot: SessionSnapshot, now: datetime) -> MemorySession:
+    def _session_row(snapshot: SessionSnapshot, now: datetime, history_digest: str) -> MemorySession:
         from persistent_memory.models import MemorySession
 
         info = snapshot["info"]
@@ -290,14 +273,16 @@ class Mirror:
             last_activity=_datetime(newest, created_at) if newest is not None else created_at,
             synced_at=now,
             gone_at=None,
+            history_digest=history_digest,
         )
 
     @staticmethod
     def _history_row(session_pk: int, position: int, item: dict[str, Any], now: datetime) -> tuple[Any, ...]:
         """The column values of one history entry, in the order :meth:`_apply` inserts them."""
         key = item.get("key")
-        op, timestamp = Mirror._signature(item, now)
+        op = str(item.get("op", "unknown"))[:32]
         details = {k: v for k, v in item.items() if k not in ("op", "key", "timestamp")}
+        timestamp = _datetime(item.get("timestamp"), now)
         return session_pk, position, op, key if isinstance(key, str) else "", timestamp, details
 
     # Restoring the embedded default after a restart ---------------------------

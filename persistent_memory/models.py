@@ -21,6 +21,7 @@ class MemorySession(models.Model):
         "last_activity",
         "synced_at",
         "gone_at",
+        "history_digest",
     )
 
     class State(models.TextChoices):
@@ -40,6 +41,8 @@ class MemorySession(models.Model):
     gone_at = models.DateTimeField(
         null=True, blank=True, help_text="When the sync found it gone from the store."
     )
+    #: Of the mirrored history: the next sync writes only new entries when it is a prefix.
+    history_digest = models.CharField(max_length=32, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-last_activity"]

@@ -123,7 +123,7 @@ class MemoryStore:
 
     def get_all(self, session_id: str) -> dict[str, Any]:
         """Every key and value of the session, in one backend call."""
-        return decode_value(self.backend.get_all(validate_session_id(session_id)))
+        return _sorted(decode_value(self.backend.get_all(validate_session_id(session_id))))
 
     def list_keys(self, session_id: str) -> list[str]:
         """The session's keys, sorted."""
@@ -166,7 +166,7 @@ class MemoryStore:
         """
         session_id = validate_session_id(session_id)
         run = None if run_id is None else RunBinding(validate_run_id(run_id), self.run_binding_ttl_seconds)
-        return decode_value(self.backend.enrich(session_id, self.default_ttl_seconds, run))
+        return _sorted(decode_value(self.backend.enrich(session_id, self.default_ttl_seconds, run)))
 
     def record_answer(
         self, session_id: str | None, text: str, *, run_id: str | None = None
@@ -197,6 +197,10 @@ class MemoryStore:
         """Flush and stop the mirror worker, then release the backend's connections."""
         self.mirror.stop()
         self.backend.close()
+
+
+def _sorted(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: values[key] for key in sorted(values)}
 
 
 _store: MemoryStore | None = None

@@ -131,6 +131,12 @@ def test_a_fold_or_a_replaced_history_rewrites_the_rows(mirrored):
     store.backend.restore_session(snapshot, replace=True)
     store.mirror.sync_dirty()
     assert_mirrored(store, "s1")
+    # Replaced again with the same first and last entries, at the same times, and
+    # another entry between them (an edited export imported with --replace).
+    snapshot["history"][1] = {"op": "put", "key": "edited", "timestamp": 1001.0}
+    store.backend.restore_session(snapshot, replace=True)
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
 
 
 def test_delete_marks_gone(mirrored):
@@ -317,6 +323,69 @@ def test_restore_keeps_the_most_recent_sessions_within_the_cap(settings, caplog)
         assert "6 older sessions stay in the mirror only" in caplog.text
     finally:
         fresh.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_syncing_at_once_leave_the_rows_whole(configure):
+    # Two syncers with connections of their own, as two processes: A is inside its
+    # transaction when B, which read the store later, starts. B must wait for A's
+    # commit and then build on what A wrote, not on what was there before.
+    import threading
+
+    from django.db import connections
+    from django.utils import timezone
+
+    from persistent_memory import mirror as mirror_module
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite lets one writer in at a time")
+    store = configure(MIRROR_MODE="deferred")
+    store.create_session("s1")
+    for i in range(5):
+        store.put("s1", f"a{i}", i)
+    store.mirror.sync_dirty()
+    store.put("s1", "b", 1)
+    a_read = (store.backend.snapshots(["s1"]), timezone.now())
+    store.put("s1", "c", 1)
+    b_read = (store.backend.snapshots(["s1"]), timezone.now())
+    store.backend.pop_dirty(100)
+    inserted, release = threading.Event(), threading.Event()
+    insert = mirror_module._insert
+
+    def pausing_insert(model, fields, rows):
+        insert(model, fields, rows)
+        if model is HistoryEntry and threading.current_thread().name == "A":
+            inserted.set()
+            release.wait(10)
+
+    errors = []
+
+    def sync(read):
+        try:
+            store.mirror._apply(*read)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    mirror_module._insert = pausing_insert
+    try:
+        a = threading.Thread(target=sync, args=(a_read,), name="A")
+        a.start()
+        assert inserted.wait(10)
+        b = threading.Thread(target=sync, args=(b_read,), name="B")
+        b.start()
+        b.join(1.0)  # B is waiting for A's row lock
+        release.set()
+        a.join(10)
+        b.join(10)
+    finally:
+        mirror_module._insert = insert
+    assert errors == []
+    assert_mirrored(store, "s1")
+    store.put("s1", "d", 1)
+    assert store.mirror.sync_dirty().failed == 0
+    assert_mirrored(store, "s1")
 
 
 def test_an_older_snapshot_never_replaces_a_newer_row(mirrored):

@@ -134,7 +134,7 @@ class BaseBackend(ABC):
 
     @abstractmethod
     def get_all(self, session_id: str) -> str:
-        """Every key and its value as the text of one JSON object, keys sorted.
+        """Every key and its value as the text of one JSON object (keys in any order).
 
         One object, not a dict of texts: the store decodes it in one call, which is
         most of what reading a session costs."""

@@ -144,7 +144,7 @@ class MemoryBackend(BaseBackend):
 
     @staticmethod
     def _values_json(session: _Session) -> str:
-        items = sorted(session.values.items())
+        items = session.values.items()
         return "{" + ", ".join([f"{encode_basestring_ascii(key)}: {text}" for key, text in items]) + "}"
 
     @staticmethod

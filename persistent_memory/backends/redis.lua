@@ -55,13 +55,13 @@ local function call_chunked(command, key, items)
   return replies
 end
 
--- The session's keys, sorted, and their values (false where a value is missing).
+-- The session's keys and their values (false where a value is missing). Unsorted:
+-- Lua compares strings by the server's locale; the client sorts by code point.
 local function stored_values()
   local keys = redis.call('SMEMBERS', KEYSET)
   if #keys == 0 then
     return keys, {}
   end
-  table.sort(keys)
   local data_keys = {}
   for i, key in ipairs(keys) do data_keys[i] = base .. key end
   if #data_keys <= CHUNK then
@@ -90,6 +90,18 @@ if (op == 'get_all' or op == 'enrich') and redis.call('EXISTS', META) == 1 then
     redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
   end
   return values_object()
+end
+
+-- Lua's < on strings follows the server's locale (strcoll); Python sorts by code
+-- point, which for UTF-8 is byte order. Sorts that end up in stored data use this.
+local function bytewise(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
 end
 
 local function fail(code, message)
@@ -211,8 +223,8 @@ local function fold(max_entries, length)
   local names, keys = {}, {}
   for name in pairs(op_counts) do names[#names + 1] = name end
   for key in pairs(touched) do keys[#keys + 1] = key end
-  table.sort(names)
-  table.sort(keys)
+  table.sort(names, bytewise)
+  table.sort(keys, bytewise)
   local counts = {}
   for i, name in ipairs(names) do
     counts[i] = cjson.encode(name) .. ': ' .. string.format('%d', op_counts[name])
@@ -483,7 +495,7 @@ elseif op == 'clear' then
   local cleared
   if key == '' then
     cleared = redis.call('SMEMBERS', KEYSET)
-    table.sort(cleared)
+    table.sort(cleared, bytewise)
     for _, member in ipairs(cleared) do
       redis.call('DEL', base .. member)
     end
