@@ -25,7 +25,7 @@ import platform
 import sys
 import tempfile
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,13 @@ def setup_django(folder: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def machine(url: str) -> dict[str, Any]:
     """What the figures were measured on."""
     cpuinfo = Path("/proc/cpuinfo")
@@ -63,7 +70,9 @@ def machine(url: str) -> dict[str, Any]:
         "arch": platform.machine(),
         "python": platform.python_version(),
         "redis_server": redis_version,
-        **{name: version(name) for name in ("django", "djangorestframework", "redis", "gunicorn")},
+        **{
+            name: _version(name) for name in ("django", "djangorestframework", "redis", "hiredis", "gunicorn")
+        },
     }
 
 
