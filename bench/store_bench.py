@@ -166,19 +166,25 @@ def redis_figures(url: str, duration: float, sessions: int, keys: list[int]) -> 
 
 
 def memory_figures(
-    duration: float, sessions: int, keys: list[int]
+    duration: float, sessions: int, keys: list[int], passes: int = 2
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The store on memory with its default mirror, and the mirror's catch-up after.
 
     Each operation is timed on its own once the mirror has caught up with the one
-    before: its figure includes the mirror work its own writes cause, not the others'.
+    before, so its figure includes the mirror work its own writes cause and not the
+    others'. There is no floor to take turns with here, so each operation is timed
+    in ``passes`` passes and the better one counts, as for the API.
     """
     store = build_store("memory", "", max_sessions=max(1000, 10 * sessions))
     try:
-        figures = {}
-        for name, operation in operations(store, sessions, keys).items():
-            _wait_for_mirror(store, store.list_sessions())
-            figures.update(measure({name: operation}, duration, None))
+        figures: dict[str, dict[str, Any]] = {}
+        ops = operations(store, sessions, keys)
+        for _ in range(passes):
+            for name, operation in ops.items():
+                _wait_for_mirror(store, store.list_sessions())
+                result = measure({name: operation}, duration / passes, None)[name]
+                if name not in figures or result["ops_per_s"] > figures[name]["ops_per_s"]:
+                    figures[name] = result
         return figures, mirror_catch_up(store)
     finally:
         store.close()
