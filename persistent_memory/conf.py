@@ -34,7 +34,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_HISTORY": 100,
     "AUTO_SUMMARIZE": True,
     "MAX_SESSIONS": 1000,
+    # Sessions one owner may hold (None: no cap but, on the memory backend, a tenth of
+    # MAX_SESSIONS, so that one owner cannot take every place).
+    "MAX_SESSIONS_PER_OWNER": None,
     "MAX_VALUE_BYTES": 1024 * 1024,
+    # Keys plus values of one session, in bytes of JSON (None: no cap).
+    "MAX_SESSION_BYTES": 16 * 1024 * 1024,
     # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and
     # `memory_mirror`), "off"; None picks immediate for memory and deferred for Redis.
     "MIRROR_MODE": None,
@@ -43,8 +48,14 @@ DEFAULTS: dict[str, Any] = {
     # How long the REST API remembers which session a pipeline run_id enriched.
     "RUN_BINDING_TTL_SECONDS": 3600,
     # REST API: import strings; None uses the project's REST_FRAMEWORK defaults.
+    # None: the project's defaults plus IsAuthenticated (closed to anonymous callers).
     "API_PERMISSION_CLASSES": None,
     "API_AUTHENTICATION_CLASSES": None,
+    # None: the project's DEFAULT_THROTTLE_CLASSES; rates: None uses REST_FRAMEWORK's.
+    "API_THROTTLE_CLASSES": None,
+    "API_THROTTLE_RATES": None,
+    # Import string of a callable (request) -> owner string, or None to refuse (403).
+    "OWNER_RESOLVER": "persistent_memory.resolvers.user_owner",
     "MAX_BATCH": 100,
     "MAX_REQUEST_BYTES": 2 * 1024 * 1024 + 64 * 1024,
     "RETRY_AFTER_SECONDS": 5,
@@ -98,6 +109,19 @@ class MemorySettings:
 memory_settings = MemorySettings()
 
 MIRROR_MODES = ("immediate", "deferred", "off")
+
+
+def owner_session_cap(conf: MemorySettings) -> int | None:
+    """Sessions one owner may hold on this backend (None: no cap).
+
+    On the memory backend every owner shares MAX_SESSIONS places in one process, so an
+    owner without an explicit cap gets at most a tenth of them (at least one).
+    """
+    cap = conf.MAX_SESSIONS_PER_OWNER
+    if conf.BACKEND == "memory":
+        share = max(1, conf.MAX_SESSIONS // 10)
+        return share if cap is None else min(cap, conf.MAX_SESSIONS)
+    return cap
 
 
 def mirror_mode(conf: MemorySettings) -> str:

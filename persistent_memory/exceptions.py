@@ -28,6 +28,12 @@ class InvalidValue(PersistentMemoryError, ValueError):
     code = "invalid_value"
 
 
+class InvalidOwner(PersistentMemoryError, ValueError):
+    """An owner string the store cannot use as a namespace (see :mod:`persistent_memory.owners`)."""
+
+    code = "invalid_owner"
+
+
 class InvalidRunId(InvalidValue):
     """A pipeline ``run_id`` does not follow the session id rules."""
 
@@ -65,7 +71,7 @@ class NotANumber(PersistentMemoryError, ValueError):
 
 
 class CapacityExceeded(PersistentMemoryError):
-    """The backend holds as many sessions (or bytes) as it may."""
+    """The backend, the owner or the session holds as many sessions (or bytes) as it may."""
 
     code = "capacity_exceeded"
 

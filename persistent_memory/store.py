@@ -3,14 +3,21 @@
 It validates every argument before a backend is touched, encodes values to JSON
 (so what comes out is always a fresh copy) and raises exceptions from
 :mod:`persistent_memory.exceptions`.
+
+``get_store()`` is the operator's store: its session methods address the unowned
+namespace (the node's sessions), and ``list_session_infos(all_owners=True)``, the
+admin, the mirror and the commands see every owner's sessions. ``for_owner(owner)``
+returns the same store scoped to one owner's namespace, which is what the API uses.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -18,8 +25,16 @@ from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
-from persistent_memory.exceptions import InvalidSessionId, InvalidValue
+from persistent_memory.exceptions import InvalidSessionId, InvalidValue, PersistentMemoryError
 from persistent_memory.mirror import Mirror
+from persistent_memory.owners import (
+    UNOWNED,
+    owner_namespace,
+    run_ref,
+    split_storage_id,
+    storage_id,
+    validate_owner,
+)
 from persistent_memory.validation import (
     decode_value,
     encode_value,
@@ -32,9 +47,14 @@ from persistent_memory.validation import (
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class MemoryStore:
     """Cross-session memory keyed by ``session_id`` over one backend."""
+
+    #: The namespace this store reads and writes (``""``: unowned; see :mod:`persistent_memory.owners`).
+    owner: str = UNOWNED
 
     def __init__(
         self,
@@ -79,72 +99,107 @@ class MemoryStore:
     def _ttl(self, ttl_seconds: Any) -> float | None:
         return self.default_ttl_seconds if ttl_seconds is None else validate_ttl(ttl_seconds)
 
+    # Owners -----------------------------------------------------------------
+
+    def for_owner(self, owner: str) -> MemoryStore:
+        """This store scoped to ``owner``'s namespace: the same methods and exceptions, and
+        only that owner's sessions (``""`` is the unowned namespace)."""
+        scoped = copy.copy(self)
+        scoped.owner = validate_owner(owner)
+        return scoped
+
+    def _call(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
+        """``method(storage id, *args)`` for a valid ``session_id`` of this store's owner."""
+        session_id = validate_session_id(session_id)
+        sid = storage_id(self.owner, session_id)
+        try:
+            return method(sid, *args)
+        except PersistentMemoryError as exc:
+            if sid != session_id:  # the caller's id in the message, not the storage id
+                exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
+            raise
+
+    @staticmethod
+    def _info(info: SessionInfo) -> SessionInfo:
+        """A backend's info with the session id and its owner apart."""
+        owner, session_id = split_storage_id(info["session_id"])
+        return {**info, "session_id": session_id, "owner": owner}
+
     # Sessions ---------------------------------------------------------------
 
     def create_session(self, session_id: str, ttl_seconds: float | None = None) -> SessionInfo:
         """Create a session; ``ttl_seconds=None`` uses ``SESSION_TTL_HOURS``, 0 means never expire."""
-        session_id = validate_session_id(session_id)
-        return self.backend.create_session(session_id, self._ttl(ttl_seconds))
+        ttl = self._ttl(ttl_seconds)
+        return self._info(self._call(self.backend.create_session, session_id, ttl))
 
     def resume_session(self, session_id: str) -> SessionInfo:
         """A live session's info; ``SessionNotFound`` or ``SessionExpired`` otherwise."""
-        return self.backend.resume_session(validate_session_id(session_id))
+        return self._info(self._call(self.backend.resume_session, session_id))
 
     def session_info(self, session_id: str) -> SessionInfo:
         """Same dict as :meth:`resume_session`."""
-        return self.backend.session_info(validate_session_id(session_id))
+        return self._info(self._call(self.backend.session_info, session_id))
 
     def list_sessions(self) -> list[str]:
-        """Sorted ids of live sessions."""
-        return self.backend.list_sessions()
+        """Sorted ids of this owner's live sessions."""
+        return sorted(info["session_id"] for info in self.list_session_infos())
 
-    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
-        """Info of every live session whose id starts with ``prefix``, newest first."""
+    def list_session_infos(self, prefix: str = "", *, all_owners: bool = False) -> list[SessionInfo]:
+        """Info of this owner's live sessions whose id starts with ``prefix``, newest first.
+
+        ``all_owners=True`` (the operator's view) lists every owner's, each with its ``owner``.
+        """
         if not isinstance(prefix, str):
             raise InvalidValue("The session id prefix must be a string.")
-        infos = self.backend.list_session_infos(prefix)
-        return sorted(infos, key=lambda info: (-info["created_at"], info["session_id"]))
+        if all_owners and prefix:
+            raise InvalidValue("A prefix search is within one owner's sessions.")
+        infos = [self._info(info) for info in self.backend.list_session_infos(self._prefix(prefix))]
+        if not all_owners:  # the unowned prefix "" lists every owner's: keep this one's
+            infos = [info for info in infos if info["owner"] == self.owner]
+        return sorted(infos, key=lambda info: (-info["created_at"], info["owner"], info["session_id"]))
+
+    def _prefix(self, prefix: str) -> str:
+        return owner_namespace(self.owner) + prefix
 
     def delete_session(self, session_id: str) -> list[str]:
         """Delete a session and everything in it; return the keys cleared, sorted."""
-        return self.backend.delete_session(validate_session_id(session_id))
+        return self._call(self.backend.delete_session, session_id)
 
     # Values -----------------------------------------------------------------
 
     def put(self, session_id: str, key: str, value: Any) -> None:
         """Store any JSON-serialisable ``value`` (a copy) under ``key``."""
-        session_id, key = validate_session_id(session_id), validate_key(key)
-        self.backend.put(session_id, key, encode_value(value, max_bytes=self.max_value_bytes))
+        key = validate_key(key)
+        value_json = encode_value(value, max_bytes=self.max_value_bytes)
+        self._call(self.backend.put, session_id, key, value_json)
 
     def get(self, session_id: str, key: str) -> Any:
         """A fresh copy of the value under ``key``; ``KeyNotFound`` when absent."""
-        session_id, key = validate_session_id(session_id), validate_key(key)
-        return decode_value(self.backend.get(session_id, key))
+        return decode_value(self._call(self.backend.get, session_id, validate_key(key)))
 
     def get_all(self, session_id: str) -> dict[str, Any]:
         """Every key and value of the session, in one backend call."""
-        return _sorted(decode_value(self.backend.get_all(validate_session_id(session_id))))
+        return _sorted(decode_value(self._call(self.backend.get_all, session_id)))
 
     def list_keys(self, session_id: str) -> list[str]:
         """The session's keys, sorted."""
-        return self.backend.list_keys(validate_session_id(session_id))
+        return self._call(self.backend.list_keys, session_id)
 
     def increment(self, session_id: str, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to an integer value (missing counts as 0); return the result."""
-        session_id, key = validate_session_id(session_id), validate_key(key)
-        return self.backend.increment(session_id, key, validate_int(amount, name="amount"))
+        key, amount = validate_key(key), validate_int(amount, name="amount")
+        return self._call(self.backend.increment, session_id, key, amount)
 
     def clear(self, session_id: str, key: str | None = None) -> list[str]:
         """Remove ``key``, or every key when None; return the keys removed, sorted."""
-        session_id = validate_session_id(session_id)
-        return self.backend.clear(session_id, None if key is None else validate_key(key))
+        return self._call(self.backend.clear, session_id, None if key is None else validate_key(key))
 
     # History ----------------------------------------------------------------
 
     def get_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The newest ``limit`` history entries, oldest first; ``limit=0`` for all."""
-        session_id = validate_session_id(session_id)
-        return self.backend.get_history(session_id, validate_int(limit, name="limit", minimum=0))
+        limit = validate_int(limit, name="limit", minimum=0)
+        return self._call(self.backend.get_history, session_id, limit)
 
     def summarize(self, session_id: str, max_entries: int | None = None) -> bool:
         """Summarize now down to ``max_entries`` (default ``MAX_HISTORY``); return whether it did."""
@@ -152,9 +207,9 @@ class MemoryStore:
 
     def fold_history(self, session_id: str, max_entries: int | None = None) -> int:
         """:meth:`summarize`, returning how many entries were folded into the summary."""
-        session_id = validate_session_id(session_id)
         limit = self.backend.max_history if max_entries is None else max_entries
-        return self.backend.summarize(session_id, validate_int(limit, name="max_entries", minimum=1))
+        limit = validate_int(limit, name="max_entries", minimum=1)
+        return self._call(self.backend.summarize, session_id, limit)
 
     # The pipeline lanes -----------------------------------------------------
 
@@ -164,9 +219,11 @@ class MemoryStore:
         With ``run_id``, remember for ``RUN_BINDING_TTL_SECONDS`` that this run is on
         this session, so its answers can be stored without a session id.
         """
-        session_id = validate_session_id(session_id)
-        run = None if run_id is None else RunBinding(validate_run_id(run_id), self.run_binding_ttl_seconds)
-        return _sorted(decode_value(self.backend.enrich(session_id, self.default_ttl_seconds, run)))
+        session_id = validate_session_id(session_id)  # before the run id, as the lanes check them
+        run = None
+        if run_id is not None:
+            run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
+        return _sorted(decode_value(self._call(self.backend.enrich, session_id, self.default_ttl_seconds, run)))
 
     def record_answer(
         self, session_id: str | None, text: str, *, run_id: str | None = None
@@ -176,16 +233,22 @@ class MemoryStore:
         ``session_id=None`` uses the session ``run_id`` was enriched on; returns None,
         writing nothing, when there is none.
         """
-        if session_id is None:
-            if run_id is None:
-                raise InvalidSessionId("record_answer needs a session_id or a run_id.")
-            run_id = validate_run_id(run_id)
-        else:
-            session_id, run_id = validate_session_id(session_id), None
+        if session_id is None and run_id is None:
+            raise InvalidSessionId("record_answer needs a session_id or a run_id.")
+        if session_id is not None:
+            session_id = validate_session_id(session_id)
         if not isinstance(text, str):
             raise InvalidValue(f"Invalid answer text {text!r}: must be a string.")
         answer_json = encode_value(text, max_bytes=self.max_value_bytes)
-        return self.backend.record_answer(session_id, answer_json, self.default_ttl_seconds, run_id)
+        ttl = self.default_ttl_seconds
+        if session_id is not None:
+            record = self._call(self.backend.record_answer, session_id, answer_json, ttl, None)
+        else:
+            ref = run_ref(self.owner, validate_run_id(run_id))
+            record = self.backend.record_answer(None, answer_json, ttl, ref)
+        if record is None:
+            return None
+        return AnswerRecord(split_storage_id(record.session_id)[1], record.answer_count)
 
     # Health -----------------------------------------------------------------
 

@@ -4,13 +4,18 @@ Backends receive arguments the store has already validated, and values as JSON t
 (the store encodes and decodes), so the same bytes live in memory and in Redis. Each
 method is one atomic step: a write appends its history entry, aligns the TTL and
 summarizes in the same step, and on Redis costs one round trip.
+
+Backends know nothing of owners: a ``session_id`` here is the store's *storage id*
+(see :mod:`persistent_memory.owners`), and a run id is a run reference that already
+holds its owner. They only read the owner part of an id to keep each owner's count
+of sessions for ``max_sessions_per_owner``.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from persistent_memory.conf import MemorySettings
 
@@ -28,6 +33,8 @@ class SessionInfo(TypedDict):
     ttl_seconds: float | None
     key_count: int
     history_length: int
+    #: Added by the store (backends report storage ids; see persistent_memory.owners).
+    owner: NotRequired[str]
 
 
 def session_info(
@@ -66,7 +73,9 @@ class SessionSnapshot(TypedDict):
 
 
 class RunBinding(NamedTuple):
-    """Remember for ``ttl_seconds`` that pipeline run ``run_id`` is on the enriched session."""
+    """Remember for ``ttl_seconds`` that pipeline run ``run_id`` is on the enriched session.
+
+    ``run_id`` is the run's reference from :func:`persistent_memory.owners.run_ref`."""
 
     run_id: str
     ttl_seconds: float
@@ -85,11 +94,24 @@ class BaseBackend(ABC):
     #: Short name shown by health checks and the admin.
     name = "base"
 
-    def __init__(self, *, max_history: int, auto_summarize: bool, track_dirty: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        max_history: int,
+        auto_summarize: bool,
+        track_dirty: bool = False,
+        max_sessions_per_owner: int | None = None,
+        max_session_bytes: int | None = None,
+    ) -> None:
         self.max_history = max_history
         self.auto_summarize = auto_summarize
         #: Whether writes mark their session for the ORM mirror (MIRROR_MODE is not "off").
         self.track_dirty = track_dirty
+        #: Live sessions one owner may hold (unowned sessions are not counted); None: no cap.
+        self.max_sessions_per_owner = max_sessions_per_owner
+        #: Bytes of keys plus JSON values one session may hold; None: no cap. A write
+        #: that would go over raises ``CapacityExceeded`` and writes nothing.
+        self.max_session_bytes = max_session_bytes
 
     @classmethod
     @abstractmethod
@@ -116,7 +138,11 @@ class BaseBackend(ABC):
 
     @abstractmethod
     def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
-        """Info of every live session whose id starts with ``prefix``, in one step."""
+        """Info of every live session whose id starts with ``prefix``, in one step.
+
+        ``""`` lists every owner's sessions; a prefix starting with an owner's namespace
+        (``~o:{owner}~``) lists only that owner's; any other prefix only unowned ones.
+        """
 
     @abstractmethod
     def delete_session(self, session_id: str) -> list[str]:
@@ -190,10 +216,11 @@ class BaseBackend(ABC):
     # Maintenance in batches (bounded memory at any number of sessions) --------
 
     @abstractmethod
-    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+    def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
         """About ``count`` session ids from ``cursor`` (start at 0), and the next cursor (0: done).
 
-        Ids may include expired sessions not yet swept; an id may come twice.
+        ``prefix`` selects as in :meth:`list_session_infos`. Ids may include expired
+        sessions not yet swept; an id may come twice.
         """
 
     @abstractmethod

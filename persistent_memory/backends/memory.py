@@ -21,7 +21,7 @@ from persistent_memory.backends.base import (
     SessionSnapshot,
     session_info,
 )
-from persistent_memory.conf import MemorySettings, mirror_mode
+from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
 from persistent_memory.exceptions import (
     CapacityExceeded,
     KeyNotFound,
@@ -30,7 +30,15 @@ from persistent_memory.exceptions import (
     SessionExpired,
     SessionNotFound,
 )
+from persistent_memory.owners import OWNED_MARK
 from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+
+def _owner_of(session_id: str) -> str | None:
+    """The namespace part of an owned storage id (None for an unowned session)."""
+    if session_id.startswith(OWNED_MARK):
+        return session_id[: session_id.index("~", len(OWNED_MARK)) + 1]
+    return None
 
 
 @dataclass
@@ -40,6 +48,8 @@ class _Session:
     expires_at: float | None
     values: dict[str, str] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: Bytes of keys plus JSON values (the texts are ASCII: one character, one byte).
+    size: int = 0
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -50,13 +60,13 @@ class MemoryBackend(BaseBackend):
 
     name = "memory"
 
-    def __init__(
-        self, *, max_history: int, auto_summarize: bool, max_sessions: int, track_dirty: bool = False
-    ) -> None:
-        super().__init__(max_history=max_history, auto_summarize=auto_summarize, track_dirty=track_dirty)
+    def __init__(self, *, max_sessions: int, **options: Any) -> None:
+        super().__init__(**options)
         self.max_sessions = max_sessions
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
+        # Live and not yet pruned sessions per owner namespace, for max_sessions_per_owner.
+        self._owned: dict[str, int] = {}
         self._dirty: set[str] = set()
         # run_id -> (session_id, expires_at); expired ones are pruned when the dict has
         # doubled since the last pruning, so binding stays O(1) amortized.
@@ -70,6 +80,8 @@ class MemoryBackend(BaseBackend):
             auto_summarize=conf.AUTO_SUMMARIZE,
             max_sessions=conf.MAX_SESSIONS,
             track_dirty=mirror_mode(conf) != "off",
+            max_sessions_per_owner=owner_session_cap(conf),
+            max_session_bytes=conf.MAX_SESSION_BYTES,
         )
 
     # Helpers, called with the lock held ---------------------------------------
@@ -78,19 +90,28 @@ class MemoryBackend(BaseBackend):
         if self.track_dirty:
             self._dirty.add(session_id)
 
+    def _drop(self, session_id: str) -> _Session | None:
+        session = self._sessions.pop(session_id, None)
+        owner = _owner_of(session_id)
+        if session is not None and owner is not None:
+            self._owned[owner] -= 1
+            if not self._owned[owner]:
+                del self._owned[owner]
+        return session
+
     def _live(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(f"Session {session_id!r} not found.")
         if session.expired(time.time()):
-            del self._sessions[session_id]
+            self._drop(session_id)
             self._mark(session_id)
             raise SessionExpired(f"Session {session_id!r} has expired.")
         return session
 
     def _prune(self, now: float) -> None:
         for session_id in [sid for sid, s in self._sessions.items() if s.expired(now)]:
-            del self._sessions[session_id]
+            self._drop(session_id)
             self._mark(session_id)
 
     def _create(self, session_id: str, ttl_seconds: float | None) -> _Session:
@@ -98,7 +119,13 @@ class MemoryBackend(BaseBackend):
         existing = self._sessions.get(session_id)
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
-        self._sessions.pop(session_id, None)
+        self._drop(session_id)
+        owner = _owner_of(session_id)
+        cap = self.max_sessions_per_owner
+        if owner is not None and cap is not None and self._owned.get(owner, 0) >= cap:
+            self._prune(now)
+            if self._owned.get(owner, 0) >= cap:
+                raise CapacityExceeded(f"This owner holds its maximum of {cap} sessions.")
         if len(self._sessions) >= self.max_sessions:
             self._prune(now)
             if len(self._sessions) >= self.max_sessions:
@@ -107,8 +134,35 @@ class MemoryBackend(BaseBackend):
                 )
         expires_at = now + ttl_seconds if ttl_seconds else None
         session = self._sessions[session_id] = _Session(now, ttl_seconds, expires_at)
+        if owner is not None:
+            self._owned[owner] = self._owned.get(owner, 0) + 1
         self._mark(session_id)
         return session
+
+    def _resize(self, session: _Session, changes: dict[str, str]) -> int:
+        """The session's size once ``changes`` (key -> new JSON text) are written; raises
+        ``CapacityExceeded`` over ``max_session_bytes``, before anything is written."""
+        size = session.size
+        for key, text in changes.items():
+            old = session.values.get(key)
+            size += len(text) - (0 if old is None else len(old)) + (0 if old is not None else len(key))
+        if self.max_session_bytes is not None and size > self.max_session_bytes:
+            raise CapacityExceeded(
+                f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({self.max_session_bytes})."
+            )
+        return size
+
+    def _write(self, session: _Session, changes: dict[str, str]) -> None:
+        """Write values after checking the session's byte cap (nothing is written over it)."""
+        session.size = self._resize(session, changes)
+        session.values.update(changes)
+
+    def _remove_value(self, session: _Session, key: str) -> bool:
+        text = session.values.pop(key, None)
+        if text is None:
+            return False
+        session.size -= len(key) + len(text)
+        return True
 
     def _live_or_create(self, session_id: str, ttl_seconds: float | None) -> _Session:
         try:
@@ -148,7 +202,8 @@ class MemoryBackend(BaseBackend):
         return "{" + ", ".join([f"{encode_basestring_ascii(key)}: {text}" for key, text in items]) + "}"
 
     @staticmethod
-    def _add(session: _Session, key: str, amount: int) -> int:
+    def _added(session: _Session, key: str, amount: int) -> int:
+        """The value under ``key`` plus ``amount``, computed without writing it."""
         current = session.values.get(key, "0")
         number = json.loads(current)
         # Same rule as Redis INCRBY: a 64-bit integer, or nothing changes.
@@ -157,7 +212,6 @@ class MemoryBackend(BaseBackend):
         result = number + amount
         if not INT64_MIN <= result <= INT64_MAX:
             raise NotANumber(f"Incrementing {key!r} by {amount} would overflow a 64-bit integer.")
-        session.values[key] = str(result)
         return result
 
     # Sessions ---------------------------------------------------------------
@@ -185,7 +239,7 @@ class MemoryBackend(BaseBackend):
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
             session = self._live(session_id)
-            del self._sessions[session_id]
+            self._drop(session_id)
             self._mark(session_id)
             return sorted(session.values)
 
@@ -194,7 +248,7 @@ class MemoryBackend(BaseBackend):
     def put(self, session_id: str, key: str, value_json: str) -> None:
         with self._lock:
             session = self._live(session_id)
-            session.values[key] = value_json
+            self._write(session, {key: value_json})
             self._record(session_id, session, "put", key)
 
     def get(self, session_id: str, key: str) -> str:
@@ -215,7 +269,8 @@ class MemoryBackend(BaseBackend):
     def increment(self, session_id: str, key: str, amount: int) -> int:
         with self._lock:
             session = self._live(session_id)
-            result = self._add(session, key, amount)
+            result = self._added(session, key, amount)
+            self._write(session, {key: str(result)})
             self._record(session_id, session, "increment", key)
             return result
 
@@ -225,9 +280,10 @@ class MemoryBackend(BaseBackend):
             if key is None:
                 cleared = sorted(session.values)
                 session.values.clear()
+                session.size = 0
                 self._record(session_id, session, "clear", None, cleared=cleared)
             else:
-                cleared = [key] if session.values.pop(key, None) is not None else []
+                cleared = [key] if self._remove_value(session, key) else []
                 self._record(session_id, session, "clear", key)
             return cleared
 
@@ -271,8 +327,8 @@ class MemoryBackend(BaseBackend):
                     return None
                 session_id = bound[0]
             session = self._live_or_create(session_id, ttl_seconds)
-            count = self._add(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
-            session.values[LAST_ANSWER] = answer_json
+            count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
+            self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
             self._record(session_id, session, "put", LAST_ANSWER)
             self._record(session_id, session, "increment", ANSWER_COUNT)
             return AnswerRecord(session_id, count)
@@ -305,18 +361,19 @@ class MemoryBackend(BaseBackend):
             existing = self._sessions.get(session_id)
             if existing is not None and not existing.expired(time.time()) and not replace:
                 raise SessionExists(f"Session {session_id!r} already exists.")
-            self._sessions.pop(session_id, None)
+            self._drop(session_id)
             session = self._create(session_id, info["ttl_seconds"])
             session.created_at = info["created_at"]
             session.expires_at = info["expires_at"]
             session.values = dict(snapshot["values"])
+            session.size = sum(len(key) + len(text) for key, text in session.values.items())
             session.history = copy.deepcopy(snapshot["history"])
 
-    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+    def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
         # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go
         # between batches.
         with self._lock:
-            return 0, sorted(self._sessions)
+            return 0, sorted(sid for sid in self._sessions if sid.startswith(prefix))
 
     def existing(self, session_ids: list[str]) -> set[str]:
         now = time.time()

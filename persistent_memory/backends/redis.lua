@@ -2,31 +2,55 @@
 -- a write, its history entry, its TTL alignment, its summarization and its mark for
 -- the ORM mirror happen atomically.
 --
--- ARGV: 1 operation, 2 key prefix, 3 session id ('' when an answer's session comes
--- from its run binding, or for operations on no one session), 4 now (JSON number
--- text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty ('1'/'0'),
+-- ARGV: 1 operation, 2 key prefix, 3 storage id of the session ('' when an answer's
+-- session comes from its run binding, or for operations on no one session), 4 now
+-- (JSON number text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty
+-- ('1'/'0'), 8 sessions per owner ('0': no cap), 9 bytes per session ('0': no cap),
 -- then the operation's own arguments, read with arg(i). Keys are built here from the
 -- prefix in the node's layout; auxiliary keys hold '~', which no session id can.
 -- Errors come back as "PM_<CODE> message" replies.
+--
+-- Owned sessions (persistent_memory.owners) have storage ids '~o:{owner}~{id}', so
+-- their keys are the node's layout with that id; each owner's ids are in the set
+-- '{prefix}:~o:{owner}~:sessions' (the node's '__sessions__' holds unowned ones only)
+-- and every owned id also in '{prefix}:~owned', for the operator's view.
 
 local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
-local SESSIONS = prefix .. ':__sessions__'
+local owner_cap, byte_cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+local NODE_SESSIONS = prefix .. ':__sessions__'
+local OWNED = prefix .. ':~owned'
 local DIRTY = prefix .. ':~dirty'
-local base, META, KEYSET, HISTORY
+local base, META, KEYSET, HISTORY, SESSIONS
 
 local function arg(i)
-  return ARGV[7 + i]
+  return ARGV[9 + i]
+end
+
+-- '~o:{owner}~' of an owned storage id (or of a prefix that starts with one); nil otherwise.
+local function namespace_of(id)
+  return string.match(id, '^(~o:[^~]+~)')
+end
+
+-- The set a session's id is kept in.
+local function sessions_set(id)
+  local namespace = namespace_of(id)
+  if namespace then
+    return prefix .. ':' .. namespace .. ':sessions'
+  end
+  return NODE_SESSIONS
 end
 
 local function use_session(id)
   sid = id
   base = prefix .. ':' .. id .. ':'
   META, KEYSET, HISTORY = base .. '__meta__', base .. '__keys__', base .. '__history__'
+  SESSIONS = sessions_set(id)
 end
 
-local function run_key(run_id)
-  return prefix .. ':~run:' .. run_id
+-- A run reference (persistent_memory.owners.run_ref) holds its owner's namespace.
+local function run_key(ref)
+  return prefix .. ':' .. ref
 end
 
 if sid ~= '' then
@@ -118,6 +142,21 @@ local function mark_dirty(id)
   end
 end
 
+local function index(id)
+  redis.call('SADD', sessions_set(id), id)
+  if namespace_of(id) then
+    redis.call('SADD', OWNED, id)
+  end
+end
+
+-- 1 when the id was in its set.
+local function unindex(id)
+  if namespace_of(id) then
+    redis.call('SREM', OWNED, id)
+  end
+  return redis.call('SREM', sessions_set(id), id)
+end
+
 -- Keys of a session whose meta is gone (expired, or left by a crash) are removed so
 -- that a session created again under the same id starts empty.
 local function purge_leftovers()
@@ -132,7 +171,7 @@ local function check_live()
   if redis.call('EXISTS', META) == 1 then
     return nil
   end
-  if redis.call('SREM', SESSIONS, sid) == 1 then
+  if unindex(sid) == 1 then
     purge_leftovers()
     mark_dirty()
     return fail('EXPIRED', "Session '" .. sid .. "' has expired.")
@@ -150,7 +189,7 @@ end
 -- before the next command of this script runs.
 local function create(created_at, ttl_text, ttl_ms)
   purge_leftovers()
-  redis.call('SADD', SESSIONS, sid)
+  index(sid)
   redis.call('HSET', META, 'created_at', created_at, 'ttl_seconds', ttl_text)
   mark_dirty()
   if tonumber(ttl_ms) > 0 then
@@ -159,6 +198,61 @@ local function create(created_at, ttl_text, ttl_ms)
     return at
   end
   return -1
+end
+
+-- Whether the owner of the current (owned) session may hold it: an id already in its
+-- set keeps its place. Ids of expired sessions stay in the set until swept, so at the
+-- cap they are dropped first and the set counted again.
+local function owner_has_room()
+  if owner_cap <= 0 or not namespace_of(sid) or redis.call('SISMEMBER', SESSIONS, sid) == 1 then
+    return true
+  end
+  if redis.call('SCARD', SESSIONS) < owner_cap then
+    return true
+  end
+  for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
+    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
+      unindex(id)
+      mark_dirty(id)
+    end
+  end
+  return redis.call('SCARD', SESSIONS) < owner_cap
+end
+
+local function no_room()
+  return fail('CAPACITY', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
+end
+
+-- Whether the session's keys and values stay within the byte cap once the values
+-- in ``sizes`` (key -> new length) are written: the same count as the memory backend.
+local function fits(sizes)
+  if byte_cap <= 0 then
+    return true
+  end
+  local total = 0
+  for key, size in pairs(sizes) do
+    total = total + #key + size
+  end
+  for _, key in ipairs(redis.call('SMEMBERS', KEYSET)) do
+    if not sizes[key] then
+      total = total + #key + redis.call('STRLEN', base .. key)
+    end
+  end
+  return total <= byte_cap, total
+end
+
+-- Put back a value as it was before this call (false: it did not exist).
+local function restore_value(key, before)
+  if before then
+    redis.call('SET', base .. key, before, 'KEEPTTL')
+  else
+    redis.call('DEL', base .. key)
+  end
+end
+
+local function too_big(total)
+  return fail('CAPACITY', 'The session would hold ' .. string.format('%d', total)
+    .. ' bytes, over MAX_SESSION_BYTES (' .. string.format('%d', byte_cap) .. ').')
 end
 
 -- Every key of a session expires with its meta: later keys inherit what is left.
@@ -297,27 +391,42 @@ end
 -- Live sessions whose id starts with arg(1); 'list_info' adds each one's info. With
 -- more than arg(2) ids in the set it declines (PM_TOO_MANY) rather than hold Redis
 -- for long: the caller then reads the set in batches.
+-- The sets a prefix selects: one owner's, the node's, or (for '') both kinds.
+local function sets_for(wanted)
+  if namespace_of(wanted) then
+    return {sessions_set(wanted)}
+  elseif wanted == '' then
+    return {NODE_SESSIONS, OWNED}
+  end
+  return {NODE_SESSIONS}
+end
+
 if op == 'list' or op == 'list_info' then
-  if redis.call('SCARD', SESSIONS) > tonumber(arg(2)) then
+  local wanted = arg(1) or ''
+  local sets = sets_for(wanted)
+  local total = 0
+  for _, set in ipairs(sets) do total = total + redis.call('SCARD', set) end
+  if total > tonumber(arg(2)) then
     return fail('TOO_MANY', 'Too many sessions for one step.')
   end
-  local wanted = arg(1) or ''
   local live, stale = {}, {}
-  for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
-    if wanted == '' or string.sub(id, 1, #wanted) == wanted then
-      use_session(id)
-      if redis.call('EXISTS', META) == 0 then
-        stale[#stale + 1] = id
-        mark_dirty(id)
-      else
-        live[#live + 1] = id
-        if op == 'list_info' then
-          for _, field in ipairs(info()) do live[#live + 1] = field end
+  for _, set in ipairs(sets) do
+    for _, id in ipairs(redis.call('SMEMBERS', set)) do
+      if wanted == '' or string.sub(id, 1, #wanted) == wanted then
+        use_session(id)
+        if redis.call('EXISTS', META) == 0 then
+          stale[#stale + 1] = id
+          mark_dirty(id)
+        else
+          live[#live + 1] = id
+          if op == 'list_info' then
+            for _, field in ipairs(info()) do live[#live + 1] = field end
+          end
         end
       end
     end
   end
-  call_chunked('SREM', SESSIONS, stale)
+  for _, id in ipairs(stale) do unindex(id) end
   return live
 end
 
@@ -331,7 +440,7 @@ if op == 'sweep_ids' then
     if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
       removed = removed + 1
       if arg(1) ~= '1' then
-        redis.call('SREM', SESSIONS, id)
+        unindex(id)
         mark_dirty(id)
       end
     end
@@ -346,15 +455,17 @@ if op == 'sweep_keys' then
   while arg(i) do
     local key = arg(i)
     local rest = string.sub(key, #prefix + 2)
-    -- Only keys of this deployment's layout: "{id}:{key}" or "~run:{run id}". Anything
-    -- else (another deployment whose prefix starts with ours) is not ours to touch.
+    -- Only keys of this deployment's layout: "{id}:{key}" (id unowned or owned) or a
+    -- run binding, "~run:{run id}" or "~o:{owner}~:run:{run id}". Anything else (another
+    -- deployment whose prefix starts with ours) is not ours to touch.
     local owner
-    local run_id = string.match(rest, '^~run:([%w_%-]+)$')
+    local run_id = string.match(rest, '^~run:([%w_%-]+)$') or string.match(rest, '^~o:[^~]+~:run:([%w_%-]+)$')
     if run_id then
       owner = redis.call('GET', key)
     else
-      local id, name = string.match(rest, '^([%w_%-]+):([%w_%.%-]+)$')
-      if id and name ~= '__sessions__' then
+      local id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
+      if id and name ~= '__sessions__'
+        and (string.match(id, '^[%w_%-]+$') or string.match(id, '^~o:[^~]+~[%w_%-]+$')) then
         owner = id
       end
     end
@@ -375,12 +486,14 @@ if op == 'create' then
   if redis.call('EXISTS', META) == 1 then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
+  if not owner_has_room() then return no_room() end
   local expires = create(now, arg(1), arg(2))
   return {now, arg(1), 0, 0, expires}
 end
 
 if op == 'enrich' then
   if redis.call('EXISTS', META) == 0 then
+    if not owner_has_room() then return no_room() end
     create(now, arg(1), arg(2))
   end
   if arg(3) ~= '' then
@@ -397,11 +510,24 @@ if op == 'answer' then
     end
     use_session(bound)
   end
-  if redis.call('EXISTS', META) == 0 then
+  local created = redis.call('EXISTS', META) == 0
+  if created then
+    if not owner_has_room() then return no_room() end
     create(now, arg(1), arg(2))
   end
+  local count_before = redis.call('GET', base .. 'answer_count')
   local count, err = add('answer_count', 1)
   if err then return err end
+  local ok, total = fits({last_answer = #arg(3), answer_count = redis.call('STRLEN', base .. 'answer_count')})
+  if not ok then -- undo, so that nothing of this call stays
+    restore_value('answer_count', count_before)
+    if created then
+      purge_leftovers()
+      redis.call('DEL', META)
+      unindex(sid)
+    end
+    return too_big(total)
+  end
   redis.call('SET', base .. 'last_answer', arg(3))
   redis.call('SADD', KEYSET, 'last_answer', 'answer_count')
   record(history_entry('put', 'last_answer'))
@@ -417,6 +543,7 @@ if op == 'restore' then
   if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
+  if not owner_has_room() then return no_room() end
   redis.call('DEL', META)
   local expires = create(arg(2), arg(3), arg(4))
   local n = tonumber(arg(5))
@@ -462,11 +589,13 @@ elseif op == 'delete' then
   local keys = redis.call('SMEMBERS', KEYSET)
   purge_leftovers()
   redis.call('DEL', META)
-  redis.call('SREM', SESSIONS, sid)
+  unindex(sid)
   mark_dirty()
   return keys
 elseif op == 'put' then
   local key = arg(1)
+  local ok, total = fits({[key] = #arg(2)})
+  if not ok then return too_big(total) end
   redis.call('SET', base .. key, arg(2))
   redis.call('SADD', KEYSET, key)
   record(history_entry('put', key))
@@ -484,8 +613,14 @@ elseif op == 'keys' then
   return redis.call('SMEMBERS', KEYSET)
 elseif op == 'increment' then
   local key = arg(1)
+  local before = redis.call('GET', base .. key)
   local result, failure = add(key, arg(2))
   if failure then return failure end
+  local ok, total = fits({[key] = redis.call('STRLEN', base .. key)})
+  if not ok then
+    restore_value(key, before)
+    return too_big(total)
+  end
   redis.call('SADD', KEYSET, key)
   record(history_entry('increment', key))
   align(base .. key, KEYSET, HISTORY)

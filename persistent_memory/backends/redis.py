@@ -9,6 +9,10 @@ original node's (so either can read the other's data)::
     {prefix}:{session_id}:__history__   list of JSON history entries
     {prefix}:{session_id}:__meta__      hash: created_at, ttl_seconds
     {prefix}:__sessions__               set of session ids
+
+Owned sessions use the same layout with their storage id (``~o:{owner}~{session_id}``,
+see :mod:`persistent_memory.owners`) in place of the session id; each owner's ids are
+in ``{prefix}:~o:{owner}~:sessions`` and all owned ids in ``{prefix}:~owned``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from persistent_memory.backends.base import (
     remaining_seconds,
     session_info,
 )
-from persistent_memory.conf import MemorySettings, mirror_mode
+from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
+from persistent_memory.owners import OWNED_MARK
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
@@ -64,6 +69,7 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_EXISTS": SessionExists,
     "PM_KEY_NOT_FOUND": KeyNotFound,
     "PM_NOT_A_NUMBER": NotANumber,
+    "PM_CAPACITY": CapacityExceeded,
 }
 
 
@@ -81,6 +87,11 @@ def _parse_ttl(raw: bytes | None) -> float | None:
 
 def _ttl_ms(ttl_seconds: float | None) -> str:
     return "0" if ttl_seconds is None else str(max(1, round(ttl_seconds * 1000)))
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a SCAN/SSCAN MATCH pattern."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
 def _build_client(conf: MemorySettings) -> redis.Redis:
@@ -116,18 +127,22 @@ class RedisBackend(BaseBackend):
         *,
         client: redis.Redis,
         key_prefix: str = "rr:memory",
-        max_history: int,
-        auto_summarize: bool,
-        track_dirty: bool = False,
         owns_client: bool = True,
+        **options: Any,
     ) -> None:
-        super().__init__(max_history=max_history, auto_summarize=auto_summarize, track_dirty=track_dirty)
+        super().__init__(**options)
         self.client = client
         self.owns_client = owns_client
         self.key_prefix = key_prefix
         self._dirty_key = f"{key_prefix}:~dirty"
-        # ARGV 5-7 of every call (see redis.lua).
-        self._policy = (str(max_history), "1" if auto_summarize else "0", "1" if track_dirty else "0")
+        # ARGV 5-9 of every call (see redis.lua).
+        self._policy = (
+            str(self.max_history),
+            "1" if self.auto_summarize else "0",
+            "1" if self.track_dirty else "0",
+            str(self.max_sessions_per_owner or 0),
+            str(self.max_session_bytes or 0),
+        )
         self._script = client.register_script(SCRIPT)
         self._sha = self._script.sha
 
@@ -140,6 +155,8 @@ class RedisBackend(BaseBackend):
             auto_summarize=conf.AUTO_SUMMARIZE,
             track_dirty=mirror_mode(conf) != "off",
             owns_client=not conf.REDIS_CACHE_ALIAS,
+            max_sessions_per_owner=owner_session_cap(conf),
+            max_session_bytes=conf.MAX_SESSION_BYTES,
         )
 
     def describe(self) -> str:
@@ -251,7 +268,7 @@ class RedisBackend(BaseBackend):
         infos: list[SessionInfo] = []
         cursor = 0
         while True:
-            cursor, ids = self.scan_sessions(cursor, 500)
+            cursor, ids = self.scan_sessions(cursor, 500, prefix)
             wanted = [sid for sid in dict.fromkeys(ids) if sid.startswith(prefix)]
             infos.extend(self.infos(wanted).values())
             if cursor == 0:
@@ -344,9 +361,25 @@ class RedisBackend(BaseBackend):
 
     # Maintenance in batches -------------------------------------------------
 
-    def scan_sessions(self, cursor: int, count: int) -> tuple[int, list[str]]:
+    def _session_sets(self, prefix: str) -> list[str]:
+        """The sets ``prefix`` selects (the rule of redis.lua's ``sets_for``)."""
+        if prefix.startswith(OWNED_MARK) and "~" in prefix[len(OWNED_MARK) :]:
+            namespace = prefix[: prefix.index("~", len(OWNED_MARK)) + 1]
+            return [f"{self.key_prefix}:{namespace}:sessions"]
+        node = f"{self.key_prefix}:__sessions__"
+        return [node] if prefix else [node, f"{self.key_prefix}:~owned"]
+
+    def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
+        # One cursor over up to two sets: the low bit says which, the rest is SSCAN's.
+        sets = self._session_sets(prefix)
+        phase, position = cursor % 2, cursor // 2
+        match = _glob_escape(prefix) + "*" if prefix else None
         with self._errors():
-            following, ids = self.client.sscan(f"{self.key_prefix}:__sessions__", cursor, count=count)
+            following, ids = self.client.sscan(sets[phase], position, match=match, count=count)
+        if following:
+            following = following * 2 + phase
+        elif phase + 1 < len(sets):
+            following = 1  # the next set, from its start
         return following, [item.decode() for item in ids]
 
     def existing(self, session_ids: list[str]) -> set[str]:
@@ -391,7 +424,7 @@ class RedisBackend(BaseBackend):
             if cursor == 0:
                 break
         # Every key under the prefix, never KEYS: SCAN in batches.
-        pattern = re.sub(r"([\\*?\[\]])", r"\\\1", self.key_prefix) + ":*"
+        pattern = _glob_escape(self.key_prefix) + ":*"
         with self._errors():
             batches = self.client.scan_iter(match=pattern, count=batch_size)
             batch: list[bytes] = []

@@ -1,0 +1,73 @@
+"""Owners: the namespace every session lives in, and how it becomes backend ids.
+
+An owner is a string such as ``user:42`` or ``tenant:acme/user:42``; ``""`` is the
+unowned namespace, the one the original node and unscoped Python code write to.
+Backends never see owners: the store hands them a *storage id* per session,
+
+* unowned: the session id itself (the node's layout, byte for byte);
+* owned: ``~o:{owner}~{session_id}``.
+
+Session ids are ``[A-Za-z0-9_-]`` and owners never hold ``~``, so the first ``~``
+after ``~o:`` ends the owner, a storage id names exactly one (owner, session id),
+and no owned key can equal or prefix a key of another owner or of the node's layout
+(node keys never start with ``~``). Per-owner keys that are not a session's start
+with ``~o:{owner}~:``, which no session's can (a session id never starts with ``:``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from persistent_memory.exceptions import InvalidOwner
+from persistent_memory.validation import validate_session_id
+
+#: The unowned namespace (the node's sessions, and the shared-namespace resolver's).
+UNOWNED = ""
+
+# Letters, digits and _ - . : / @ + =. Not allowed, and why: '~' delimits the owner in
+# Redis keys; '*', '?', '[', ']' and '\' are SCAN MATCH pattern syntax; '{' and '}'
+# are Redis Cluster hash tags; spaces and control characters end up in logs and
+# headers. 200 characters leave room for tenant and user parts.
+OWNER_PATTERN = re.compile(r"[A-Za-z0-9_.:/@+=-]{1,200}")
+OWNED_MARK = "~o:"
+
+
+def validate_owner(owner: Any) -> str:
+    """Return ``owner`` if valid (``""`` is the unowned namespace), else raise :class:`InvalidOwner`."""
+    if owner == UNOWNED:
+        return owner
+    if not isinstance(owner, str) or not OWNER_PATTERN.fullmatch(owner):
+        raise InvalidOwner(
+            f"Invalid owner {owner!r}: use 1-200 characters of letters, digits and _ - . : / @ + =."
+        )
+    return owner
+
+
+def owner_namespace(owner: str) -> str:
+    """What every storage id of ``owner`` starts with (``""`` for the unowned namespace)."""
+    return f"{OWNED_MARK}{owner}~" if owner else ""
+
+
+def storage_id(owner: str, session_id: str) -> str:
+    """The backend's id of ``session_id`` in ``owner``'s namespace (both already valid)."""
+    return f"{OWNED_MARK}{owner}~{session_id}" if owner else session_id
+
+
+def split_storage_id(sid: str) -> tuple[str, str]:
+    """``(owner, session_id)`` of a storage id (``owner`` is ``""`` when unowned)."""
+    if sid.startswith(OWNED_MARK):
+        owner, _, session_id = sid[len(OWNED_MARK) :].partition("~")
+        return owner, session_id
+    return UNOWNED, sid
+
+
+def run_ref(owner: str, run_id: str) -> str:
+    """Where a run binding lives below the key prefix: per owner, so run ids never cross owners."""
+    return f"{OWNED_MARK}{owner}~:run:{run_id}" if owner else f"~run:{run_id}"
+
+
+def parse_storage_id(sid: str) -> tuple[str, str]:
+    """:func:`split_storage_id` for ids from outside (an import file): validated both parts."""
+    owner, session_id = split_storage_id(sid)
+    return validate_owner(owner), validate_session_id(session_id)
