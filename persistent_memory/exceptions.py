@@ -28,6 +28,12 @@ class InvalidValue(PersistentMemoryError, ValueError):
     code = "invalid_value"
 
 
+class ValueTooLarge(InvalidValue):
+    """One value's JSON is over ``MAX_VALUE_BYTES``; nothing was stored."""
+
+    code = "value_too_large"
+
+
 class InvalidOwner(PersistentMemoryError, ValueError):
     """An owner string the store cannot use as a namespace (see :mod:`persistent_memory.owners`)."""
 

@@ -7,7 +7,13 @@ import math
 import re
 from typing import Any
 
-from persistent_memory.exceptions import InvalidKey, InvalidRunId, InvalidSessionId, InvalidValue
+from persistent_memory.exceptions import (
+    InvalidKey,
+    InvalidRunId,
+    InvalidSessionId,
+    InvalidValue,
+    ValueTooLarge,
+)
 
 # fullmatch, never `$`: `$` also matches before a trailing newline.
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -71,7 +77,7 @@ def encode_value(value: Any, *, max_bytes: int) -> str:
         raise InvalidValue(f"Invalid value: not JSON-serialisable ({exc}).") from None
     # ensure_ascii (the default) makes len(text) the size in bytes.
     if len(text) > max_bytes:
-        raise InvalidValue(f"Invalid value: {len(text)} bytes of JSON is over the limit of {max_bytes}.")
+        raise ValueTooLarge(f"Invalid value: {len(text)} bytes of JSON is over the limit of {max_bytes}.")
     return text
 
 

@@ -11,11 +11,26 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 API = "/api/memory/"
+#: The API's user has this primary key, so its sessions are this owner's.
+USER_PK = 4242
+OWNER = f"user:{USER_PK}"
+
+
+@pytest.fixture
+def configure(configure):
+    """conftest's, returning the store scoped to the API user's owner."""
+    return lambda **extra: configure(**extra).for_owner(OWNER)
+
+
+@pytest.fixture
+def store(configure):
+    """The API user's sessions (the API scopes every call to the caller's owner)."""
+    return configure()
 
 
 @pytest.fixture
 def api(db, store):
-    user = get_user_model().objects.create_user("pipeline", password="pw-for-tests")
+    user = get_user_model().objects.create_user("pipeline", password="pw-for-tests", pk=USER_PK)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client
@@ -66,6 +81,13 @@ class TestAuth:
         configure(
             API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
             API_AUTHENTICATION_CLASSES=[],
+        )
+        # Let in, but an anonymous caller has no owner: refused all the same.
+        assert error_of(APIClient().get(API + "sessions/")) == (403, "owner_required")
+        configure(
+            API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
+            API_AUTHENTICATION_CLASSES=[],
+            OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
         )
         assert APIClient().get(API + "sessions/").status_code == 200
         configure(API_PERMISSION_CLASSES=["rest_framework.permissions.IsAdminUser"])
@@ -232,8 +254,10 @@ class TestSessions:
         assert 7190 < body["ttl_remaining_seconds"] <= 7200
         assert body["expires_at"] == pytest.approx(body["created_at"] + 7200)
         info = api.get(API + "sessions/s1/").json()
+        assert info["owner"] == OWNER
         assert set(info) == {
             "session_id",
+            "owner",
             "created_at",
             "expires_at",
             "ttl_seconds",
@@ -325,7 +349,7 @@ class TestValues:
         store.create_session("s1")
         url = API + "sessions/s1/memory/k/"
         assert error_of(api.put(url, {}, format="json")) == (400, "invalid")
-        assert error_of(api.put(url, {"value": "x" * 60}, format="json")) == (400, "invalid_value")
+        assert error_of(api.put(url, {"value": "x" * 60}, format="json")) == (413, "value_too_large")
         assert error_of(api.put(API + "sessions/s1/memory/__keys__/", {"value": 1}, format="json")) == (
             400,
             "invalid_key",
@@ -362,7 +386,12 @@ class TestValues:
     def test_capacity_is_507(self, api, settings, db):
         from persistent_memory import get_store
 
-        settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 1, "MIRROR_MODE": "off"}
+        settings.PERSISTENT_MEMORY = {
+            "BACKEND": "memory",
+            "MAX_SESSIONS": 1,
+            "MAX_SESSIONS_PER_OWNER": 1,
+            "MIRROR_MODE": "off",
+        }
         get_store().create_session("only")
         assert error_of(api.post(API + "sessions/", {"session_id": "s2"}, format="json")) == (
             507,
@@ -399,9 +428,18 @@ class TestHistory:
 
 
 class TestHealthAndPaths:
-    def test_health_reveals_no_secret(self, db, configure, backend_name):
+    def test_health_tells_anyone_the_status_and_staff_the_details(self, db, configure, backend_name):
         configure()
-        body = APIClient().get(API + "health/").json()
+        assert APIClient().get(API + "health/").json() == {"status": "ok"}
+        bad_token = APIClient()
+        bad_token.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+        assert bad_token.get(API + "health/").json() == {"status": "ok"}
+        plain = APIClient()
+        plain.force_login(get_user_model().objects.create_user("plain", password="pw-for-tests"))
+        assert plain.get(API + "health/").json() == {"status": "ok"}
+        staff = APIClient()
+        staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+        body = staff.get(API + "health/").json()
         assert body["status"] == "ok" and body["backend"].startswith(backend_name)
         assert body["latency_ms"] >= 0
 
@@ -410,7 +448,10 @@ class TestHealthAndPaths:
         response = APIClient().get(API + "health/")
         assert response.status_code == 503
         assert response["Retry-After"] == "5"
-        body = response.json()
+        assert response.json() == {"status": "unavailable"}
+        staff = APIClient()
+        staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+        body = staff.get(API + "health/").json()
         assert body["status"] == "unavailable" and body["code"] == "backend_unavailable"
         assert "hunter2" not in json.dumps(body)
 
@@ -459,7 +500,8 @@ class TestRedisDown:
     def test_every_endpoint_503_then_recovers(self, db, redis_server, redis_store):
         if redis_server is None:
             pytest.skip("REDIS_URL given: the suite does not stop a server it does not own")
-        user = get_user_model().objects.create_user("pipeline", password="pw-for-tests")
+        redis_store = redis_store.for_owner(OWNER)
+        user = get_user_model().objects.create_user("pipeline", password="pw-for-tests", pk=USER_PK)
         api = APIClient()
         api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
         redis_store.create_session("s1")
@@ -469,7 +511,10 @@ class TestRedisDown:
                 response = getattr(api, method)(API + path, body, format="json")
                 assert response.status_code == 503, (method, path, response.content)
                 assert response["Retry-After"] == "5"
-                assert response.json()["code"] == "backend_unavailable"
+                if path == "health/":  # the details are for staff
+                    assert response.json() == {"status": "unavailable"}
+                else:
+                    assert response.json()["code"] == "backend_unavailable"
         finally:
             redis_server.start()
         # The same process, no restart: the API works again (the data died with the server).

@@ -111,6 +111,7 @@ class SessionCreate(serializers.Serializer):
 
 class SessionInfo(serializers.Serializer):
     session_id = serializers.CharField()
+    owner = serializers.CharField(help_text="The caller's owner, resolved by the server.")
     created_at = serializers.FloatField(help_text="Epoch seconds.")
     expires_at = serializers.FloatField(allow_null=True, help_text="Epoch seconds; null: never expires.")
     ttl_seconds = serializers.FloatField(allow_null=True)
@@ -174,7 +175,7 @@ class SummarizeResponse(serializers.Serializer):
 
 class Health(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"])
-    backend = serializers.CharField()
+    backend = serializers.CharField(required=False, help_text="Staff only, as the fields below.")
     latency_ms = serializers.FloatField(required=False)
     detail = serializers.CharField(required=False)
     code = serializers.CharField(required=False)

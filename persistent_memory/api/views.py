@@ -1,7 +1,14 @@
-"""REST views: each validates its body, makes one store or lane call and shapes the answer."""
+"""REST views: each validates its body, makes one store or lane call and shapes the answer.
+
+Every view but ``health/`` needs an authenticated caller (unless
+``API_PERMISSION_CLASSES`` says otherwise) and works on the caller's owner, resolved
+on the server by ``OWNER_RESOLVER``: another owner's session answers exactly as one
+that does not exist.
+"""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -10,10 +17,10 @@ from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,15 +31,30 @@ from persistent_memory.api import serializers as s
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
-from persistent_memory.exceptions import BackendUnavailable, PersistentMemoryError
+from persistent_memory.exceptions import BackendUnavailable, InvalidOwner, PersistentMemoryError
 from persistent_memory.pipeline import MemoryFilter
+from persistent_memory.resolvers import resolve_owner
 from persistent_memory.store import MemoryStore, get_store
 from persistent_memory.validation import validate_run_id
 
 
 def errors(*statuses: int) -> dict[int, type[Serializer]]:
     """Schema entries for the error statuses an endpoint can answer."""
-    return dict.fromkeys((400, 401, 403, 413, 503, *statuses), s.Error)
+    return dict.fromkeys((400, 401, 403, 413, 429, 503, *statuses), s.Error)
+
+
+@functools.lru_cache(maxsize=32)
+def _throttle_class(path: str, rates: tuple[tuple[str, str | None], ...]) -> type:
+    """The throttle class at ``path``, with ``API_THROTTLE_RATES`` over the project's rates."""
+    cls = import_string(path)
+    if not rates or not hasattr(cls, "THROTTLE_RATES"):
+        return cls
+    return type(cls.__name__, (cls,), {"THROTTLE_RATES": {**cls.THROTTLE_RATES, **dict(rates)}})
+
+
+class OwnerRequired(PermissionDenied):
+    default_detail = "No owner could be resolved for this request, so it can reach no memory."
+    default_code = "owner_required"
 
 
 SESSION_ERRORS = errors(404, 410)
@@ -49,6 +71,8 @@ class MemoryAPIView(APIView):
     renderer_classes = [JSONRenderer]
     parser_classes = [JSONParser]
     schema = AutoSchema()
+    #: The caller's owner, resolved in :meth:`initial` (before any store call).
+    owner: str | None = None
 
     def get_authenticators(self) -> list[Any]:
         paths = memory_settings.API_AUTHENTICATION_CLASSES
@@ -56,7 +80,17 @@ class MemoryAPIView(APIView):
 
     def get_permissions(self) -> list[Any]:
         paths = memory_settings.API_PERMISSION_CLASSES
-        return super().get_permissions() if paths is None else [import_string(p)() for p in paths]
+        if paths is None:
+            # Closed by default, even where the project's default is AllowAny.
+            return [*super().get_permissions(), IsAuthenticated()]
+        return [import_string(p)() for p in paths]
+
+    def get_throttles(self) -> list[Any]:
+        paths = memory_settings.API_THROTTLE_CLASSES
+        if paths is None:
+            paths = [f"{cls.__module__}.{cls.__qualname__}" for cls in self.throttle_classes]
+        rates = memory_settings.API_THROTTLE_RATES or {}
+        return [_throttle_class(path, tuple(sorted(rates.items())))() for path in paths]
 
     def get_exception_handler(self) -> Any:
         return exception_handler
@@ -67,10 +101,19 @@ class MemoryAPIView(APIView):
         if length.isdigit() and int(length) > memory_settings.MAX_REQUEST_BYTES:
             raise PayloadTooLarge(f"The request body is over {memory_settings.MAX_REQUEST_BYTES} bytes.")
         super().initial(request, *args, **kwargs)
+        try:
+            self.owner = resolve_owner(request)
+        except InvalidOwner as exc:
+            raise OwnerRequired(f"The owner resolver gave an unusable owner: {exc}") from None
+        if self.owner is None:
+            raise OwnerRequired()
 
     @property
     def store(self) -> MemoryStore:
-        return get_store()
+        """The process's store, scoped to the caller's owner."""
+        if self.owner is None:  # initial() refuses such requests before any view method
+            raise OwnerRequired()
+        return get_store().for_owner(self.owner)
 
     def validated(self, serializer_class: type[Serializer], data: Any = None) -> dict[str, Any]:
         serializer = serializer_class(data=self.request.data if data is None else data)
@@ -283,36 +326,55 @@ class SummarizeView(MemoryAPIView):
 
 
 class OpenView(MemoryAPIView):
-    """Open to all, whatever the API's auth."""
-
-    def get_authenticators(self) -> list[Any]:
-        return []
+    """Open to all, whatever the API's auth; no owner, no throttle."""
 
     def get_permissions(self) -> list[Any]:
         return [AllowAny()]
 
+    def get_throttles(self) -> list[Any]:
+        return []
+
+    def perform_authentication(self, request: Request) -> None:
+        pass  # lazily, when a view asks: bad credentials must not turn a health check into a 401
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        APIView.initial(self, request, *args, **kwargs)  # no owner needed
+
+
+def _is_staff(request: Request) -> bool:
+    try:
+        user = request.user
+    except APIException:  # bad credentials: answered as to anyone
+        return False
+    return bool(getattr(user, "is_staff", False))
+
 
 class HealthView(OpenView):
-    """Load balancers and uptime checks call it without credentials."""
+    """Load balancers and uptime checks call it without credentials; they learn only the status."""
 
     @extend_schema(
         operation_id="health",
         responses={200: s.Health, 503: s.Health},
         auth=[],
         summary="Whether the backend answers",
+        description="Anyone gets `status`; staff also get the backend, its latency and any error.",
     )
     def get(self, request: Request) -> Response:
-        store = self.store
+        store = get_store()
         body: dict[str, Any] = {"backend": store.backend.describe()}
         started = time.perf_counter()
+        code = status.HTTP_200_OK
         try:
             store.ping()
         except BackendUnavailable as exc:
             body.update(status="unavailable", detail=str(exc), code=exc.code)
-            headers = {"Retry-After": str(memory_settings.RETRY_AFTER_SECONDS)}
-            return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers=headers)
-        body.update(status="ok", latency_ms=round((time.perf_counter() - started) * 1000, 3))
-        return Response(body)
+            code = status.HTTP_503_SERVICE_UNAVAILABLE
+        else:
+            body.update(status="ok", latency_ms=round((time.perf_counter() - started) * 1000, 3))
+        if not _is_staff(request):
+            body = {"status": body["status"]}
+        headers = {"Retry-After": str(memory_settings.RETRY_AFTER_SECONDS)} if code != 200 else None
+        return Response(body, status=code, headers=headers)
 
 
 class NotFoundView(OpenView):
