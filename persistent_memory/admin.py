@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -72,6 +72,30 @@ class TTLFilter(admin.SimpleListFilter):
         return queryset
 
 
+class OwnerFilter(admin.SimpleListFilter):
+    """Unowned sessions, or one owner's: the 20 owners with most sessions are offered, and
+    any other works as ``?owner=...`` (the search box finds owners by prefix)."""
+
+    title = "owner"
+    parameter_name = "owner"
+    UNOWNED = "-"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        top = (
+            MemorySession.objects.exclude(owner="")
+            .values("owner")
+            .annotate(sessions=Count("pk"))
+            .order_by("-sessions", "owner")[:20]
+        )
+        return [(self.UNOWNED, "unowned (the node's)"), *((row["owner"], row["owner"]) for row in top)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(owner="" if value == self.UNOWNED else value)
+
+
 class ValueInline(ReadOnlyMixin, admin.TabularInline):
     model = MemoryValue
     fields = ("key", "pretty_value")
@@ -98,6 +122,11 @@ class HistoryInline(ReadOnlyMixin, admin.TabularInline):
         return obj.describe()
 
 
+def _storage_ids(queryset: QuerySet) -> list[str]:
+    """The store's ids of the selected sessions (every owner's)."""
+    return [row.storage_id for row in queryset.only("owner", "session_id")]
+
+
 def state_label(session: MemorySession, now: datetime | None = None) -> str:
     """live, expired or gone, as the admin shows it."""
     if session.state == MemorySession.State.DELETED:
@@ -110,6 +139,7 @@ def state_label(session: MemorySession, now: datetime | None = None) -> str:
 class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = (
         "session_id",
+        "owner_display",
         "key_count",
         "history_length",
         "created_at",
@@ -117,15 +147,19 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "last_activity",
         "state_display",
     )
-    list_filter = (StateFilter, TTLFilter)
-    search_fields = ("^session_id",)  # a prefix search uses the unique index
+    list_filter = (StateFilter, TTLFilter, OwnerFilter)
+    search_fields = ("^session_id", "^owner")  # prefix searches use the indexes
     date_hierarchy = "last_activity"
     ordering = ("-last_activity",)
     list_per_page = 100
     show_full_result_count = False
-    readonly_fields = ("session_id", *MemorySession.SYNCED_FIELDS)
+    readonly_fields = ("session_id", "owner", *MemorySession.SYNCED_FIELDS)
     inlines = (ValueInline, HistoryInline)
     actions = ("summarize_now", "export_json", "clear_keys", "delete_from_store")
+
+    @admin.display(description="owner", ordering="owner")
+    def owner_display(self, obj: MemorySession) -> str:
+        return obj.owner or "—"
 
     @admin.display(description="expires", ordering="expires_at")
     def expires(self, obj: MemorySession) -> str:
@@ -198,7 +232,7 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         """
         if confirm is not None and request.POST.get("confirmed") != "yes":
             return self._confirm(request, queryset, *confirm)
-        ids = list(queryset.values_list("session_id", flat=True))
+        ids = _storage_ids(queryset)
         store = get_store()
         try:
             message = run(ids)
@@ -242,8 +276,7 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Export selected sessions as JSON", permissions=["view"])
     def export_json(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
-        ids = list(queryset.values_list("session_id", flat=True))
-        records = list(maintenance.export_sessions(ids))
+        records = list(maintenance.export_sessions(_storage_ids(queryset)))
         response = HttpResponse(json.dumps(records, indent=2), content_type="application/json")
         name = f"memory-sessions-{timezone.now():%Y%m%d-%H%M%S}.json"
         response["Content-Disposition"] = f'attachment; filename="{name}"'
@@ -254,7 +287,7 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 class HistoryEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("timestamp", "session_link", "op", "key", "entry")
     list_filter = ("op",)
-    search_fields = ("session__session_id", "key")
+    search_fields = ("session__session_id", "session__owner", "key")
     list_select_related = ("session",)
     ordering = ("-timestamp",)
     list_per_page = 100

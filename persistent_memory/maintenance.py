@@ -1,6 +1,10 @@
 """Operations on many sessions at once, shared by the admin actions and the management
 commands. They act on the store, whose writes mark their sessions for the mirror,
-and work in batches so that memory stays bounded at any number of sessions."""
+and work in batches so that memory stays bounded at any number of sessions.
+
+Sessions are named here by storage id (see :mod:`persistent_memory.owners`), so one
+call can span every owner; ``owner=`` limits a pass over every session to one owner,
+and :func:`named_sessions` turns ids a person typed into storage ids."""
 
 from __future__ import annotations
 
@@ -16,7 +20,13 @@ from typing import Any
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
-from persistent_memory.exceptions import PersistentMemoryError, SessionExists, SessionNotFound
+from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError, SessionExists, SessionNotFound
+from persistent_memory.owners import (
+    owner_namespace,
+    split_storage_id,
+    storage_id,
+    validate_owner,
+)
 from persistent_memory.store import MemoryStore, get_store
 from persistent_memory.validation import encode_value, validate_key, validate_session_id
 
@@ -30,18 +40,42 @@ def _noop(done: int, total: int | None) -> None:
     pass
 
 
+def named_sessions(session_ids: Iterable[str], owner: str | None = None) -> list[str]:
+    """Storage ids of sessions named by id in ``owner``'s namespace (None: the unowned one)."""
+    owner = validate_owner(owner or "")
+    return [storage_id(owner, validate_session_id(sid)) for sid in dict.fromkeys(session_ids)]
+
+
+def _owner_prefix(owner: str | None) -> str:
+    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None)."""
+    if owner is None:
+        return ""
+    if not owner:
+        raise InvalidOwner("Name an owner, such as user:42 (the unowned sessions have none).")
+    return owner_namespace(validate_owner(owner))
+
+
+def _chunks(ids: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
 def session_batches(
-    store: MemoryStore, session_ids: Iterable[str] | None = None, *, batch_size: int = BATCH_SIZE
+    store: MemoryStore,
+    storage_ids: Iterable[str] | None = None,
+    *,
+    owner: str | None = None,
+    batch_size: int = BATCH_SIZE,
 ) -> Iterator[list[str]]:
-    """The named sessions, or every session read with a cursor, ``batch_size`` at a time."""
-    if session_ids is not None:
-        ids = [validate_session_id(sid) for sid in dict.fromkeys(session_ids)]
-        for start in range(0, len(ids), batch_size):
-            yield ids[start : start + batch_size]
+    """The given sessions, or every session (of ``owner`` when given) read with a cursor,
+    ``batch_size`` at a time."""
+    if storage_ids is not None:
+        yield from _chunks(list(dict.fromkeys(storage_ids)), batch_size)
         return
+    prefix = _owner_prefix(owner)
     cursor = 0
     while True:
-        cursor, ids = store.backend.scan_sessions(cursor, batch_size)
+        cursor, ids = store.backend.scan_sessions(cursor, batch_size, prefix)
         if ids:
             yield ids
         if cursor == 0:
@@ -54,8 +88,11 @@ def session_batches(
 def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
     """A session as export writes it and import reads it (values decoded)."""
     info = snapshot["info"]
+    owner, session_id = split_storage_id(info["session_id"])
     return {
         **info,  # what GET sessions/{id}/ answers
+        "session_id": session_id,
+        "owner": owner,
         "ttl_remaining_seconds": remaining_seconds(info),
         "values": {key: json.loads(text) for key, text in sorted(snapshot["values"].items())},
         "history": snapshot["history"],
@@ -63,12 +100,16 @@ def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
 
 
 def export_sessions(
-    session_ids: Iterable[str] | None = None, *, store: MemoryStore | None = None, progress: Progress = _noop
+    storage_ids: Iterable[str] | None = None,
+    *,
+    owner: str | None = None,
+    store: MemoryStore | None = None,
+    progress: Progress = _noop,
 ) -> Iterator[dict[str, Any]]:
-    """Export records of the named live sessions (all when None), read in batches."""
+    """Export records of these live sessions (all, or all of ``owner``, when None), in batches."""
     store = store or get_store()
     done = 0
-    for batch in session_batches(store, session_ids):
+    for batch in session_batches(store, storage_ids, owner=owner):
         for snapshot in store.backend.snapshots(batch).values():
             if snapshot is not None:
                 yield export_record(snapshot)
@@ -89,8 +130,11 @@ def _number(record: dict[str, Any], name: str, *, nullable: bool = False) -> flo
     return value
 
 
-def parse_record(line: str, *, max_value_bytes: int) -> SessionSnapshot:
-    """One export line as a snapshot ready to restore, or ``InvalidRecord`` saying why not."""
+def parse_record(line: str, *, max_value_bytes: int, owner: str | None = None) -> SessionSnapshot:
+    """One export line as a snapshot ready to restore, or ``InvalidRecord`` saying why not.
+
+    The session goes back to the record's ``owner`` (none: unowned), or to ``owner`` when given.
+    """
     try:
         record = json.loads(line)
     except ValueError as exc:
@@ -99,6 +143,7 @@ def parse_record(line: str, *, max_value_bytes: int) -> SessionSnapshot:
         raise InvalidRecord("not a JSON object")
     try:
         session_id = validate_session_id(record.get("session_id"))
+        session_owner = validate_owner(record.get("owner") or "" if owner is None else owner)
         values = record.get("values")
         if not isinstance(values, dict):
             raise InvalidRecord("values must be an object")
@@ -117,7 +162,7 @@ def parse_record(line: str, *, max_value_bytes: int) -> SessionSnapshot:
     remaining = _number(record, "ttl_remaining_seconds", nullable=True)
     ttl = _number(record, "ttl_seconds", nullable=True) if "ttl_seconds" in record else remaining
     info = session_info(
-        session_id,
+        storage_id(session_owner, session_id),
         created_at=created_at,
         ttl_seconds=ttl or None,
         expires_at=None if remaining is None else time.time() + remaining,
@@ -142,12 +187,14 @@ def import_sessions(
     *,
     replace: bool = False,
     dry_run: bool = False,
+    owner: str | None = None,
     store: MemoryStore | None = None,
     progress: Progress = _noop,
 ) -> ImportReport:
     """Restore sessions from export lines, values, history and remaining TTL exactly.
 
-    Every line is checked first (``InvalidRecord`` names the first bad line number),
+    Each session goes back to its record's owner, or to ``owner`` when given. Every
+    line is checked first (``InvalidRecord`` names the first bad line number),
     and so is whether a session exists (``SessionExists`` unless ``replace``), before
     anything is written; should a write fail part way (capacity, Redis gone), what
     was written is undone and replaced sessions are put back.
@@ -158,17 +205,16 @@ def import_sessions(
         if not line.strip():
             continue
         try:
-            snapshots.append(parse_record(line, max_value_bytes=store.max_value_bytes))
+            snapshots.append(parse_record(line, max_value_bytes=store.max_value_bytes, owner=owner))
         except InvalidRecord as exc:
             raise InvalidRecord(f"line {number}: {exc}") from None
     ids = [s["info"]["session_id"] for s in snapshots]
     if len(set(ids)) != len(ids):
-        raise InvalidRecord("the file holds a session id more than once")
+        raise InvalidRecord("the file holds a session id of one owner more than once")
     existing = set().union(*(store.backend.existing(batch) for batch in session_batches(store, ids)))
     if existing and not replace:
-        raise SessionExists(
-            f"{len(existing)} sessions exist already (pass --replace): {', '.join(sorted(existing)[:10])}"
-        )
+        named = ", ".join(_label(sid) for sid in sorted(existing)[:10])
+        raise SessionExists(f"{len(existing)} sessions exist already (pass --replace): {named}")
     report = ImportReport(lines=len(snapshots))
     wanted = [s for s in snapshots if remaining_seconds(s["info"]) != 0]
     report.skipped_expired = len(snapshots) - len(wanted)
@@ -209,26 +255,39 @@ def _undo_import(store: MemoryStore, written: list[str], previous: dict[str, Ses
 # Actions on sessions ------------------------------------------------------------
 
 
-def delete_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
+def _label(sid: str) -> str:
+    owner, session_id = split_storage_id(sid)
+    return f"{session_id} (owner {owner})" if owner else session_id
+
+
+def _owned(store: MemoryStore, sid: str) -> tuple[MemoryStore, str]:
+    """The store scoped to a storage id's owner, and its session id."""
+    owner, session_id = split_storage_id(sid)
+    return store.for_owner(owner), session_id
+
+
+def delete_sessions(storage_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
     """Delete sessions from the store; return how many existed."""
     store = store or get_store()
     deleted = 0
-    for session_id in session_ids:
+    for sid in storage_ids:
+        scoped, session_id = _owned(store, sid)
         try:
-            store.delete_session(session_id)
+            scoped.delete_session(session_id)
             deleted += 1
         except SessionNotFound:
             pass
     return deleted
 
 
-def clear_sessions(session_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
+def clear_sessions(storage_ids: Iterable[str], *, store: MemoryStore | None = None) -> int:
     """Clear every key of each session; return how many keys were removed."""
     store = store or get_store()
     cleared = 0
-    for session_id in session_ids:
+    for sid in storage_ids:
+        scoped, session_id = _owned(store, sid)
         with contextlib.suppress(SessionNotFound):
-            cleared += len(store.clear(session_id))
+            cleared += len(scoped.clear(session_id))
     return cleared
 
 
@@ -242,14 +301,15 @@ class SummarizeReport:
 
 
 def summarize_sessions(
-    session_ids: Iterable[str] | None = None,
+    storage_ids: Iterable[str] | None = None,
     *,
+    owner: str | None = None,
     max_history: int | None = None,
     dry_run: bool = False,
     store: MemoryStore | None = None,
     progress: Progress = _noop,
 ) -> SummarizeReport:
-    """Apply the summarization rule now to the named sessions (every session when None).
+    """Apply the summarization rule now to these sessions (every one, or ``owner``'s, when None).
 
     Each session is summarized atomically by the backend, so writers may go on
     writing meanwhile without an entry being lost.
@@ -257,7 +317,7 @@ def summarize_sessions(
     store = store or get_store()
     limit = store.backend.max_history if max_history is None else max_history
     report = SummarizeReport()
-    for batch in session_batches(store, session_ids):
+    for batch in session_batches(store, storage_ids, owner=owner):
         if dry_run:
             infos = store.backend.infos(batch)
             report.scanned += len(infos)
@@ -292,29 +352,35 @@ def sweep(
     dry_run: bool = False,
     batch_size: int = BATCH_SIZE,
     mirror_retention_days: float = 30,
+    owner: str | None = None,
     store: MemoryStore | None = None,
 ) -> SweepReport:
-    """Remove what expired from the store, then mark it gone in the mirror and delete
-    mirrored sessions gone for longer than ``mirror_retention_days``."""
+    """Remove what expired from the store (of ``owner`` only, when given), then mark it
+    gone in the mirror and delete mirrored sessions gone for longer than
+    ``mirror_retention_days``."""
     from persistent_memory.models import MemorySession
 
     store = store or get_store()
-    report = SweepReport(**store.backend.sweep(dry_run=dry_run, batch_size=batch_size))
+    prefix = _owner_prefix(owner)
+    report = SweepReport(**store.backend.sweep(dry_run=dry_run, batch_size=batch_size, prefix=prefix))
     if not store.mirror.enabled:
         return report
-    live_rows = MemorySession.objects.filter(state=MemorySession.State.LIVE).order_by("pk")
+    rows_of_owner = (
+        MemorySession.objects.all() if owner is None else MemorySession.objects.filter(owner=owner)
+    )
+    live_rows = rows_of_owner.filter(state=MemorySession.State.LIVE).order_by("pk")
     last_pk = 0
     while True:
-        rows = list(live_rows.filter(pk__gt=last_pk).values_list("pk", "session_id")[:batch_size])
+        rows = list(live_rows.filter(pk__gt=last_pk).values_list("pk", "owner", "session_id")[:batch_size])
         if not rows:
             break
         last_pk = rows[-1][0]
-        ids = [session_id for _, session_id in rows]
+        ids = [storage_id(row_owner, session_id) for _, row_owner, session_id in rows]
         gone = sorted(set(ids) - store.backend.existing(ids))
         report.mirror_marked_gone += len(gone)
         if gone and not dry_run:
             store.mirror.sync_sessions(gone)
-    old = MemorySession.objects.exclude(state=MemorySession.State.LIVE).filter(
+    old = rows_of_owner.exclude(state=MemorySession.State.LIVE).filter(
         gone_at__lt=timezone.now() - timedelta(days=mirror_retention_days)
     )
     report.mirror_deleted = old.count()

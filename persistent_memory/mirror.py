@@ -1,8 +1,9 @@
 """Copies the store into the ORM (``persistent_memory.models``) for the admin.
 
 Every store write marks its session dirty in the same backend step; a sync takes
-dirty ids, reads those sessions whole (one backend call per batch) and makes their
-rows equal to the store in one transaction. A sync never blocks store writes, and
+dirty ids (storage ids: see :mod:`persistent_memory.owners`), reads those sessions
+whole (one backend call per batch) and makes their rows equal to the store in one
+transaction. A sync never blocks store writes, and
 a failed one (database down) is logged and its ids marked dirty again.
 
 Modes (``MIRROR_MODE``): ``"immediate"`` runs a write-behind worker thread in the
@@ -22,11 +23,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, router, transaction
-from django.db.models import CharField, ForeignKey, IntegerField, Model
+from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
 from persistent_memory.exceptions import CapacityExceeded, PersistentMemoryError, SessionExists
+from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
@@ -106,6 +108,16 @@ def _history_digests(history: list[dict[str, Any]], length: int) -> tuple[str, s
     return hasher.hexdigest(), prefix
 
 
+def _rows(storage_ids: Iterable[str]) -> QuerySet[MemorySession]:
+    """The mirror rows of these sessions (each found by its owner and session id)."""
+    from persistent_memory.models import MemorySession
+
+    pairs = [Q(owner=owner, session_id=sid) for owner, sid in map(split_storage_id, storage_ids)]
+    if not pairs:
+        return MemorySession.objects.none()
+    return MemorySession.objects.filter(Q(*pairs, _connector=Q.OR))
+
+
 def _datetime(epoch: Any, default: datetime) -> datetime:
     try:
         return datetime.fromtimestamp(float(epoch), tz=UTC)
@@ -179,14 +191,17 @@ class Mirror:
                 break  # the database is failing: leave the rest for the next sync
         return result
 
-    def sync_all(self) -> SyncResult:
-        """Sync every live session, and mark mirrored sessions the store no longer has."""
+    def sync_all(self, *, owner: str | None = None) -> SyncResult:
+        """Sync every live session (of ``owner``, when given), and mark mirrored sessions
+        the store no longer has."""
+        from persistent_memory.maintenance import session_batches
         from persistent_memory.models import MemorySession
 
-        live = self.store.list_sessions()
-        mirrored = set(
-            MemorySession.objects.filter(state=MemorySession.State.LIVE).values_list("session_id", flat=True)
-        )
+        live = list(dict.fromkeys(sid for batch in session_batches(self.store, owner=owner) for sid in batch))
+        rows = MemorySession.objects.filter(state=MemorySession.State.LIVE)
+        if owner is not None:
+            rows = rows.filter(owner=owner)
+        mirrored = {storage_id(row_owner, sid) for row_owner, sid in rows.values_list("owner", "session_id")}
         return self.sync_sessions(live + sorted(mirrored - set(live)))
 
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
@@ -198,10 +213,10 @@ class Mirror:
             # Every existing row locked first: a sync in another process waits here and
             # then reads what that one committed (on PostgreSQL; SQLite has one writer).
             rows = {
-                sid: (synced_at, length, digest)
-                for sid, synced_at, length, digest in MemorySession.objects.select_for_update()
-                .filter(session_id__in=list(snapshots))
-                .values_list("session_id", "synced_at", "history_length", "history_digest")
+                storage_id(owner, sid): (synced_at, length, digest)
+                for owner, sid, synced_at, length, digest in _rows(snapshots)
+                .select_for_update()
+                .values_list("owner", "session_id", "synced_at", "history_length", "history_digest")
             }
             newer = {sid for sid, (synced_at, _, _) in rows.items() if synced_at > read_at}
             live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
@@ -217,10 +232,13 @@ class Mirror:
             MemorySession.objects.bulk_create(
                 [self._session_row(snap, read_at, digests[sid]) for sid, snap in live.items()],
                 update_conflicts=True,
-                unique_fields=["session_id"],
+                unique_fields=["owner", "session_id"],
                 update_fields=MemorySession.SYNCED_FIELDS,
             )
-            pks = dict(MemorySession.objects.filter(session_id__in=live).values_list("session_id", "pk"))
+            pks = {
+                storage_id(owner, sid): pk
+                for owner, sid, pk in _rows(live).values_list("owner", "session_id", "pk")
+            }
             MemoryValue.objects.filter(session_id__in=pks.values()).delete()
             HistoryEntry.objects.filter(session_id__in=[pks[sid] for sid in live if sid not in kept]).delete()
             _insert(
@@ -248,7 +266,7 @@ class Mirror:
     def _mark_gone(session_ids: list[str], now: datetime) -> int:
         from persistent_memory.models import MemorySession
 
-        rows = MemorySession.objects.filter(session_id__in=session_ids, state=MemorySession.State.LIVE)
+        rows = _rows(session_ids).filter(state=MemorySession.State.LIVE)
         expired = rows.filter(expires_at__lte=now).update(
             state=MemorySession.State.EXPIRED, gone_at=now, synced_at=now
         )
@@ -262,8 +280,10 @@ class Mirror:
         info = snapshot["info"]
         created_at = _datetime(info["created_at"], now)
         newest = snapshot["history"][-1].get("timestamp") if snapshot["history"] else None
+        owner, session_id = split_storage_id(info["session_id"])
         return MemorySession(
-            session_id=info["session_id"],
+            owner=owner,
+            session_id=session_id,
             state=MemorySession.State.LIVE,
             created_at=created_at,
             expires_at=None if info["expires_at"] is None else _datetime(info["expires_at"], now),
@@ -329,7 +349,7 @@ class Mirror:
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
         history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
         info = session_info(
-            row.session_id,
+            row.storage_id,
             created_at=row.created_at.timestamp(),
             ttl_seconds=row.ttl_seconds,
             expires_at=_epoch(row.expires_at),

@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from persistent_memory.owners import storage_id
+
 
 class MemorySession(models.Model):
     """One session as last synced from the store."""
@@ -29,7 +31,10 @@ class MemorySession(models.Model):
         EXPIRED = "expired", "expired"
         DELETED = "deleted", "deleted"
 
-    session_id = models.CharField(max_length=128, unique=True)
+    owner = models.CharField(
+        max_length=200, blank=True, default="", db_index=True, help_text="Empty: unowned (the node's)."
+    )
+    session_id = models.CharField(max_length=128, db_index=True)
     state = models.CharField(max_length=8, choices=State.choices, default=State.LIVE, db_index=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never expires.")
@@ -47,9 +52,17 @@ class MemorySession(models.Model):
     class Meta:
         ordering = ["-last_activity"]
         verbose_name = "memory session"
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "session_id"], name="pm_unique_owner_session")
+        ]
 
     def __str__(self) -> str:
-        return self.session_id
+        return f"{self.session_id} ({self.owner})" if self.owner else self.session_id
+
+    @property
+    def storage_id(self) -> str:
+        """The store's id of this session (see :mod:`persistent_memory.owners`)."""
+        return storage_id(self.owner, self.session_id)
 
 
 class MemoryValue(models.Model):

@@ -223,7 +223,9 @@ class MemoryStore:
         run = None
         if run_id is not None:
             run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
-        return _sorted(decode_value(self._call(self.backend.enrich, session_id, self.default_ttl_seconds, run)))
+        return _sorted(
+            decode_value(self._call(self.backend.enrich, session_id, self.default_ttl_seconds, run))
+        )
 
     def record_answer(
         self, session_id: str | None, text: str, *, run_id: str | None = None

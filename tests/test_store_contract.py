@@ -16,7 +16,15 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.history import operation_count
 
-INFO_FIELDS = {"session_id", "owner", "created_at", "expires_at", "ttl_seconds", "key_count", "history_length"}
+INFO_FIELDS = {
+    "session_id",
+    "owner",
+    "created_at",
+    "expires_at",
+    "ttl_seconds",
+    "key_count",
+    "history_length",
+}
 
 
 class TestSessions:

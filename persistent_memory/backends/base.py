@@ -236,8 +236,10 @@ class BaseBackend(ABC):
         """:meth:`summarize` each live session; how many entries each folded."""
 
     @abstractmethod
-    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
-        """Remove what expired (sessions, leftover keys, run bindings); the counts by kind."""
+    def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
+        """Remove what expired (sessions, leftover keys, run bindings); the counts by kind.
+
+        A non-empty ``prefix`` (an owner's namespace) limits the sweep to that owner."""
 
     @abstractmethod
     def pop_dirty(self, count: int) -> list[str]:

@@ -400,15 +400,23 @@ class MemoryBackend(BaseBackend):
                 continue
         return folded
 
-    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
+    def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
         now = time.time()
         with self._lock:
-            expired = [sid for sid, session in self._sessions.items() if session.expired(now)]
+            expired = [
+                sid
+                for sid, session in self._sessions.items()
+                if session.expired(now) and sid.startswith(prefix)
+            ]
             stale_runs = [
-                r for r, (sid, until) in self._runs.items() if until <= now or sid not in self._sessions
+                r
+                for r, (sid, until) in self._runs.items()
+                if sid.startswith(prefix) and (until <= now or sid not in self._sessions)
             ]
             if not dry_run:
-                self._prune(now)
+                for session_id in expired:
+                    self._drop(session_id)
+                    self._mark(session_id)
                 for run_id in stale_runs:
                     del self._runs[run_id]
         return {"expired_sessions": len(expired), "leftover_keys": 0, "run_bindings": len(stale_runs)}

@@ -40,7 +40,6 @@ from persistent_memory.backends.base import (
     session_info,
 )
 from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
-from persistent_memory.owners import OWNED_MARK
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
@@ -51,6 +50,7 @@ from persistent_memory.exceptions import (
     SessionExpired,
     SessionNotFound,
 )
+from persistent_memory.owners import OWNED_MARK
 
 SCRIPT = resources.files("persistent_memory.backends").joinpath("redis.lua").read_text()
 
@@ -413,18 +413,18 @@ class RedisBackend(BaseBackend):
     def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
         return self._pipelined("summarize", session_ids, str(max_entries))
 
-    def sweep(self, *, dry_run: bool, batch_size: int) -> dict[str, int]:
+    def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
         dry = "1" if dry_run else "0"
         counts = {"expired_sessions": 0, "leftover_keys": 0, "run_bindings": 0}
         cursor = 0
-        while True:  # ids in the sessions set whose meta has expired
-            cursor, ids = self.scan_sessions(cursor, batch_size)
+        while True:  # ids in the sessions sets whose meta has expired
+            cursor, ids = self.scan_sessions(cursor, batch_size, prefix)
             if ids:
                 counts["expired_sessions"] += self._run("sweep_ids", "", dry, *ids)
             if cursor == 0:
                 break
         # Every key under the prefix, never KEYS: SCAN in batches.
-        pattern = _glob_escape(self.key_prefix) + ":*"
+        pattern = _glob_escape(f"{self.key_prefix}:{prefix}") + "*"
         with self._errors():
             batches = self.client.scan_iter(match=pattern, count=batch_size)
             batch: list[bytes] = []

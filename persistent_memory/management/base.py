@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.maintenance import named_sessions
 from persistent_memory.store import MemoryStore, get_store
 
 #: Runs over this many sessions show progress on a terminal.
@@ -24,8 +25,25 @@ class MemoryCommand(BaseCommand):
     #: Whether the command reads or changes sessions (a memory store is this process's own).
     uses_sessions = True
 
+    #: Whether the command takes --owner (and --session, when it names sessions).
+    takes_owner = True
+    takes_sessions = False
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON object with the counts.")
+        if self.takes_owner:
+            parser.add_argument(
+                "--owner",
+                metavar="OWNER",
+                help="Only this owner's sessions (e.g. user:42); default: every owner.",
+            )
+        if self.takes_sessions:
+            parser.add_argument(
+                "--session",
+                action="append",
+                metavar="ID",
+                help="Only this session (repeatable): the owner's given --owner, else an unowned one.",
+            )
 
     def execute(self, *args: Any, **options: Any) -> Any:
         self.as_json = options.get("json", False)
@@ -39,6 +57,11 @@ class MemoryCommand(BaseCommand):
     @property
     def store(self) -> MemoryStore:
         return get_store()
+
+    @staticmethod
+    def sessions(session: list[str] | None, owner: str | None) -> list[str] | None:
+        """Storage ids of the sessions named with --session (None: not named)."""
+        return None if session is None else named_sessions(session, owner)
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.warn_if_private()

@@ -14,20 +14,22 @@ from persistent_memory.management.base import MemoryCommand
 
 
 class Command(MemoryCommand):
-    help = "Export sessions (values, history, remaining TTL) as JSON Lines, to a file or standard output."
+    help = (
+        "Export sessions (owner, values, history, remaining TTL) as JSON Lines, to a file or standard output."
+    )
+    takes_sessions = True
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument(
-            "--session", action="append", metavar="ID", help="Only this session (repeatable)."
-        )
         parser.add_argument("--output", "-o", metavar="FILE", help="Write here instead of standard output.")
 
-    def handle(self, *args: Any, session: list[str] | None, output: str | None, **options: Any) -> None:
+    def handle(
+        self, *args: Any, session: list[str] | None, owner: str | None, output: str | None, **options: Any
+    ) -> None:
         if output is None and self.as_json:
             raise CommandError("--json prints counts: give --output FILE for the sessions.")
         self.warn_if_private()
-        records = export_sessions(session, progress=self.progress)
+        records = export_sessions(self.sessions(session, owner), owner=owner, progress=self.progress)
         if output is None:
             count = self._write(records, self.stdout.write)  # OutputWrapper ends each line
         else:

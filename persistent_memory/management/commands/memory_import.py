@@ -25,17 +25,22 @@ class Command(MemoryCommand):
             "file", metavar="FILE", help="A JSON Lines file from memory_export ('-' for stdin)."
         )
         parser.add_argument("--replace", action="store_true", help="Replace sessions that exist.")
+        # (--owner, from MemoryCommand: every session goes to that owner instead of its own.)
         parser.add_argument(
             "-n", "--dry-run", action="store_true", help="Check the file and report; write nothing."
         )
 
-    def run(self, *, file: str, replace: bool, dry_run: bool, **options: Any) -> dict[str, Any]:
+    def run(
+        self, *, file: str, replace: bool, dry_run: bool, owner: str | None, **options: Any
+    ) -> dict[str, Any]:
         try:
             lines = (sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")).splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"Cannot read {file}: {exc}") from exc
         try:
-            report = import_sessions(lines, replace=replace, dry_run=dry_run, progress=self.progress)
+            report = import_sessions(
+                lines, replace=replace, dry_run=dry_run, owner=owner, progress=self.progress
+            )
         except InvalidRecord as exc:
             raise CommandError(f"{file}: {exc}. Nothing was imported.") from exc
         return {"dry_run": dry_run, **as_counts(report)}

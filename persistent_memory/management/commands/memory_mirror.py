@@ -15,11 +15,10 @@ from persistent_memory.mirror import SyncResult
 class Command(MemoryCommand):
     help = "Sync the ORM mirror with the store (sessions written since the last sync, by default)."
 
+    takes_sessions = True
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument(
-            "--session", action="append", metavar="ID", help="Sync this session (repeatable)."
-        )
         parser.add_argument(
             "--all", action="store_true", help="Resync every session; mark the missing ones gone."
         )
@@ -31,22 +30,27 @@ class Command(MemoryCommand):
         )
 
     def run(
-        self, *, session: list[str] | None, all: bool, watch: float | None, **options: Any
+        self, *, session: list[str] | None, owner: str | None, all: bool, watch: float | None, **options: Any
     ) -> dict[str, Any]:
         mirror = self.store.mirror
         if not mirror.enabled:
             raise CommandError("The mirror is off (PERSISTENT_MEMORY['MIRROR_MODE'] = 'off').")
         if session and all:
             raise CommandError("--session and --all do not go together.")
+        if owner is not None and not session and not all:
+            raise CommandError(
+                "--owner goes with --session or --all (the sessions written since go together)."
+            )
+        named = self.sessions(session, owner)
         if watch is not None and watch <= 0:
             raise CommandError("--watch takes a number of seconds above 0.")
         total, passes = SyncResult(), 0
         try:
             while True:
-                if session:
-                    result = mirror.sync_sessions(session)
+                if named:
+                    result = mirror.sync_sessions(named)
                 elif all:
-                    result = mirror.sync_all()
+                    result = mirror.sync_all(owner=owner)
                 else:
                     result = mirror.sync_dirty()
                 total += result

@@ -18,11 +18,10 @@ class Command(MemoryCommand):
         "Without --session or --all it does nothing when AUTO_SUMMARIZE is off."
     )
 
+    takes_sessions = True
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument(
-            "--session", action="append", metavar="ID", help="Only this session (repeatable)."
-        )
         parser.add_argument("--max-history", type=int, metavar="N", help="The limit (default: MAX_HISTORY).")
         parser.add_argument(
             "--all", action="store_true", help="Every session, even when AUTO_SUMMARIZE is off."
@@ -32,7 +31,14 @@ class Command(MemoryCommand):
         )
 
     def run(
-        self, *, session: list[str] | None, max_history: int | None, all: bool, dry_run: bool, **options: Any
+        self,
+        *,
+        session: list[str] | None,
+        owner: str | None,
+        max_history: int | None,
+        all: bool,
+        dry_run: bool,
+        **options: Any,
     ) -> dict[str, Any]:
         if max_history is not None and max_history < 1:
             raise CommandError("--max-history must be 1 or more.")
@@ -41,7 +47,13 @@ class Command(MemoryCommand):
         if not session and not all and not memory_settings.AUTO_SUMMARIZE:
             self.log("AUTO_SUMMARIZE is off: nothing to do (pass --all to summarize every session anyway).")
             return {"dry_run": dry_run, "scanned": 0, "summarized": 0, "folded": 0}
-        report = summarize_sessions(session, max_history=max_history, dry_run=dry_run, progress=self.progress)
+        report = summarize_sessions(
+            self.sessions(session, owner),
+            owner=owner,
+            max_history=max_history,
+            dry_run=dry_run,
+            progress=self.progress,
+        )
         return {"dry_run": dry_run, **as_counts(report)}
 
     def summary(self, counts: dict[str, Any]) -> str:

@@ -35,13 +35,21 @@ class Command(MemoryCommand):
         )
 
     def run(
-        self, *, dry_run: bool, mirror_retention_days: float, batch_size: int, **options: Any
+        self,
+        *,
+        dry_run: bool,
+        mirror_retention_days: float,
+        batch_size: int,
+        owner: str | None,
+        **options: Any,
     ) -> dict[str, Any]:
         if mirror_retention_days < 0:
             raise CommandError("--mirror-retention-days must be 0 or more.")
         if batch_size < 1:
             raise CommandError("--batch-size must be 1 or more.")
-        report = sweep(dry_run=dry_run, batch_size=batch_size, mirror_retention_days=mirror_retention_days)
+        report = sweep(
+            dry_run=dry_run, batch_size=batch_size, mirror_retention_days=mirror_retention_days, owner=owner
+        )
         return {"dry_run": dry_run, **as_counts(report)}
 
     def summary(self, counts: dict[str, Any]) -> str:
