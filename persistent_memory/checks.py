@@ -43,6 +43,22 @@ def _class_list(value: Any) -> bool:
 
 
 POSITIVE_INTEGER = "Use a positive integer."
+OPTIONAL_POSITIVE_INTEGER = "Use a positive integer, or None for no cap."
+
+
+def _import_string(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and callable(import_string(value))
+    except ImportError:
+        return False
+
+
+def _rates(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in value.items())
+    )
+
 
 #: (setting, whether a value is valid, hint, check id)
 RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
@@ -57,6 +73,10 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
             "RETRY_AFTER_SECONDS",
             "ADMIN_SYNC_LIMIT",
         )
+    ),
+    *(
+        (name, lambda v: v is None or _is_int(v, 1), OPTIONAL_POSITIVE_INTEGER, "E002")
+        for name in ("MAX_SESSIONS_PER_OWNER", "MAX_SESSION_BYTES")
     ),
     ("SESSION_TTL_HOURS", _is_number, "Use a number that is 0 or more.", "E002"),
     (
@@ -97,6 +117,25 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         _class_list,
         "Use a list of import strings of DRF classes, or None for the project's defaults.",
         "E007",
+    ),
+    (
+        "API_THROTTLE_CLASSES",
+        _class_list,
+        "Use a list of import strings of DRF throttle classes, or None for the project's defaults.",
+        "E007",
+    ),
+    (
+        "API_THROTTLE_RATES",
+        _rates,
+        "Use a dict of scope to rate, such as {'persistent_memory': '600/min'}, or None.",
+        "E007",
+    ),
+    (
+        "OWNER_RESOLVER",
+        _import_string,
+        "Use the import string of a callable (request) -> owner or None, such as "
+        "'persistent_memory.resolvers.user_owner'.",
+        "E009",
     ),
     (
         "MIRROR_MODE",
@@ -174,18 +213,70 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return values + _check_backend(conf)
 
 
-@register(Tags.compatibility, deploy=True)
+def _anonymous_let_in() -> bool:
+    """Whether the API's effective permissions let an anonymous request through."""
+    from django.contrib.auth.models import AnonymousUser
+    from django.test import RequestFactory
+    from rest_framework.request import Request
+
+    from persistent_memory.api.views import SessionListView
+
+    view = SessionListView()
+    request = Request(RequestFactory().get("/"), authenticators=[])
+    request.user = AnonymousUser()
+    view.request = request
+    try:
+        permissions = view.get_permissions()
+    except (ImportError, TypeError):
+        return False  # E007 reports it
+    return all(permission.has_permission(request, view) for permission in permissions)
+
+
+@register(Tags.security, deploy=True)
 def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Warn that the memory backend is private to each server process."""
+    """Warn about deployments that share memory between processes or callers they should not."""
     user = getattr(settings, SETTING_NAME, {})
-    conf = MemorySettings(user if isinstance(user, dict) else {})
-    if conf.BACKEND != "memory":
-        return []
-    return [
-        Warning(
-            "The memory backend keeps sessions inside each process: several server workers "
-            "would each see their own sessions.",
-            hint=f"Use {SETTING_NAME}['BACKEND'] = 'redis' (or PROFILE 'redis') in production.",
-            id="persistent_memory.W001",
+    if not isinstance(user, dict) or check_settings():
+        return []  # the errors come first
+    conf = MemorySettings(user)
+    warnings: list[CheckMessage] = []
+    if conf.BACKEND == "memory":
+        warnings.append(
+            Warning(
+                "The memory backend keeps sessions inside each process: several server workers "
+                "would each see their own sessions.",
+                hint=f"Use {SETTING_NAME}['BACKEND'] = 'redis' (or PROFILE 'redis') in production.",
+                id="persistent_memory.W001",
+            )
         )
-    ]
+    if _anonymous_let_in():
+        warnings.append(
+            Warning(
+                "The memory API's permissions let anonymous callers in.",
+                hint=(
+                    f"Remove {SETTING_NAME}['API_PERMISSION_CLASSES'] (the default needs an authenticated "
+                    "caller) or list classes that refuse anonymous requests."
+                ),
+                id="persistent_memory.W002",
+            )
+        )
+    if conf.OWNER_RESOLVER == "persistent_memory.resolvers.shared_owner":
+        warnings.append(
+            Warning(
+                "OWNER_RESOLVER puts every API caller in one shared namespace: each can read, change "
+                "and delete every other caller's sessions.",
+                hint="Use the default, 'persistent_memory.resolvers.user_owner', or one per user or tenant.",
+                id="persistent_memory.W003",
+            )
+        )
+    cap = conf.MAX_SESSIONS_PER_OWNER
+    if conf.BACKEND == "memory" and cap is not None and cap >= conf.MAX_SESSIONS:
+        warnings.append(
+            Warning(
+                "MAX_SESSIONS_PER_OWNER is not below MAX_SESSIONS: on the memory backend one owner can "
+                "take every place and leave other owners none.",
+                hint="Set MAX_SESSIONS_PER_OWNER below MAX_SESSIONS (unset, it is a tenth of it).",
+                id="persistent_memory.W004",
+            )
+        )
+    return warnings
