@@ -51,13 +51,13 @@ def long_histories(store, sessions=3, writes=25):
     store_off = store.backend.auto_summarize
     store.backend.auto_summarize = False  # let histories grow past the limit
     if store.backend.name == "redis":
-        store.backend._policy = (store.backend._policy[0], "0", store.backend._policy[2])
+        store.backend._policy = (store.backend._policy[0], "0", *store.backend._policy[2:])
     for i in range(sessions):
         for n in range(writes):
             store.put(f"s{i}", "k", n)
     store.backend.auto_summarize = store_off
     if store.backend.name == "redis":
-        store.backend._policy = (store.backend._policy[0], "1", store.backend._policy[2])
+        store.backend._policy = (store.backend._policy[0], "1", *store.backend._policy[2:])
 
 
 class TestSummarize:

@@ -326,9 +326,17 @@ class MemoryBackend(BaseBackend):
                 if bound is None or bound[1] <= time.time():
                     return None
                 session_id = bound[0]
-            session = self._live_or_create(session_id, ttl_seconds)
+            try:
+                session, created = self._live(session_id), False
+            except SessionNotFound:
+                session, created = self._create(session_id, ttl_seconds), True
             count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
-            self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
+            try:
+                self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
+            except CapacityExceeded:
+                if created:  # nothing of this answer stays, not even its session
+                    self._drop(session_id)
+                raise
             self._record(session_id, session, "put", LAST_ANSWER)
             self._record(session_id, session, "increment", ANSWER_COUNT)
             return AnswerRecord(session_id, count)
