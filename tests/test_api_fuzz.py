@@ -416,10 +416,12 @@ def encode(body: Any, encoding: str) -> tuple[bytes, str]:
 
 
 def test_calls_on_seeded_ids_never_5xx(configure, fresh_state, backend_name):
-    """Open auth (AllowAny, no authenticators) and a short history, so summaries happen."""
+    """Open auth (AllowAny, no authenticators, the one shared namespace, where the seeded
+    sessions are) and a short history, so summaries happen."""
     configure(
         API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
         API_AUTHENTICATION_CLASSES=[],
+        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
         MAX_HISTORY=6,
     )
     started = time.perf_counter()

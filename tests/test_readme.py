@@ -45,4 +45,4 @@ def test_readme_curl_round_trip(live_server, transactional_db, store):
         "answer_count": 1,
         "last_answer": "In Paris.",
     }
-    assert store.get("chat-42", "last_answer") == "In Paris."
+    assert store.for_owner(f"user:{user.pk}").get("chat-42", "last_answer") == "In Paris."
