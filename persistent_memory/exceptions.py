@@ -82,6 +82,10 @@ class CapacityExceeded(PersistentMemoryError):
     code = "capacity_exceeded"
 
 
+class QuotaExceeded(CapacityExceeded):
+    """One owner's session cap or one session's byte cap: other owners are not affected."""
+
+
 class BackendUnavailable(PersistentMemoryError):
     """The backend cannot be reached (Redis down, refused, timed out)."""
 

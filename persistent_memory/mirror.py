@@ -27,7 +27,12 @@ from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, Quer
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
-from persistent_memory.exceptions import CapacityExceeded, PersistentMemoryError, SessionExists
+from persistent_memory.exceptions import (
+    CapacityExceeded,
+    PersistentMemoryError,
+    QuotaExceeded,
+    SessionExists,
+)
 from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
@@ -333,6 +338,9 @@ class Mirror:
                 try:
                     self.store.backend.restore_session(self._snapshot_of(row), replace=False)
                 except SessionExists:
+                    continue
+                except QuotaExceeded as exc:  # that owner's cap: the others' sessions still fit
+                    logger.warning("persistent_memory: %s; session %s stays in the mirror only", exc, row)
                     continue
                 except CapacityExceeded as exc:
                     left = sessions.count() - restored

@@ -405,3 +405,25 @@ def test_an_older_snapshot_never_replaces_a_newer_row(mirrored):
     store.delete_session("s1")
     store.mirror._apply(store.backend.snapshots(["s1"]), t1)  # "gone", but read before t2
     assert MemorySession.objects.get(session_id="s1").state == "live"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_restore_skips_only_what_one_owners_cap_refuses(settings, caplog):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 100}
+    store = get_store()
+    for i in range(4):
+        store.for_owner("user:1").record_answer(f"a{i}", "a")
+        time.sleep(0.002)
+    store.for_owner("user:2").record_answer("b0", "b")
+    store.record_answer("node", "n")
+    reset_store()
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MAX_SESSIONS_PER_OWNER": 2}
+    with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
+        fresh = MemoryStore.from_settings()
+    try:
+        assert fresh.for_owner("user:1").list_sessions() == ["a2", "a3"]  # its newest two
+        assert fresh.for_owner("user:2").get("b0", "last_answer") == "b"
+        assert fresh.get("node", "answer_count") == 1
+        assert "maximum of 2 sessions" in caplog.text
+    finally:
+        fresh.close()

@@ -26,6 +26,7 @@ from persistent_memory.exceptions import (
     CapacityExceeded,
     KeyNotFound,
     NotANumber,
+    QuotaExceeded,
     SessionExists,
     SessionExpired,
     SessionNotFound,
@@ -125,7 +126,7 @@ class MemoryBackend(BaseBackend):
         if owner is not None and cap is not None and self._owned.get(owner, 0) >= cap:
             self._prune(now)
             if self._owned.get(owner, 0) >= cap:
-                raise CapacityExceeded(f"This owner holds its maximum of {cap} sessions.")
+                raise QuotaExceeded(f"This owner holds its maximum of {cap} sessions.")
         if len(self._sessions) >= self.max_sessions:
             self._prune(now)
             if len(self._sessions) >= self.max_sessions:
@@ -147,7 +148,7 @@ class MemoryBackend(BaseBackend):
             old = session.values.get(key)
             size += len(text) - (0 if old is None else len(old)) + (0 if old is not None else len(key))
         if self.max_session_bytes is not None and size > self.max_session_bytes:
-            raise CapacityExceeded(
+            raise QuotaExceeded(
                 f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({self.max_session_bytes})."
             )
         return size
@@ -333,7 +334,7 @@ class MemoryBackend(BaseBackend):
             count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
             try:
                 self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
-            except CapacityExceeded:
+            except QuotaExceeded:
                 if created:  # nothing of this answer stays, not even its session
                     self._drop(session_id)
                 raise

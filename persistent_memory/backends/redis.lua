@@ -220,7 +220,7 @@ local function owner_has_room()
 end
 
 local function no_room()
-  return fail('CAPACITY', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
+  return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
 end
 
 -- Whether the session's keys and values stay within the byte cap once the values
@@ -251,7 +251,7 @@ local function restore_value(key, before)
 end
 
 local function too_big(total)
-  return fail('CAPACITY', 'The session would hold ' .. string.format('%d', total)
+  return fail('QUOTA', 'The session would hold ' .. string.format('%d', total)
     .. ' bytes, over MAX_SESSION_BYTES (' .. string.format('%d', byte_cap) .. ').')
 end
 

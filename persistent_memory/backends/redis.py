@@ -46,6 +46,7 @@ from persistent_memory.exceptions import (
     KeyNotFound,
     NotANumber,
     PersistentMemoryError,
+    QuotaExceeded,
     SessionExists,
     SessionExpired,
     SessionNotFound,
@@ -69,7 +70,7 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_EXISTS": SessionExists,
     "PM_KEY_NOT_FOUND": KeyNotFound,
     "PM_NOT_A_NUMBER": NotANumber,
-    "PM_CAPACITY": CapacityExceeded,
+    "PM_QUOTA": QuotaExceeded,
 }
 
 
