@@ -46,8 +46,9 @@ def named_sessions(session_ids: Iterable[str], owner: str | None = None) -> list
     return [storage_id(owner, validate_session_id(sid)) for sid in dict.fromkeys(session_ids)]
 
 
-def _owner_prefix(owner: str | None) -> str:
-    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None)."""
+def owner_prefix(owner: str | None) -> str:
+    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None);
+    ``InvalidOwner`` for ``""`` or an invalid owner."""
     if owner is None:
         return ""
     if not owner:
@@ -72,7 +73,7 @@ def session_batches(
     if storage_ids is not None:
         yield from _chunks(list(dict.fromkeys(storage_ids)), batch_size)
         return
-    prefix = _owner_prefix(owner)
+    prefix = owner_prefix(owner)
     cursor = 0
     while True:
         cursor, ids = store.backend.scan_sessions(cursor, batch_size, prefix)
@@ -361,7 +362,7 @@ def sweep(
     from persistent_memory.models import MemorySession
 
     store = store or get_store()
-    prefix = _owner_prefix(owner)
+    prefix = owner_prefix(owner)
     report = SweepReport(**store.backend.sweep(dry_run=dry_run, batch_size=batch_size, prefix=prefix))
     if not store.mirror.enabled:
         return report

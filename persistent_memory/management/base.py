@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from persistent_memory.exceptions import PersistentMemoryError
-from persistent_memory.maintenance import named_sessions
+from persistent_memory.maintenance import named_sessions, owner_prefix
 from persistent_memory.store import MemoryStore, get_store
 
 #: Runs over this many sessions show progress on a terminal.
@@ -50,6 +50,8 @@ class MemoryCommand(BaseCommand):
         self.verbosity = options.get("verbosity", 1)
         self._progress_at = 0.0
         try:
+            if options.get("owner") is not None:  # before anything is opened, read or written
+                owner_prefix(options["owner"])
             return super().execute(*args, **options)
         except PersistentMemoryError as exc:
             raise CommandError(str(exc)) from exc
