@@ -694,3 +694,16 @@ def test_owner_throttle_gives_each_owner_its_own_budget(people, configure, empty
         assert call(bob, "get", "sessions/").status_code == 200
     assert error_of(call(bob, "get", "sessions/")) == (429, "throttled")
     assert call(alice, "get", "health/").json() == {"status": "ok"}
+
+
+def test_owner_throttle_in_the_shared_namespace_is_per_user(people, configure, empty_cache):
+    # Everyone's owner is "" there: one budget for all would let one caller starve the rest.
+    configure(
+        API_THROTTLE_CLASSES=["persistent_memory.api.throttling.OwnerRateThrottle"],
+        API_THROTTLE_RATES={"persistent_memory": "2/min"},
+        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+    )
+    for _ in range(2):
+        assert call(people.alice_api, "get", "sessions/").status_code == 200
+    assert error_of(call(people.alice_api, "get", "sessions/")) == (429, "throttled")
+    assert call(people.bob_api, "get", "sessions/").status_code == 200

@@ -14,8 +14,8 @@ class OwnerRateThrottle(SimpleRateThrottle):
     """Requests per owner at the rate named ``persistent_memory`` (e.g. ``"600/min"``).
 
     Set the rate in ``PERSISTENT_MEMORY["API_THROTTLE_RATES"]`` or the project's
-    ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``. Callers without an owner share one
-    budget per client address (they are refused anyway, but still count).
+    ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``. Callers without an owner, or in the
+    one shared namespace, have a budget per user, else per client address.
     """
 
     scope = "persistent_memory"
@@ -25,5 +25,10 @@ class OwnerRateThrottle(SimpleRateThrottle):
             owner = resolve_owner(request)
         except InvalidOwner:
             owner = None
-        ident = f"owner:{owner}" if owner is not None else f"anon:{self.get_ident(request)}"
+        if owner:
+            ident = f"owner:{owner}"
+        else:  # no owner, or the one shared namespace: per user, else per client address
+            user = getattr(request, "user", None)
+            authenticated = user is not None and user.is_authenticated
+            ident = f"user:{user.pk}" if authenticated else f"anon:{self.get_ident(request)}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
