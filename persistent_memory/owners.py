@@ -20,7 +20,6 @@ import re
 from typing import Any
 
 from persistent_memory.exceptions import InvalidOwner
-from persistent_memory.validation import validate_session_id
 
 #: The unowned namespace (the node's sessions, and the shared-namespace resolver's).
 UNOWNED = ""
@@ -65,9 +64,3 @@ def split_storage_id(sid: str) -> tuple[str, str]:
 def run_ref(owner: str, run_id: str) -> str:
     """Where a run binding lives below the key prefix: per owner, so run ids never cross owners."""
     return f"{OWNED_MARK}{owner}~:run:{run_id}" if owner else f"~run:{run_id}"
-
-
-def parse_storage_id(sid: str) -> tuple[str, str]:
-    """:func:`split_storage_id` for ids from outside (an import file): validated both parts."""
-    owner, session_id = split_storage_id(sid)
-    return validate_owner(owner), validate_session_id(session_id)

@@ -482,6 +482,20 @@ class TestRunBindings:
         assert store.record_answer(None, "late", run_id="r") is None
         assert store.list_keys("s1") == []
 
+    def test_a_deleted_or_expired_session_is_not_recreated_through_its_run_id(self, store):
+        store.enrich("gone", run_id="r1")
+        store.delete_session("gone")
+        assert store.record_answer(None, "late", run_id="r1") is None
+        store.create_session("short", ttl_seconds=0.05)
+        store.enrich("short", run_id="r2")
+        time.sleep(0.1)
+        assert store.record_answer(None, "late", run_id="r2") is None
+        assert store.list_sessions() == []
+        # The binding went with it: a new session under the same id is not reached either.
+        store.create_session("gone")
+        assert store.record_answer(None, "late", run_id="r1") is None
+        assert store.get_all("gone") == {}
+
     @pytest.mark.parametrize("run_id", ["", "a b", "a:b", "x" * 129, 5])
     def test_invalid_run_id(self, store, run_id):
         from persistent_memory.exceptions import InvalidRunId

@@ -327,6 +327,12 @@ class MemoryBackend(BaseBackend):
                 if bound is None or bound[1] <= time.time():
                     return None
                 session_id = bound[0]
+                session = self._sessions.get(session_id)
+                if session is None or session.expired(time.time()):
+                    # Deleted or expired since it was bound: the binding goes too, so that it
+                    # never recreates the session (or reaches a new one under the same id).
+                    del self._runs[run_id or ""]
+                    return None
             try:
                 session, created = self._live(session_id), False
             except SessionNotFound:

@@ -509,6 +509,12 @@ if op == 'answer' then
       return {}
     end
     use_session(bound)
+    if redis.call('EXISTS', META) == 0 then
+      -- Deleted or expired since it was bound: the binding goes too, so that it never
+      -- recreates the session (or reaches a new one under the same id).
+      redis.call('DEL', run_key(arg(4)))
+      return {}
+    end
   end
   local created = redis.call('EXISTS', META) == 0
   if created then
