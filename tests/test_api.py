@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import redis
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -522,3 +523,27 @@ class TestRedisDown:
         assert response.status_code == 200
         assert api.put(API + "sessions/s1/memory/k/", {"value": 1}, format="json").status_code == 200
         assert redis_store.get("s1", "k") == 1
+
+
+def test_redis_out_of_memory_is_507_without_retry_after(db, redis_store, redis_client):
+    """A Redis at its maxmemory (noeviction) refuses writes: 507, which a client must not
+    retry as it would a 503."""
+    owned = redis_store.for_owner(OWNER)
+    owned.create_session("s1")
+    user = get_user_model().objects.create_user("pipeline", password="pw-for-tests", pk=USER_PK)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", 1)  # already over it: every write is refused
+    try:
+        response = api.put(API + "sessions/s1/memory/k/", {"value": "v"}, format="json")
+        assert error_of(response) == (507, "capacity_exceeded")
+        assert "Retry-After" not in response
+        answer = {"answer": {"text": "a", "metadata": {"session_id": "s1"}}}
+        assert error_of(api.post(API + "store/", answer, format="json")) == (507, "capacity_exceeded")
+    finally:
+        redis_client.config_set("maxmemory", 0)
+        redis_client.config_set("maxmemory-policy", policy)
+    assert api.put(API + "sessions/s1/memory/k/", {"value": "v"}, format="json").status_code == 200
+    assert owned.get_all("s1") == {"k": "v"}

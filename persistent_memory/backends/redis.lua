@@ -380,6 +380,9 @@ end
 -- nothing when it fails.
 local function add(key, amount)
   local result = redis.pcall('INCRBY', base .. key, amount)
+  if type(result) == 'table' and result.err and string.sub(result.err, 1, 4) == 'OOM ' then
+    return nil, redis.error_reply(result.err) -- out of memory: not the value's fault
+  end
   if type(result) == 'table' and result.err then
     return nil, fail('NOT_A_NUMBER', "The value under '" .. key .. "' is not an integer (" .. result.err .. ').')
   end

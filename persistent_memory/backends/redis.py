@@ -176,7 +176,8 @@ class RedisBackend(BaseBackend):
                 return _SCRIPT_ERRORS[code](text)
             if code == "PM_TOO_MANY":
                 return _TooMany()
-            if code == "OOM":
+            # redis-py raises OutOfMemoryError for "OOM ..." replies, without the code.
+            if code == "OOM" or isinstance(exc, redis.exceptions.OutOfMemoryError):
                 return CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}")
             return BackendUnavailable(f"Redis at {self.describe()} refused the operation: {message}")
         return BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}")
