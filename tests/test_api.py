@@ -6,7 +6,6 @@ import json
 import time
 
 import pytest
-import redis
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
