@@ -109,14 +109,18 @@ class MemoryStore:
         return scoped
 
     def _call(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
-        """``method(storage id, *args)`` for a valid ``session_id`` of this store's owner."""
-        session_id = validate_session_id(session_id)
+        """``method(storage id, *args)`` for ``session_id`` of this store's owner."""
+        return self._call_valid(method, validate_session_id(session_id), *args)
+
+    def _call_valid(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
+        """:meth:`_call` for a ``session_id`` already validated."""
+        if not self.owner:  # the unowned namespace: the storage id is the session id
+            return method(session_id, *args)
         sid = storage_id(self.owner, session_id)
         try:
             return method(sid, *args)
-        except PersistentMemoryError as exc:
-            if sid != session_id:  # the caller's id in the message, not the storage id
-                exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
+        except PersistentMemoryError as exc:  # the caller's id in the message, not the storage id
+            exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
             raise
 
     @staticmethod
@@ -223,9 +227,8 @@ class MemoryStore:
         run = None
         if run_id is not None:
             run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
-        return _sorted(
-            decode_value(self._call(self.backend.enrich, session_id, self.default_ttl_seconds, run))
-        )
+        values = self._call_valid(self.backend.enrich, session_id, self.default_ttl_seconds, run)
+        return _sorted(decode_value(values))
 
     def record_answer(
         self, session_id: str | None, text: str, *, run_id: str | None = None
@@ -244,12 +247,12 @@ class MemoryStore:
         answer_json = encode_value(text, max_bytes=self.max_value_bytes)
         ttl = self.default_ttl_seconds
         if session_id is not None:
-            record = self._call(self.backend.record_answer, session_id, answer_json, ttl, None)
+            record = self._call_valid(self.backend.record_answer, session_id, answer_json, ttl, None)
         else:
             ref = run_ref(self.owner, validate_run_id(run_id))
             record = self.backend.record_answer(None, answer_json, ttl, ref)
-        if record is None:
-            return None
+        if record is None or not self.owner:
+            return record
         return AnswerRecord(split_storage_id(record.session_id)[1], record.answer_count)
 
     # Health -----------------------------------------------------------------

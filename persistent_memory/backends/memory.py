@@ -140,23 +140,18 @@ class MemoryBackend(BaseBackend):
         self._mark(session_id)
         return session
 
-    def _resize(self, session: _Session, changes: dict[str, str]) -> int:
-        """The session's size once ``changes`` (key -> new JSON text) are written; raises
-        ``CapacityExceeded`` over ``max_session_bytes``, before anything is written."""
-        size = session.size
-        for key, text in changes.items():
-            old = session.values.get(key)
-            size += len(text) - (0 if old is None else len(old)) + (0 if old is not None else len(key))
-        if self.max_session_bytes is not None and size > self.max_session_bytes:
-            raise QuotaExceeded(
-                f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({self.max_session_bytes})."
-            )
-        return size
-
     def _write(self, session: _Session, changes: dict[str, str]) -> None:
-        """Write values after checking the session's byte cap (nothing is written over it)."""
-        session.size = self._resize(session, changes)
-        session.values.update(changes)
+        """Write values (key -> JSON text) unless the session would go over
+        ``max_session_bytes`` (``QuotaExceeded``; nothing is written then)."""
+        size, values = session.size, session.values
+        for key, text in changes.items():
+            old = values.get(key)
+            size += len(key) + len(text) if old is None else len(text) - len(old)
+        cap = self.max_session_bytes
+        if cap is not None and size > cap:
+            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+        session.size = size
+        values.update(changes)
 
     def _remove_value(self, session: _Session, key: str) -> bool:
         text = session.values.pop(key, None)
