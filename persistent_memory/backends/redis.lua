@@ -524,12 +524,15 @@ if op == 'answer' then
     if not owner_has_room() then return no_room() end
     create(now, arg(1), arg(2))
   end
-  local count_before = redis.call('GET', base .. 'answer_count')
   local count, err = add('answer_count', 1)
   if err then return err end
-  local ok, total = fits({last_answer = #arg(3), answer_count = redis.call('STRLEN', base .. 'answer_count')})
+  local ok, total = fits({last_answer = #arg(3), answer_count = #tostring(count)})
   if not ok then -- undo, so that nothing of this call stays
-    restore_value('answer_count', count_before)
+    if count == 1 and redis.call('SISMEMBER', KEYSET, 'answer_count') == 0 then
+      redis.call('DEL', base .. 'answer_count')
+    else
+      redis.call('DECRBY', base .. 'answer_count', 1)
+    end
     if created then
       purge_leftovers()
       redis.call('DEL', META)
