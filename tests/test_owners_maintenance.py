@@ -10,14 +10,12 @@ wrong session, and these tests see it.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
@@ -26,20 +24,11 @@ from persistent_memory.admin import OwnerFilter
 from persistent_memory.history import operation_count
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
+from .test_commands import run, run_json
+
 CHANGELIST = "/admin/persistent_memory/memorysession/"
 OWNERS = ("user:1", "user:2", "")  # "" is the unowned namespace
 SHORT_TTL = 0.2  # seconds: long enough to write a session, short enough to wait out
-
-
-def run(*args, **options):
-    out, err = io.StringIO(), io.StringIO()
-    call_command(*args, stdout=out, stderr=err, **options)
-    return out.getvalue(), err.getvalue()
-
-
-def run_json(*args, **options):
-    out, _ = run(*args, "--json", **options)
-    return json.loads(out)
 
 
 @pytest.fixture
