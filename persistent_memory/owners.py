@@ -48,6 +48,13 @@ def owner_namespace(owner: str) -> str:
     return f"{OWNED_MARK}{owner}~" if owner else ""
 
 
+def namespace_of(sid: str) -> str:
+    """The owner namespace a storage id (or a prefix of one) starts with; ``""`` for none."""
+    if sid.startswith(OWNED_MARK) and "~" in sid[len(OWNED_MARK) :]:
+        return sid[: sid.index("~", len(OWNED_MARK)) + 1]
+    return ""
+
+
 def storage_id(owner: str, session_id: str) -> str:
     """The backend's id of ``session_id`` in ``owner``'s namespace (both already valid)."""
     return f"{OWNED_MARK}{owner}~{session_id}" if owner else session_id

@@ -31,15 +31,8 @@ from persistent_memory.exceptions import (
     SessionExpired,
     SessionNotFound,
 )
-from persistent_memory.owners import OWNED_MARK
+from persistent_memory.owners import namespace_of
 from persistent_memory.validation import INT64_MAX, INT64_MIN
-
-
-def _owner_of(session_id: str) -> str | None:
-    """The namespace part of an owned storage id (None for an unowned session)."""
-    if session_id.startswith(OWNED_MARK):
-        return session_id[: session_id.index("~", len(OWNED_MARK)) + 1]
-    return None
 
 
 @dataclass
@@ -93,8 +86,8 @@ class MemoryBackend(BaseBackend):
 
     def _drop(self, session_id: str) -> _Session | None:
         session = self._sessions.pop(session_id, None)
-        owner = _owner_of(session_id)
-        if session is not None and owner is not None:
+        owner = namespace_of(session_id)
+        if session is not None and owner:
             self._owned[owner] -= 1
             if not self._owned[owner]:
                 del self._owned[owner]
@@ -121,9 +114,9 @@ class MemoryBackend(BaseBackend):
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
         self._drop(session_id)
-        owner = _owner_of(session_id)
+        owner = namespace_of(session_id)  # "": unowned, not counted
         cap = self.max_sessions_per_owner
-        if owner is not None and cap is not None and self._owned.get(owner, 0) >= cap:
+        if owner and cap is not None and self._owned.get(owner, 0) >= cap:
             self._prune(now)
             if self._owned.get(owner, 0) >= cap:
                 raise QuotaExceeded(f"This owner holds its maximum of {cap} sessions.")
@@ -135,7 +128,7 @@ class MemoryBackend(BaseBackend):
                 )
         expires_at = now + ttl_seconds if ttl_seconds else None
         session = self._sessions[session_id] = _Session(now, ttl_seconds, expires_at)
-        if owner is not None:
+        if owner:
             self._owned[owner] = self._owned.get(owner, 0) + 1
         self._mark(session_id)
         return session

@@ -51,7 +51,7 @@ from persistent_memory.exceptions import (
     SessionExpired,
     SessionNotFound,
 )
-from persistent_memory.owners import OWNED_MARK
+from persistent_memory.owners import namespace_of
 
 SCRIPT = resources.files("persistent_memory.backends").joinpath("redis.lua").read_text()
 
@@ -365,8 +365,8 @@ class RedisBackend(BaseBackend):
 
     def _session_sets(self, prefix: str) -> list[str]:
         """The sets ``prefix`` selects (the rule of redis.lua's ``sets_for``)."""
-        if prefix.startswith(OWNED_MARK) and "~" in prefix[len(OWNED_MARK) :]:
-            namespace = prefix[: prefix.index("~", len(OWNED_MARK)) + 1]
+        namespace = namespace_of(prefix)
+        if namespace:
             return [f"{self.key_prefix}:{namespace}:sessions"]
         node = f"{self.key_prefix}:__sessions__"
         return [node] if prefix else [node, f"{self.key_prefix}:~owned"]
