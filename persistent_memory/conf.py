@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and
     # `memory_mirror`), "off"; None picks immediate for memory and deferred for Redis.
     "MIRROR_MODE": None,
+    # The memory backend's write-ahead journal (a directory): None puts it beside the
+    # default database when that is an SQLite file; False turns it off. See journal.py.
+    "JOURNAL_DIR": None,
     # How many dirty sessions the admin syncs before showing a page.
     "ADMIN_SYNC_LIMIT": 500,
     # How long the REST API remembers which session a pipeline run_id enriched.

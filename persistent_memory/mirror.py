@@ -45,8 +45,9 @@ BATCH_SIZE = 200
 FLUSH_INTERVAL_SECONDS = 0.5
 
 # One mirror writer at a time in this process: SQLite allows a single writer, and
-# the worker and admin page loads would otherwise contend for it.
-_write_lock = threading.Lock()
+# the worker and admin page loads would otherwise contend for it. Reentrant: a journal
+# checkpoint holds it around the syncs it waits for (see Mirror._flush).
+_write_lock = threading.RLock()
 
 
 @dataclass
@@ -186,11 +187,12 @@ class Mirror:
         taken = 0
         while limit is None or taken < limit:
             count = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - taken)
-            ids = self.store.backend.pop_dirty(count)
-            if not ids:
-                break
+            with _write_lock:  # taken and synced under the lock: a checkpoint waits for both
+                ids = self.store.backend.pop_dirty(count)
+                if not ids:
+                    break
+                batch = self.sync_sessions(ids)
             taken += len(ids)
-            batch = self.sync_sessions(ids)
             result += batch
             if batch.failed:
                 break  # the database is failing: leave the rest for the next sync
@@ -226,7 +228,9 @@ class Mirror:
             newer = {sid for sid, (synced_at, _, _) in rows.items() if synced_at > read_at}
             live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
             gone = [sid for sid, snap in snapshots.items() if snap is None and sid not in newer]
-            marked = self._mark_gone(gone, read_at)
+            # A batch is read in one step: any live snapshot's journal position is the batch's.
+            seq = max((snap.get("journal_seq", 0) for snap in live.values()), default=None)
+            marked = self._mark_gone(gone, read_at, seq)
             kept: dict[str, int] = {}
             digests: dict[str, str] = {}
             for sid, snap in live.items():
@@ -268,14 +272,17 @@ class Mirror:
         return SyncResult(synced=len(live), gone=marked)
 
     @staticmethod
-    def _mark_gone(session_ids: list[str], now: datetime) -> int:
+    def _mark_gone(session_ids: list[str], now: datetime, journal_seq: int | None) -> int:
         from persistent_memory.models import MemorySession
 
         rows = _rows(session_ids).filter(state=MemorySession.State.LIVE)
+        # Without a position, the row keeps its older one: replaying from there to a
+        # session that ends gone still ends gone.
+        seq = {} if journal_seq is None else {"journal_seq": journal_seq}
         expired = rows.filter(expires_at__lte=now).update(
-            state=MemorySession.State.EXPIRED, gone_at=now, synced_at=now
+            state=MemorySession.State.EXPIRED, gone_at=now, synced_at=now, **seq
         )
-        deleted = rows.update(state=MemorySession.State.DELETED, gone_at=now, synced_at=now)
+        deleted = rows.update(state=MemorySession.State.DELETED, gone_at=now, synced_at=now, **seq)
         return expired + deleted
 
     @staticmethod
@@ -299,6 +306,7 @@ class Mirror:
             synced_at=now,
             gone_at=None,
             history_digest=history_digest,
+            journal_seq=snapshot.get("journal_seq", 0),
         )
 
     @staticmethod
@@ -334,24 +342,37 @@ class Mirror:
         earlier = self._drain_marks()
         restored = 0
         try:
-            for row in sessions.iterator(chunk_size=500):
-                try:
-                    self.store.backend.restore_session(self._snapshot_of(row), replace=False)
-                except SessionExists:
-                    continue
-                except QuotaExceeded as exc:  # that owner's cap: the others' sessions still fit
-                    logger.warning("persistent_memory: %s; session %s stays in the mirror only", exc, row)
-                    continue
-                except CapacityExceeded as exc:
-                    left = sessions.count() - restored
-                    logger.warning(
-                        "persistent_memory: %s; %d older sessions stay in the mirror only", exc, left
-                    )
-                    break
-                restored += 1
+            with self.store.backend.restoring():
+                restored = self._load(sessions)
             self._drain_marks()
+            # Then the writes the mirror had not caught up with (their marks stay).
+            mirrored = {
+                storage_id(owner, sid): seq
+                for owner, sid, seq in MemorySession.objects.values_list("owner", "session_id", "journal_seq")
+            }
+            replayed = self.store.backend.replay(mirrored)
+            if replayed:
+                logger.info("persistent_memory: replayed the journal's writes to %d sessions", len(replayed))
         finally:
             self.store.backend.mark_dirty(earlier)
+        return restored
+
+    def _load(self, sessions: QuerySet[MemorySession]) -> int:
+        """Restore these rows into the backend, most recent first, within its caps."""
+        restored = 0
+        for row in sessions.iterator(chunk_size=500):
+            try:
+                self.store.backend.restore_session(self._snapshot_of(row), replace=False)
+            except SessionExists:
+                continue
+            except QuotaExceeded as exc:  # that owner's cap: the others' sessions still fit
+                logger.warning("persistent_memory: %s; session %s stays in the mirror only", exc, row)
+                continue
+            except CapacityExceeded as exc:
+                left = sessions.count() - restored
+                logger.warning("persistent_memory: %s; %d older sessions stay in the mirror only", exc, left)
+                break
+            restored += 1
         return restored
 
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
@@ -422,6 +443,20 @@ class Mirror:
         if self.restore_pending and not self.restore_safely():
             return
         try:
+            self.checkpoint()
             self.sync_dirty()
         except Exception:  # the worker must survive anything and try again
             logger.exception("persistent_memory: mirror flush failed")
+
+    def checkpoint(self) -> bool:
+        """Mirror every session written before now, then let the backend's journal forget
+        what it kept for them; whether it could (False: a sync failed, the journal keeps all)."""
+        backend = self.store.backend
+        with _write_lock:  # no sync of ids taken before the checkpoint is still running
+            point = backend.checkpoint()
+            if point is None:
+                return True
+            if self.sync_sessions(point.session_ids).failed:
+                return False
+            backend.drop_segments(point.segments)
+            return True

@@ -24,6 +24,7 @@ class MemorySession(models.Model):
         "synced_at",
         "gone_at",
         "history_digest",
+        "journal_seq",
     )
 
     class State(models.TextChoices):
@@ -48,6 +49,9 @@ class MemorySession(models.Model):
     )
     #: Of the mirrored history: the next sync writes only new entries when it is a prefix.
     history_digest = models.CharField(max_length=32, blank=True, default="", editable=False)
+    #: The memory backend's journal position this row was read at: a restart replays
+    #: the journal's later writes to it (see persistent_memory.journal).
+    journal_seq = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-last_activity"]

@@ -20,12 +20,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
-from persistent_memory.exceptions import InvalidSessionId, InvalidValue, PersistentMemoryError
+from persistent_memory.exceptions import (
+    BackendUnavailable,
+    InvalidSessionId,
+    InvalidValue,
+    PersistentMemoryError,
+)
+from persistent_memory.journal import journal_directory
 from persistent_memory.mirror import Mirror
 from persistent_memory.owners import (
     UNOWNED,
@@ -92,6 +99,16 @@ class MemoryStore:
             raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc} (see `manage.py check`)") from exc
         if store.mirror.mode == "immediate":
             if isinstance(backend, MemoryBackend):
+                directory = journal_directory(
+                    conf.JOURNAL_DIR, connections.databases.get(DEFAULT_DB_ALIAS, {})
+                )
+                if directory is not None:
+                    try:
+                        backend.open_journal(directory)
+                    except OSError as exc:
+                        backend.close()
+                        message = f"PERSISTENT_MEMORY: JOURNAL_DIR {directory}: {exc}"
+                        raise ImproperlyConfigured(message) from exc
                 store.mirror.restore_safely()
             store.mirror.start()
         return store
@@ -114,6 +131,8 @@ class MemoryStore:
 
     def _call_valid(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
         """:meth:`_call` for a ``session_id`` already validated."""
+        if self.mirror.restore_pending:
+            self._not_restored()
         if not self.owner:  # the unowned namespace: the storage id is the session id
             return method(session_id, *args)
         sid = storage_id(self.owner, session_id)
@@ -122,6 +141,13 @@ class MemoryStore:
         except PersistentMemoryError as exc:  # the caller's id in the message, not the storage id
             exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
             raise
+
+    def _not_restored(self) -> None:
+        # Writes made before the sessions are back would be overwritten or lost by the
+        # restore, and reads would miss what the mirror holds: fail closed until then.
+        raise BackendUnavailable(
+            "The memory backend is waiting for its database to restore its sessions; try again shortly."
+        )
 
     @staticmethod
     def _info(info: SessionInfo) -> SessionInfo:
@@ -157,6 +183,8 @@ class MemoryStore:
             raise InvalidValue("The session id prefix must be a string.")
         if all_owners and prefix:
             raise InvalidValue("A prefix search is within one owner's sessions.")
+        if self.mirror.restore_pending:
+            self._not_restored()
         infos = [self._info(info) for info in self.backend.list_session_infos(self._prefix(prefix))]
         if not all_owners:  # the unowned prefix "" lists every owner's: keep this one's
             infos = [info for info in infos if info["owner"] == self.owner]
@@ -250,6 +278,8 @@ class MemoryStore:
             record = self._call_valid(self.backend.record_answer, session_id, answer_json, ttl, None)
         else:
             ref = run_ref(self.owner, validate_run_id(run_id))
+            if self.mirror.restore_pending:
+                self._not_restored()
             record = self.backend.record_answer(None, answer_json, ttl, ref)
         if record is None or not self.owner:
             return record

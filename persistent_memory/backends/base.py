@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from persistent_memory.conf import MemorySettings
@@ -70,6 +71,8 @@ class SessionSnapshot(TypedDict):
     info: SessionInfo
     values: dict[str, str]
     history: list[dict[str, Any]]
+    #: The backend's journal position when it was read (memory backend with a journal).
+    journal_seq: NotRequired[int]
 
 
 class RunBinding(NamedTuple):
@@ -79,6 +82,13 @@ class RunBinding(NamedTuple):
 
     run_id: str
     ttl_seconds: float
+
+
+class Checkpoint(NamedTuple):
+    """A journal position: the segments before it, and the sessions written in them."""
+
+    segments: list[Any]
+    session_ids: list[str]
 
 
 class AnswerRecord(NamedTuple):
@@ -254,6 +264,29 @@ class BaseBackend(ABC):
     @abstractmethod
     def ping(self) -> None:
         """Return if the backend answers; raise ``BackendUnavailable`` otherwise."""
+
+    # The write-ahead journal (the memory backend's; see persistent_memory.journal) ----
+
+    def replay(self, mirrored: dict[str, int]) -> list[str]:
+        """After a restore, apply journaled writes the mirror lacks; return their sessions."""
+        return []
+
+    def restoring(self) -> AbstractContextManager[None]:
+        """Around a restore from the mirror: what it writes needs no journal."""
+        return nullcontext()
+
+    def checkpoint(self) -> Checkpoint | None:
+        """Start a new journal segment and take every dirty id (None: no journal, or nothing
+        written since the last checkpoint). Once those sessions are mirrored, every write
+        in the older segments is: the mirror then hands them to :meth:`drop_segments`."""
+        return None
+
+    def drop_segments(self, segments: list[Any]) -> None:  # noqa: B027 - optional hook
+        """Forget journal segments the mirror has caught up with."""
+
+    def journal_size(self) -> int | None:
+        """Bytes of journal kept for the mirror to catch up with (None: no journal)."""
+        return None
 
     def describe(self) -> str:
         """Where the data lives, safe to show (never a password)."""

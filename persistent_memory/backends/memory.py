@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -16,6 +19,7 @@ from persistent_memory.backends.base import (
     LAST_ANSWER,
     AnswerRecord,
     BaseBackend,
+    Checkpoint,
     RunBinding,
     SessionInfo,
     SessionSnapshot,
@@ -26,11 +30,13 @@ from persistent_memory.exceptions import (
     CapacityExceeded,
     KeyNotFound,
     NotANumber,
+    PersistentMemoryError,
     QuotaExceeded,
     SessionExists,
     SessionExpired,
     SessionNotFound,
 )
+from persistent_memory.journal import Journal
 from persistent_memory.owners import namespace_of
 from persistent_memory.validation import INT64_MAX, INT64_MIN
 
@@ -66,6 +72,10 @@ class MemoryBackend(BaseBackend):
         # doubled since the last pruning, so binding stays O(1) amortized.
         self._runs: dict[str, tuple[str, float]] = {}
         self._runs_prune_at = 1024
+        #: The write-ahead journal (see persistent_memory.journal); None: writes live in
+        #: this process only until the mirror has them.
+        self.journal: Journal | None = None
+        self._rotated_at = -1  # journal seq after the last checkpoint
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -77,6 +87,10 @@ class MemoryBackend(BaseBackend):
             max_sessions_per_owner=owner_session_cap(conf),
             max_session_bytes=conf.MAX_SESSION_BYTES,
         )
+
+    def open_journal(self, directory: str | os.PathLike[str]) -> None:
+        """Journal every write in ``directory`` from now on (see :meth:`replay`)."""
+        self.journal = Journal(directory)
 
     # Helpers, called with the lock held ---------------------------------------
 
@@ -93,11 +107,17 @@ class MemoryBackend(BaseBackend):
                 del self._owned[owner]
         return session
 
-    def _live(self, session_id: str) -> _Session:
+    def _log(self, op: str, session_id: str, now: float, *args: Any) -> None:
+        """Journal a write before it is applied: a write that then fails (a cap, a bad
+        counter) fails the same way when replayed, so nothing needs undoing."""
+        if self.journal is not None and self.journal.owned:
+            self.journal.append(op, session_id, now, *args)
+
+    def _live(self, session_id: str, now: float) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(f"Session {session_id!r} not found.")
-        if session.expired(time.time()):
+        if session.expired(now):
             self._drop(session_id)
             self._mark(session_id)
             raise SessionExpired(f"Session {session_id!r} has expired.")
@@ -108,8 +128,7 @@ class MemoryBackend(BaseBackend):
             self._drop(session_id)
             self._mark(session_id)
 
-    def _create(self, session_id: str, ttl_seconds: float | None) -> _Session:
-        now = time.time()
+    def _create(self, session_id: str, ttl_seconds: float | None, now: float) -> _Session:
         existing = self._sessions.get(session_id)
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
@@ -153,21 +172,21 @@ class MemoryBackend(BaseBackend):
         session.size -= len(key) + len(text)
         return True
 
-    def _live_or_create(self, session_id: str, ttl_seconds: float | None) -> _Session:
-        try:
-            return self._live(session_id)
-        except SessionNotFound:
-            return self._create(session_id, ttl_seconds)
+    def _is_live(self, session_id: str, now: float) -> bool:
+        session = self._sessions.get(session_id)
+        return session is not None and not session.expired(now)
 
-    def _record(self, session_id: str, session: _Session, op: str, key: str | None, **extra: Any) -> None:
-        session.history.append(history.entry(op, key, time.time(), **extra))
+    def _record(
+        self, session_id: str, session: _Session, now: float, op: str, key: str | None, **extra: Any
+    ) -> None:
+        session.history.append(history.entry(op, key, now, **extra))
         if self.auto_summarize:
-            self._fold(session, self.max_history)
+            self._fold(session, self.max_history, now)
         self._mark(session_id)
 
     @staticmethod
-    def _fold(session: _Session, max_entries: int) -> int:
-        folded = history.fold(session.history, max_entries, time.time())
+    def _fold(session: _Session, max_entries: int, now: float) -> int:
+        folded = history.fold(session.history, max_entries, now)
         if folded is None:
             return 0
         count = len(session.history) - len(folded) + 1
@@ -204,14 +223,22 @@ class MemoryBackend(BaseBackend):
         return result
 
     # Sessions ---------------------------------------------------------------
+    #
+    # Each write is a public method that takes the lock and the time, and an ``_op``
+    # method that does it at a given time: the journal replays records through the
+    # latter, so a replayed write gives the same state as the original.
 
     def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
         with self._lock:
-            return self._info(session_id, self._create(session_id, ttl_seconds))
+            return self._info(session_id, self._create_op(time.time(), session_id, ttl_seconds))
+
+    def _create_op(self, now: float, session_id: str, ttl_seconds: float | None) -> _Session:
+        self._log("create", session_id, now, ttl_seconds)
+        return self._create(session_id, ttl_seconds, now)
 
     def resume_session(self, session_id: str) -> SessionInfo:
         with self._lock:
-            return self._info(session_id, self._live(session_id))
+            return self._info(session_id, self._live(session_id, time.time()))
 
     session_info = resume_session
 
@@ -227,114 +254,158 @@ class MemoryBackend(BaseBackend):
 
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
-            session = self._live(session_id)
-            self._drop(session_id)
-            self._mark(session_id)
-            return sorted(session.values)
+            return self._delete_op(time.time(), session_id)
+
+    def _delete_op(self, now: float, session_id: str) -> list[str]:
+        session = self._live(session_id, now)
+        self._log("delete", session_id, now)
+        self._drop(session_id)
+        self._mark(session_id)
+        return sorted(session.values)
 
     # Values -----------------------------------------------------------------
 
     def put(self, session_id: str, key: str, value_json: str) -> None:
         with self._lock:
-            session = self._live(session_id)
-            self._write(session, {key: value_json})
-            self._record(session_id, session, "put", key)
+            self._put_op(time.time(), session_id, key, value_json)
+
+    def _put_op(self, now: float, session_id: str, key: str, value_json: str) -> None:
+        session = self._live(session_id, now)
+        self._log("put", session_id, now, key, value_json)
+        self._write(session, {key: value_json})
+        self._record(session_id, session, now, "put", key)
 
     def get(self, session_id: str, key: str) -> str:
         with self._lock:
             try:
-                return self._live(session_id).values[key]
+                return self._live(session_id, time.time()).values[key]
             except KeyError:
                 raise KeyNotFound(f"Session {session_id!r} has no key {key!r}.") from None
 
     def get_all(self, session_id: str) -> str:
         with self._lock:
-            return self._values_json(self._live(session_id))
+            return self._values_json(self._live(session_id, time.time()))
 
     def list_keys(self, session_id: str) -> list[str]:
         with self._lock:
-            return sorted(self._live(session_id).values)
+            return sorted(self._live(session_id, time.time()).values)
 
     def increment(self, session_id: str, key: str, amount: int) -> int:
         with self._lock:
-            session = self._live(session_id)
-            result = self._added(session, key, amount)
-            self._write(session, {key: str(result)})
-            self._record(session_id, session, "increment", key)
-            return result
+            return self._increment_op(time.time(), session_id, key, amount)
+
+    def _increment_op(self, now: float, session_id: str, key: str, amount: int) -> int:
+        session = self._live(session_id, now)
+        result = self._added(session, key, amount)  # before the journal: a bad counter is no write
+        self._log("increment", session_id, now, key, amount)
+        self._write(session, {key: str(result)})
+        self._record(session_id, session, now, "increment", key)
+        return result
 
     def clear(self, session_id: str, key: str | None) -> list[str]:
         with self._lock:
-            session = self._live(session_id)
-            if key is None:
-                cleared = sorted(session.values)
-                session.values.clear()
-                session.size = 0
-                self._record(session_id, session, "clear", None, cleared=cleared)
-            else:
-                cleared = [key] if self._remove_value(session, key) else []
-                self._record(session_id, session, "clear", key)
-            return cleared
+            return self._clear_op(time.time(), session_id, key)
+
+    def _clear_op(self, now: float, session_id: str, key: str | None) -> list[str]:
+        session = self._live(session_id, now)
+        self._log("clear", session_id, now, key)
+        if key is None:
+            cleared = sorted(session.values)
+            session.values.clear()
+            session.size = 0
+            self._record(session_id, session, now, "clear", None, cleared=cleared)
+        else:
+            cleared = [key] if self._remove_value(session, key) else []
+            self._record(session_id, session, now, "clear", key)
+        return cleared
 
     # History ----------------------------------------------------------------
 
     def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
         with self._lock:
-            entries = self._live(session_id).history
+            entries = self._live(session_id, time.time()).history
             return copy.deepcopy(entries[-limit:] if limit else entries)
 
     def summarize(self, session_id: str, max_entries: int) -> int:
         with self._lock:
-            folded = self._fold(self._live(session_id), max_entries)
-            if folded:
-                self._mark(session_id)
-            return folded
+            return self._summarize_op(time.time(), session_id, max_entries)
+
+    def _summarize_op(self, now: float, session_id: str, max_entries: int) -> int:
+        session = self._live(session_id, now)
+        if len(session.history) <= max_entries:
+            return 0
+        self._log("summarize", session_id, now, max_entries)
+        self._mark(session_id)
+        return self._fold(session, max_entries, now)
 
     # Lanes ------------------------------------------------------------------
 
     def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         with self._lock:
-            values = self._values_json(self._live_or_create(session_id, ttl_seconds))
-            if run is not None:
-                self._bind(run, session_id)
-            return values
+            now = time.time()
+            if run is None and self._is_live(session_id, now):  # a read: nothing to journal
+                return self._values_json(self._sessions[session_id])
+            run_args = (run.run_id, run.ttl_seconds) if run else (None, None)
+            return self._values_json(self._enrich_op(now, session_id, ttl_seconds, *run_args))
 
-    def _bind(self, run: RunBinding, session_id: str) -> None:
-        now = time.time()
+    def _enrich_op(
+        self,
+        now: float,
+        session_id: str,
+        ttl_seconds: float | None,
+        run_id: str | None,
+        run_ttl: float | None,
+    ) -> _Session:
+        self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl)
+        if self._is_live(session_id, now):
+            session = self._sessions[session_id]
+        else:
+            session = self._create(session_id, ttl_seconds, now)
+        if run_id is not None and run_ttl is not None:
+            self._bind_op(now, run_id, session_id, now + run_ttl)
+        return session
+
+    def _bind_op(self, now: float, run_id: str, session_id: str, until: float) -> None:
         if len(self._runs) >= self._runs_prune_at:
             self._runs = {r: bound for r, bound in self._runs.items() if bound[1] > now}
             self._runs_prune_at = max(1024, 2 * len(self._runs))
-        self._runs[run.run_id] = (session_id, now + run.ttl_seconds)
+        self._runs[run_id] = (session_id, until)
 
     def record_answer(
         self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
     ) -> AnswerRecord | None:
         with self._lock:
+            now = time.time()
             if session_id is None:
                 bound = self._runs.get(run_id or "")
-                if bound is None or bound[1] <= time.time():
+                if bound is None or bound[1] <= now:
                     return None
                 session_id = bound[0]
-                session = self._sessions.get(session_id)
-                if session is None or session.expired(time.time()):
+                if not self._is_live(session_id, now):
                     # Deleted or expired since it was bound: the binding goes too, so that it
                     # never recreates the session (or reaches a new one under the same id).
                     del self._runs[run_id or ""]
                     return None
-            try:
-                session, created = self._live(session_id), False
-            except SessionNotFound:
-                session, created = self._create(session_id, ttl_seconds), True
-            count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
-            try:
-                self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
-            except QuotaExceeded:
-                if created:  # nothing of this answer stays, not even its session
-                    self._drop(session_id)
-                raise
-            self._record(session_id, session, "put", LAST_ANSWER)
-            self._record(session_id, session, "increment", ANSWER_COUNT)
-            return AnswerRecord(session_id, count)
+            return self._answer_op(now, session_id, answer_json, ttl_seconds)
+
+    def _answer_op(
+        self, now: float, session_id: str, answer_json: str, ttl_seconds: float | None
+    ) -> AnswerRecord:
+        self._log("answer", session_id, now, answer_json, ttl_seconds)
+        try:
+            session, created = self._live(session_id, now), False
+        except SessionNotFound:
+            session, created = self._create(session_id, ttl_seconds, now), True
+        count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
+        try:
+            self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
+        except QuotaExceeded:
+            if created:  # nothing of this answer stays, not even its session
+                self._drop(session_id)
+            raise
+        self._record(session_id, session, now, "put", LAST_ANSWER)
+        self._record(session_id, session, now, "increment", ANSWER_COUNT)
+        return AnswerRecord(session_id, count)
 
     # Whole sessions -----------------------------------------------------------
 
@@ -342,6 +413,7 @@ class MemoryBackend(BaseBackend):
         now = time.time()
         result: dict[str, SessionSnapshot | None] = {}
         with self._lock:
+            seq = self.journal.seq if self.journal is not None else 0
             for session_id in session_ids:
                 session = self._sessions.get(session_id)
                 if session is None or session.expired(now):
@@ -354,23 +426,96 @@ class MemoryBackend(BaseBackend):
                     "info": self._info(session_id, session),
                     "values": dict(session.values),
                     "history": [dict(entry) for entry in session.history],
+                    "journal_seq": seq,
                 }
         return result
 
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
-        info = snapshot["info"]
-        session_id = info["session_id"]
         with self._lock:
-            existing = self._sessions.get(session_id)
-            if existing is not None and not existing.expired(time.time()) and not replace:
-                raise SessionExists(f"Session {session_id!r} already exists.")
-            self._drop(session_id)
-            session = self._create(session_id, info["ttl_seconds"])
-            session.created_at = info["created_at"]
-            session.expires_at = info["expires_at"]
-            session.values = dict(snapshot["values"])
-            session.size = sum(len(key) + len(text) for key, text in session.values.items())
-            session.history = copy.deepcopy(snapshot["history"])
+            self._restore_op(time.time(), snapshot["info"]["session_id"], snapshot, replace)
+
+    def _restore_op(self, now: float, session_id: str, snapshot: SessionSnapshot, replace: bool) -> None:
+        if self._is_live(session_id, now) and not replace:
+            raise SessionExists(f"Session {session_id!r} already exists.")
+        info = snapshot["info"]
+        self._log(
+            "restore", session_id, now, {key: snapshot[key] for key in ("info", "values", "history")}, replace
+        )
+        self._drop(session_id)
+        session = self._create(session_id, info["ttl_seconds"], now)
+        session.created_at = info["created_at"]
+        session.expires_at = info["expires_at"]
+        session.values = dict(snapshot["values"])
+        session.size = sum(len(key) + len(text) for key, text in session.values.items())
+        session.history = copy.deepcopy(snapshot["history"])
+
+    # The journal ----------------------------------------------------------------
+
+    def replay(self, mirrored: dict[str, int]) -> list[str]:
+        """Apply the journal's records newer than each session's mirrored point
+        (``mirrored``: storage id -> journal seq of its mirror row); return the ids of
+        the sessions replayed (marked dirty, so the mirror catches up with them)."""
+        journal = self.journal
+        if journal is None:
+            return []
+        ops = {
+            "create": self._create_op,
+            "delete": self._delete_op,
+            "put": self._put_op,
+            "increment": self._increment_op,
+            "clear": self._clear_op,
+            "summarize": self._summarize_op,
+            "enrich": self._enrich_op,
+            "answer": self._answer_op,
+            "restore": self._restore_op,
+            "bind": self._bind_op,
+        }
+        replayed: dict[str, None] = {}
+        with self._lock, self.restoring():
+            for seq, (_, op, session_id, now, *args) in journal.records():
+                if op != "bind" and seq <= mirrored.get(session_id, 0):
+                    continue
+                try:
+                    ops[op](now, session_id, *args)
+                except PersistentMemoryError:
+                    continue  # it failed the same way when it was made
+                if op != "bind":
+                    replayed[session_id] = None
+                    self._mark(session_id)
+        journal.seq = max(journal.seq, *mirrored.values(), 0)
+        return list(replayed)
+
+    @contextmanager
+    def restoring(self) -> Iterator[None]:
+        # What a restore loads is in the mirror or the journal already. The store
+        # refuses calls while it restores, so nothing else writes meanwhile.
+        journal, self.journal = self.journal, None
+        try:
+            yield
+        finally:
+            self.journal = journal
+
+    def checkpoint(self) -> Checkpoint | None:
+        with self._lock:
+            journal = self.journal
+            if journal is None or not journal.owned or journal.seq == self._rotated_at:
+                return None  # nothing written since the last checkpoint
+            segments = journal.rotate()
+            # Run bindings are not mirrored: the new segment carries the live ones.
+            now = time.time()
+            for run_id, (session_id, until) in self._runs.items():
+                if until > now:
+                    journal.append("bind", run_id, now, session_id, until)
+            self._rotated_at = journal.seq
+            dirty, self._dirty = self._dirty, set()
+            return Checkpoint(segments, sorted(dirty))
+
+    def drop_segments(self, segments: list[Any]) -> None:
+        if self.journal is not None:
+            self.journal.drop(segments)
+
+    def journal_size(self) -> int | None:
+        return None if self.journal is None else self.journal.size()
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
         # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go
@@ -435,3 +580,7 @@ class MemoryBackend(BaseBackend):
 
     def ping(self) -> None:
         return None
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()

@@ -1,0 +1,275 @@
+"""The memory backend's write-ahead journal: a restart gets back every write made
+before it, whether or not the mirror had it, and never applies one twice.
+
+"A crash" here is a store dropped without its last mirror flush (its journal file
+closed as the kernel closes it when a process is killed); the same with a real
+server process and SIGKILL is in test_crash.py. The journal is the memory backend's:
+Redis keeps its own data.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from persistent_memory.backends.base import RunBinding
+from persistent_memory.backends.memory import MemoryBackend
+from persistent_memory.exceptions import BackendUnavailable, NotANumber
+from persistent_memory.journal import Journal, journal_directory
+from persistent_memory.models import MemorySession
+from persistent_memory.store import MemoryStore
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def journaled(settings: Any, tmp_path: Path):
+    """Build stores as a process would, all on one journal directory."""
+    settings.PERSISTENT_MEMORY = {
+        "BACKEND": "memory",
+        "MIRROR_MODE": "immediate",
+        "JOURNAL_DIR": str(tmp_path / "journal"),
+        "MAX_HISTORY": 6,
+    }
+    built: list[MemoryStore] = []
+
+    def build(*, worker: bool = False) -> MemoryStore:
+        # from_settings restores and replays; its worker is stopped unless asked for, so
+        # that the test decides when the mirror syncs.
+        store = MemoryStore.from_settings()
+        if not worker:
+            store.mirror.stop()
+        built.append(store)
+        return store
+
+    yield build
+    for store in built:
+        if store.backend.journal is not None and store.backend.journal._lock_fd >= 0:
+            crash(store)
+
+
+def crash(store: MemoryStore) -> None:
+    """What SIGKILL leaves: the journal file as written, no last mirror flush."""
+    journal = store.backend.journal
+    assert journal is not None
+    journal._stop.set()
+    if journal._fd is not None:
+        os.close(journal._fd)
+        journal._fd = None
+    os.close(journal._lock_fd)  # the kernel releases the flock of a dead process
+    journal._lock_fd = -1
+
+
+def state(store: MemoryStore, owner_sessions: dict[str, list[str]]) -> dict[str, Any]:
+    """Everything the store holds for these sessions, timestamps included."""
+    result = {}
+    for owner, session_ids in owner_sessions.items():
+        scoped = store.for_owner(owner)
+        for session_id in session_ids:
+            info = scoped.session_info(session_id)
+            result[(owner, session_id)] = (
+                info,
+                scoped.get_all(session_id),
+                scoped.get_history(session_id, 0),
+            )
+    return result
+
+
+def write_everything(store: MemoryStore, round_: int) -> None:
+    alice = store.for_owner("user:1")
+    if round_ == 0:
+        alice.create_session("chat", ttl_seconds=3600)
+        store.create_session("node")
+        store.create_session("doomed")
+    alice.put("chat", f"k{round_}", {"round": round_, "text": "caf\u00e9 \u0000"})
+    alice.increment("chat", "n", 5)
+    alice.record_answer("chat", f"answer {round_}")
+    alice.enrich("lane", run_id=f"run{round_}")
+    alice.record_answer(None, f"by run {round_}", run_id=f"run{round_}")
+    store.put("node", "k", round_)
+    for i in range(4):  # past MAX_HISTORY: auto summaries
+        store.increment("node", "c", i)
+    store.clear("node", "k")
+    store.summarize("node", 2)
+    with pytest.raises(NotANumber):  # a failed write replays as the same failure
+        alice.increment("chat", f"k{round_}", 1)
+    if round_ == 1:
+        store.delete_session("doomed")
+
+
+SESSIONS = {"user:1": ["chat", "lane"], "": ["node"]}
+
+
+def test_a_crash_loses_nothing_the_mirror_had_not_synced(journaled):
+    store = journaled()
+    write_everything(store, 0)
+    before = state(store, SESSIONS)
+    crash(store)
+    assert MemorySession.objects.count() == 0  # the mirror never ran: all of it is in the journal
+
+    fresh = journaled()
+    assert state(fresh, SESSIONS) == before
+    assert fresh.list_sessions() == ["doomed", "node"]
+    # Run bindings come back too: the run's answer still finds its session.
+    assert fresh.for_owner("user:1").record_answer(None, "again", run_id="run0").session_id == "lane"
+
+
+def test_replay_starts_where_each_mirrored_row_ends_and_applies_nothing_twice(journaled):
+    store = journaled()
+    write_everything(store, 0)
+    store.mirror.sync_dirty()  # rows written, journal not truncated (a crash before the drop)
+    write_everything(store, 1)
+    before = state(store, SESSIONS)
+    crash(store)
+
+    fresh = journaled()
+    after = state(fresh, SESSIONS)
+    # Counters are the proof of "not twice": 2 rounds of +5, 2 answers on chat.
+    assert after[("user:1", "chat")][1]["n"] == 10
+    assert after[("user:1", "chat")][1]["answer_count"] == 2
+    for key, (info, values, history) in before.items():
+        now_info, now_values, now_history = after[key]
+        assert now_values == values, key
+        assert [(e["op"], e.get("key")) for e in now_history] == [(e["op"], e.get("key")) for e in history]
+        assert [e["timestamp"] for e in now_history] == pytest.approx(
+            [e["timestamp"] for e in history], abs=1e-5
+        )
+        if info["expires_at"] is not None:
+            assert now_info["expires_at"] == pytest.approx(info["expires_at"], abs=1e-3)
+    assert fresh.list_sessions() == ["node"]  # "doomed" was deleted after the rows were written
+
+
+def test_a_checkpoint_truncates_the_journal_once_the_mirror_has_everything(journaled, tmp_path):
+    store = journaled()
+    write_everything(store, 0)
+    journal = store.backend.journal
+    assert journal.size() > 0
+    assert store.mirror.checkpoint() is True
+    # What is left is the new segment with the live run bindings only.
+    kept = [record for _, record in journal.records()]
+    assert {record[1] for record in kept} == {"bind"}
+    assert store.mirror.checkpoint() is True  # nothing new: no new segment either
+    assert len(journal.segments()) == 1
+    store.for_owner("user:1").put("chat", "after", 1)  # in the new segment only
+    before = state(store, SESSIONS)
+    crash(store)
+    after = state(journaled(), SESSIONS)
+    assert after[("user:1", "chat")][1] == before[("user:1", "chat")][1]
+    assert after[("", "node")][1] == before[("", "node")][1]
+
+
+def test_a_failed_sync_keeps_the_journal(journaled, monkeypatch):
+    store = journaled()
+    write_everything(store, 0)
+    segments = len(store.backend.journal.segments())
+    from django.db import DatabaseError
+
+    from persistent_memory import mirror as mirror_module
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseError("database is locked")
+
+    monkeypatch.setattr(mirror_module.Mirror, "_apply", refuse)
+    assert store.mirror.checkpoint() is False
+    assert len(store.backend.journal.segments()) == segments + 1  # rotated, nothing dropped
+    monkeypatch.undo()
+    before = state(store, SESSIONS)
+    crash(store)
+    assert state(journaled(), SESSIONS) == before
+
+
+def test_the_store_refuses_calls_until_its_sessions_are_restored(journaled, monkeypatch):
+    from persistent_memory import mirror as mirror_module
+
+    store = journaled()
+    write_everything(store, 0)
+    crash(store)
+    calls = {"n": 0}
+    original = mirror_module.Mirror.restore
+
+    def restore_fails_once(self: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            from django.db import OperationalError
+
+            raise OperationalError("the database is down")
+        return original(self)
+
+    monkeypatch.setattr(mirror_module.Mirror, "restore", restore_fails_once)
+    fresh = journaled(worker=True)  # its worker retries the restore within a second
+    assert fresh.mirror.restore_pending
+    refused = [
+        lambda: fresh.get_all("node"),
+        lambda: fresh.put("node", "x", 1),
+        lambda: fresh.list_sessions(),
+        lambda: fresh.for_owner("user:1").record_answer(None, "x", run_id="run0"),
+    ]
+    for call in refused:
+        with pytest.raises(BackendUnavailable, match="waiting for its database"):
+            call()
+    deadline = time.monotonic() + 5
+    while fresh.mirror.restore_pending:
+        assert time.monotonic() < deadline, "the worker did not retry the restore"
+        time.sleep(0.05)
+    assert fresh.get("node", "c") == 6
+    assert calls["n"] == 2
+
+
+def test_a_second_process_reads_the_journal_but_writes_none(journaled):
+    owner = journaled()
+    write_everything(owner, 0)
+    reader = journaled()  # the owner still runs
+    assert reader.backend.journal.owned is False
+    assert reader.get("node", "c") == 6  # replayed from the owner's journal
+    size = owner.backend.journal.size()
+    reader.put("node", "only-here", 1)
+    assert reader.mirror.checkpoint() is True
+    assert owner.backend.journal.size() == size
+
+
+def test_a_torn_last_record_is_skipped(tmp_path):
+    journal = Journal(tmp_path)
+    journal.append("put", "s", 1.0, "k", "1")
+    segment = journal.segments()[-1]
+    journal.close()
+    with segment.open("ab") as file:
+        file.write(b'[2,"put","s",2.0,"k"')  # cut short by a kill mid-write
+    again = Journal(tmp_path)
+    try:
+        assert [seq for seq, _ in again.records()] == [1]
+        assert again.append("put", "s", 3.0, "k", "2") == 2
+    finally:
+        again.close()
+
+
+def test_records_keep_exact_values_and_times(tmp_path):
+    backend = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+    backend.open_journal(tmp_path)
+    backend.create_session("s", None)
+    value = '{"a": "\\u0000\\ud83d\\ude00", "b": 1e-300}'
+    backend.put("s", "k", value)
+    backend.enrich("t", None, RunBinding("~run:r", 60))
+    backend.close()
+    replica = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+    replica.open_journal(tmp_path)
+    assert sorted(replica.replay({})) == ["s", "t"]
+    assert replica.get("s", "k") == value
+    assert replica.get_history("s", 0) == backend.get_history("s", 0)
+    assert replica._runs == backend._runs
+    replica.close()
+
+
+def test_journal_dir_defaults_beside_an_sqlite_file(tmp_path):
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": tmp_path / "db.sqlite3"}
+    assert journal_directory(None, sqlite) == tmp_path / "db.sqlite3.memory-journal"
+    assert journal_directory(False, sqlite) is None
+    assert journal_directory("/x/y", sqlite) == Path("/x/y")
+    # No file to put it beside: an in-memory SQLite (the test database) or PostgreSQL.
+    assert (
+        journal_directory(None, {**sqlite, "NAME": "file:memorydb_default?mode=memory&cache=shared"}) is None
+    )
+    assert journal_directory(None, {"ENGINE": "django.db.backends.postgresql", "NAME": "app"}) is None
