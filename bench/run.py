@@ -91,6 +91,10 @@ def measure_store(args: argparse.Namespace, url: str) -> dict[str, Any]:
         results["memory"], results["memory_mirror_catch_up"] = memory_figures(
             args.duration, args.sessions, args.keys
         )
+        with tempfile.TemporaryDirectory(prefix="pm-bench-journal-") as journal_dir:
+            results["memory_journal"], _ = memory_figures(
+                args.duration, args.sessions, args.keys, journal_dir=journal_dir
+            )
     return results
 
 
@@ -120,6 +124,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         for lane in (ENRICH, STORE):
             rate = _lane(results["memory"], lane)["ops_per_s"]
             check(f"Memory {lane}: >= 50,000 ops/s", f"{rate:,.0f} ops/s", rate >= 50_000)
+        for lane in (ENRICH, STORE):
+            rate = _lane(results["memory_journal"], lane)["ops_per_s"]
+            check(f"Memory with the journal {lane}: >= 50,000 ops/s", f"{rate:,.0f} ops/s", rate >= 50_000)
         catch_up = results["memory_mirror_catch_up"]
         seconds = catch_up["seconds"]
         check(
@@ -153,6 +160,7 @@ def report(results: dict[str, Any]) -> str:
     rows = [row(f"redis-py {name}", f, floor) for name, f in results.get("floor", {}).items()]
     rows += [row(f"redis: {name}", f, floor) for name, f in results.get("redis", {}).items()]
     rows += [row(f"memory: {name}", f, 0) for name, f in results.get("memory", {}).items()]
+    rows += [row(f"memory + journal: {name}", f, 0) for name, f in results.get("memory_journal", {}).items()]
     headers = ["Operation (one thread)", "ops/s", "of EVALSHA floor", "p50 µs", "p99 µs", "round trips/op"]
     parts.append(markdown([*headers, "Redis commands/op", "Redis µs/op"], rows))
     if "memory_mirror_catch_up" in results:

@@ -98,9 +98,16 @@ def floor_operations(client: redis.Redis) -> dict[str, Callable[[], Any]]:
     return {"PING": client.ping, EVALSHA: lambda: client.evalsha(sha, 0), POOLED_EVALSHA: on_connection}
 
 
-def build_store(backend: str, url: str, max_sessions: int = 1000) -> MemoryStore:
-    """A store as a project configures it: the backend's default mirror mode and TTL."""
-    conf: dict[str, Any] = {"BACKEND": backend, "MAX_SESSIONS": max_sessions}
+def build_store(
+    backend: str, url: str, max_sessions: int = 1000, journal_dir: str | None = None
+) -> MemoryStore:
+    """A store as a project configures it: the backend's default mirror mode and TTL
+    (on memory, with a journal in ``journal_dir`` when given)."""
+    conf: dict[str, Any] = {
+        "BACKEND": backend,
+        "MAX_SESSIONS": max_sessions,
+        "JOURNAL_DIR": journal_dir or False,
+    }
     if backend == "redis":
         conf["REDIS_URL"] = url
     store = MemoryStore.from_settings(MemorySettings(conf))
@@ -166,7 +173,7 @@ def redis_figures(url: str, duration: float, sessions: int, keys: list[int]) -> 
 
 
 def memory_figures(
-    duration: float, sessions: int, keys: list[int], passes: int = 2
+    duration: float, sessions: int, keys: list[int], passes: int = 2, journal_dir: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The store on memory with its default mirror, and the mirror's catch-up after.
 
@@ -175,7 +182,10 @@ def memory_figures(
     others'. There is no floor to take turns with here, so each operation is timed
     in ``passes`` passes and the better one counts, as for the API.
     """
-    store = build_store("memory", "", max_sessions=max(1000, 10 * sessions))
+    from persistent_memory.models import MemorySession
+
+    MemorySession.objects.all().delete()  # the bench's own database: start each run empty
+    store = build_store("memory", "", max_sessions=max(1000, 10 * sessions), journal_dir=journal_dir)
     try:
         figures: dict[str, dict[str, Any]] = {}
         ops = operations(store, sessions, keys)

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 FSYNC_INTERVAL_SECONDS = 1.0
 
 _SUFFIX = ".journal"
+# Built once: json.dumps with options builds an encoder per call, a third of a write's cost.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def journal_directory(setting: Any, database: dict[str, Any]) -> Path | None:
@@ -108,9 +110,9 @@ class Journal:
         if self._fd is None:
             return 0
         seq = self.seq + 1
-        line = json.dumps([seq, op, session_id, now, *args], separators=(",", ":")) + "\n"
+        line = _ENCODER.encode([seq, op, session_id, now, *args]).encode() + b"\n"
         try:
-            written = os.write(self._fd, line.encode())
+            written = os.write(self._fd, line)
         except OSError as exc:
             raise BackendUnavailable(f"The memory backend's journal cannot be written: {exc}") from None
         if written != len(line):  # a full disk can cut a write short: never keep half a record
