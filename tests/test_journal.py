@@ -48,6 +48,7 @@ def journaled(settings: Any, tmp_path: Path):
 
     yield build
     for store in built:
+        store.mirror.stop()  # before the test database goes
         if store.backend.journal is not None and store.backend.journal._lock_fd >= 0:
             crash(store)
 
