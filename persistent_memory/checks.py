@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -138,6 +139,12 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "E009",
     ),
     (
+        "JOURNAL_DIR",
+        lambda v: v is None or v is False or (isinstance(v, str | os.PathLike) and bool(str(v))),
+        "Use a folder path, None (beside an SQLite database file) or False (no journal).",
+        "E010",
+    ),
+    (
         "MIRROR_MODE",
         lambda v: v is None or v in MIRROR_MODES,
         f"Use one of {', '.join(MIRROR_MODES)}, or None for the backend's default.",
@@ -232,6 +239,19 @@ def _anonymous_let_in() -> bool:
     return all(permission.has_permission(request, view) for permission in permissions)
 
 
+def _unjournaled(conf: MemorySettings) -> bool:
+    """Whether a memory backend that restores from its mirror runs without a journal (left
+    unset where there is no SQLite file to put it beside; False is a choice)."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from persistent_memory.conf import mirror_mode
+    from persistent_memory.journal import journal_directory
+
+    if conf.BACKEND != "memory" or mirror_mode(conf) != "immediate" or conf.JOURNAL_DIR is False:
+        return False
+    return journal_directory(conf.JOURNAL_DIR, connections.databases.get(DEFAULT_DB_ALIAS, {})) is None
+
+
 @register(Tags.security, deploy=True)
 def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn about deployments that share memory between processes or callers they should not."""
@@ -267,6 +287,15 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 "and delete every other caller's sessions.",
                 hint="Use the default, 'persistent_memory.resolvers.user_owner', or one per user or tenant.",
                 id="persistent_memory.W003",
+            )
+        )
+    if _unjournaled(conf):
+        warnings.append(
+            Warning(
+                "The memory backend has no crash journal: writes the mirror has not synced yet (about "
+                "half a second of them) are lost if the process is killed.",
+                hint=f"Set {SETTING_NAME}['JOURNAL_DIR'] to a folder on local disk.",
+                id="persistent_memory.W006",
             )
         )
     cap = conf.MAX_SESSIONS_PER_OWNER

@@ -274,3 +274,24 @@ def test_journal_dir_defaults_beside_an_sqlite_file(tmp_path):
         journal_directory(None, {**sqlite, "NAME": "file:memorydb_default?mode=memory&cache=shared"}) is None
     )
     assert journal_directory(None, {"ENGINE": "django.db.backends.postgresql", "NAME": "app"}) is None
+
+
+class TestChecks:
+    @staticmethod
+    def ids() -> list[str]:
+        from django.core.checks import run_checks
+
+        messages = run_checks(include_deployment_checks=True)
+        return sorted(m.id for m in messages if m.id.startswith("persistent_"))
+
+    def test_a_bad_journal_dir_is_an_error(self, settings):
+        settings.PERSISTENT_MEMORY = {"JOURNAL_DIR": 42}
+        assert self.ids() == ["persistent_memory.E010"]
+
+    def test_an_unjournaled_memory_backend_is_a_deploy_warning(self, settings):
+        # The test database is an in-memory SQLite: no file to put the journal beside.
+        settings.PERSISTENT_MEMORY = {"BACKEND": "memory"}
+        assert "persistent_memory.W006" in self.ids()
+        for chosen in ({"JOURNAL_DIR": False}, {"JOURNAL_DIR": "/var/lib/memory"}, {"MIRROR_MODE": "off"}):
+            settings.PERSISTENT_MEMORY = {"BACKEND": "memory", **chosen}
+            assert "persistent_memory.W006" not in self.ids(), chosen

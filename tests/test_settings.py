@@ -116,8 +116,10 @@ class TestChecks:
         settings.PERSISTENT_MEMORY = {}
         assert check_ids() == []
 
-    def test_deploy_warns_about_memory_backend(self, settings):
-        settings.PERSISTENT_MEMORY = {}
+    def test_deploy_warns_about_memory_backend(self, settings, tmp_path):
+        # A journal folder set: whether the default finds an SQLite file to put it beside
+        # depends on the test database (test_journal.py checks W006).
+        settings.PERSISTENT_MEMORY = {"JOURNAL_DIR": str(tmp_path)}
         assert check_ids(deploy=True) == ["persistent_memory.W001"]
         settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://127.0.0.1:1/0"}
         assert check_ids(deploy=True) == []
