@@ -28,6 +28,7 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 from persistent_memory.api import serializers as s
+from persistent_memory.api.bodies import read_unsized_body
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
@@ -41,7 +42,7 @@ from persistent_memory.validation import validate_run_id
 
 def errors(*statuses: int) -> dict[int, type[Serializer]]:
     """Schema entries for the error statuses an endpoint can answer."""
-    return dict.fromkeys((400, 401, 403, 413, 429, 500, 503, *statuses), s.Error)
+    return dict.fromkeys((400, 401, 403, 411, 413, 429, 500, 503, *statuses), s.Error)
 
 
 @functools.lru_cache(maxsize=32)
@@ -101,6 +102,7 @@ class MemoryAPIView(APIView):
         length = request.META.get("CONTENT_LENGTH") or "0"
         if length.isdigit() and int(length) > memory_settings.MAX_REQUEST_BYTES:
             raise PayloadTooLarge(f"The request body is over {memory_settings.MAX_REQUEST_BYTES} bytes.")
+        read_unsized_body(request._request, limit=memory_settings.MAX_REQUEST_BYTES)
         super().initial(request, *args, **kwargs)
         try:
             self.owner = resolve_owner(request)
