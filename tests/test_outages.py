@@ -223,6 +223,17 @@ def test_debug_page_never_shows_the_redis_password(settings):
     assert "********************@127.0.0.1" in "".join(str(frame["vars"]) for frame in data["frames"])
 
 
+def test_error_reports_hide_the_locals_below_building_the_redis_client(settings):
+    """DEBUG off (error mails): Django's own filter hides every local variable of
+    ``_build_client`` and the redis-py calls under it (``sensitive_variables``)."""
+    settings.DEBUG = False
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": URL}
+    data, _ = _report(django_debug.SafeExceptionReporterFilter())
+    frames = {frame["function"]: str(frame["vars"]) for frame in data["frames"]}
+    assert "from_url" in frames and "_build_client" in frames
+    assert not any(PASSWORD in variables for variables in frames.values())
+
+
 def test_the_demo_site_uses_the_filter():
     assert (
         django_settings.DEFAULT_EXCEPTION_REPORTER_FILTER
