@@ -1,8 +1,9 @@
 """Settings of the demo site.
 
 The environment picks the parts a newcomer may want to switch:
-``MEMORY_BACKEND`` (memory | redis), ``REDIS_URL``, ``SESSION_TTL_HOURS`` and
-``DATABASE_URL`` (SQLite in the project folder by default).
+``MEMORY_BACKEND`` (memory | redis), ``REDIS_URL``, ``SESSION_TTL_HOURS``,
+``DATABASE_URL`` (SQLite in the project folder by default) and ``DJANGO_DEBUG=1``
+(Django's debug pages; off by default).
 """
 
 import os
@@ -14,7 +15,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 # A demo: the key only has to be secret in a real deployment.
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-insecure-key-change-me")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+# Off unless asked for: debug pages show settings, the environment and local variables.
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 
 INSTALLED_APPS = [
@@ -33,6 +35,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's and the API docs' static files, with DEBUG off too.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -79,7 +83,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Django's staticfiles serves only with DEBUG on: WhiteNoise serves the apps' own static
+# folders (the finders, read once at start), so the demo needs no `collectstatic` and
+# no STATIC_ROOT (set one to collect them for another web server).
+WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
@@ -110,11 +117,16 @@ PERSISTENT_MEMORY = {
 if os.environ.get("REDIS_URL"):
     PERSISTENT_MEMORY["REDIS_URL"] = os.environ["REDIS_URL"]
 
+# The debug page (DJANGO_DEBUG=1) and error reports mask the Redis password (REDIS_URL).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.debug.SafeExceptionReporterFilter"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
-        "persistent_memory": {"handlers": ["console"], "level": os.environ.get("MEMORY_LOG_LEVEL", "INFO")}
+        "persistent_memory": {"handlers": ["console"], "level": os.environ.get("MEMORY_LOG_LEVEL", "INFO")},
+        # Server errors of every page (Django sends them to the console only with DEBUG on).
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }

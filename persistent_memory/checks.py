@@ -13,6 +13,7 @@ from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
 from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
+from persistent_memory.debug import SafeExceptionReporterFilter, redis_passwords
 
 
 def _is_int(value: Any, low: int, high: int | None = None) -> bool:
@@ -309,3 +310,27 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         )
     return warnings
+
+
+@register(Tags.security)
+def check_debug_reports(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when DEBUG pages would show the Redis password inside a URL."""
+    if not settings.DEBUG or not redis_passwords():
+        return []
+    try:
+        filter_class = import_string(settings.DEFAULT_EXCEPTION_REPORTER_FILTER)
+    except ImportError:
+        filter_class = None
+    if isinstance(filter_class, type) and issubclass(filter_class, SafeExceptionReporterFilter):
+        return []
+    return [
+        Warning(
+            "DEBUG is on and PERSISTENT_MEMORY configures a Redis password: Django's error pages "
+            "would show it (in REDIS_URL, the cache's LOCATION, request.META and local variables).",
+            hint=(
+                "Set DEFAULT_EXCEPTION_REPORTER_FILTER = "
+                "'persistent_memory.debug.SafeExceptionReporterFilter' (or a subclass), or turn DEBUG off."
+            ),
+            id="persistent_memory.W005",
+        )
+    ]

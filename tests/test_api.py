@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -440,8 +441,10 @@ class TestHealthAndPaths:
         staff = APIClient()
         staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
         body = staff.get(API + "health/").json()
-        assert body["status"] == "ok" and body["backend"].startswith(backend_name)
-        assert body["latency_ms"] >= 0
+        assert body["status"] == "ok" and body["backend"]["name"] == backend_name
+        assert body["backend"]["status"] == "ok" and body["backend"]["latency_ms"] >= 0
+        assert body["database"]["status"] == "ok" and body["database"]["latency_ms"] >= 0
+        assert body["database"]["alias"] == "default" and body["database"]["vendor"] == connection.vendor
 
     def test_health_503_when_redis_unreachable(self, db, settings):
         settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://:hunter2@127.0.0.1:1/0"}
@@ -452,7 +455,8 @@ class TestHealthAndPaths:
         staff = APIClient()
         staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
         body = staff.get(API + "health/").json()
-        assert body["status"] == "unavailable" and body["code"] == "backend_unavailable"
+        assert body["status"] == "unavailable" and body["backend"]["code"] == "backend_unavailable"
+        assert body["backend"]["location"] == "redis://127.0.0.1:1/0" and body["database"]["status"] == "ok"
         assert "hunter2" not in json.dumps(body)
 
     def test_unknown_paths_are_json_404(self, api):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.servers import demo_env, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,3 +54,20 @@ def test_environment_selects_the_backend(backend, redis_url, tmp_path):
         check=True,
     )
     assert result.stdout.split() == [backend, "5400"]
+
+
+def test_runserver_with_debug_off_serves_the_static_files(tmp_path):
+    """The README's runserver command, DEBUG off by default: the admin's and the API docs'
+    static files still load (WhiteNoise), and errors are not Django's debug pages."""
+    env = demo_env(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    with serve("runserver", env, tmp_path / "runserver.log") as server:
+        docs = server.request("GET", "/api/docs/")
+        assert docs.status == 200
+        assets = re.findall(r'"(/static/[^"]+)"', docs.body.decode())
+        assert assets, docs.body[:500]
+        for path in [*assets, "/static/admin/css/base.css", "/static/admin/js/core.js"]:
+            response = server.request("GET", path)
+            assert response.status == 200, path
+            assert len(response.body) > 100, path
+        missing = server.request("GET", "/no-such-page/")
+        assert missing.status == 404 and b"URLconf" not in missing.body  # not the debug 404

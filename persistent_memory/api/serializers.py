@@ -173,12 +173,28 @@ class SummarizeResponse(serializers.Serializer):
     summarized = serializers.BooleanField()
 
 
-class Health(serializers.Serializer):
-    status = serializers.ChoiceField(choices=["ok", "unavailable"])
-    backend = serializers.CharField(required=False, help_text="Staff only, as the fields below.")
-    latency_ms = serializers.FloatField(required=False)
-    detail = serializers.CharField(required=False)
+class PartHealth(serializers.Serializer):
+    # Not a second enum: drf-spectacular would warn about one choice set in three components.
+    status = serializers.CharField(help_text='"ok" or "unavailable".')
+    latency_ms = serializers.FloatField(required=False, help_text="When it answered.")
+    detail = serializers.CharField(required=False, help_text="Why not, when it did not.")
     code = serializers.CharField(required=False)
+
+
+class BackendHealth(PartHealth):
+    name = serializers.CharField()
+    location = serializers.CharField(help_text="Where it keeps the data, never its credentials.")
+
+
+class DatabaseHealth(PartHealth):
+    alias = serializers.CharField()
+    vendor = serializers.CharField()
+
+
+class Health(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok", "unavailable"], help_text="ok when every part is.")
+    backend = BackendHealth(required=False, help_text="Staff only, as every part.")
+    database = DatabaseHealth(required=False, help_text="The default database (users, tokens, the mirror).")
 
 
 class Error(serializers.Serializer):

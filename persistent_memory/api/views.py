@@ -9,9 +9,9 @@ that does not exist.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
+from django.db import Error as DatabaseError
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
@@ -28,10 +28,12 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 from persistent_memory.api import serializers as s
+from persistent_memory.api.bodies import read_unsized_body
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
-from persistent_memory.exceptions import BackendUnavailable, InvalidOwner, PersistentMemoryError
+from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
+from persistent_memory.health import OK, health_report
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.resolvers import resolve_owner
 from persistent_memory.store import MemoryStore, get_store
@@ -40,7 +42,7 @@ from persistent_memory.validation import validate_run_id
 
 def errors(*statuses: int) -> dict[int, type[Serializer]]:
     """Schema entries for the error statuses an endpoint can answer."""
-    return dict.fromkeys((400, 401, 403, 413, 429, 503, *statuses), s.Error)
+    return dict.fromkeys((400, 401, 403, 411, 413, 429, 500, 503, *statuses), s.Error)
 
 
 @functools.lru_cache(maxsize=32)
@@ -100,6 +102,7 @@ class MemoryAPIView(APIView):
         length = request.META.get("CONTENT_LENGTH") or "0"
         if length.isdigit() and int(length) > memory_settings.MAX_REQUEST_BYTES:
             raise PayloadTooLarge(f"The request body is over {memory_settings.MAX_REQUEST_BYTES} bytes.")
+        read_unsized_body(request._request, limit=memory_settings.MAX_REQUEST_BYTES)
         super().initial(request, *args, **kwargs)
         try:
             self.owner = resolve_owner(request)
@@ -344,7 +347,7 @@ class OpenView(MemoryAPIView):
 def _is_staff(request: Request) -> bool:
     try:
         user = request.user
-    except APIException:  # bad credentials: answered as to anyone
+    except (APIException, DatabaseError):  # bad credentials, or no database to check them
         return False
     return bool(getattr(user, "is_staff", False))
 
@@ -356,23 +359,17 @@ class HealthView(OpenView):
         operation_id="health",
         responses={200: s.Health, 503: s.Health},
         auth=[],
-        summary="Whether the backend answers",
-        description="Anyone gets `status`; staff also get the backend, its latency and any error.",
+        summary="Whether the backend and the database answer",
+        description=(
+            "Anyone gets `status`; staff also get each part (the store backend, the database) "
+            "with its own status, latency and any error. With database-backed authentication no "
+            "caller is recognised as staff while the database is down: everyone then gets `status`."
+        ),
     )
     def get(self, request: Request) -> Response:
-        store = get_store()
-        body: dict[str, Any] = {"backend": store.backend.describe()}
-        started = time.perf_counter()
-        code = status.HTTP_200_OK
-        try:
-            store.ping()
-        except BackendUnavailable as exc:
-            body.update(status="unavailable", detail=str(exc), code=exc.code)
-            code = status.HTTP_503_SERVICE_UNAVAILABLE
-        else:
-            body.update(status="ok", latency_ms=round((time.perf_counter() - started) * 1000, 3))
-        if not _is_staff(request):
-            body = {"status": body["status"]}
+        report = health_report(get_store())
+        code = status.HTTP_200_OK if report["status"] == OK else status.HTTP_503_SERVICE_UNAVAILABLE
+        body = report if _is_staff(request) else {"status": report["status"]}
         headers = {"Retry-After": str(memory_settings.RETRY_AFTER_SECONDS)} if code != 200 else None
         return Response(body, status=code, headers=headers)
 

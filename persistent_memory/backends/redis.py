@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
+from django.views.decorators.debug import sensitive_variables
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -95,6 +96,9 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
+# Error reports (DEBUG off) hide every local of this call and of the calls it makes
+# (redis-py's URL parsing holds the password).
+@sensitive_variables()
 def _build_client(conf: MemorySettings) -> redis.Redis:
     """A client from REDIS_CACHE_ALIAS, REDIS_URL, or host/port (in that order)."""
     if conf.REDIS_CACHE_ALIAS:

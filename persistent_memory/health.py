@@ -1,0 +1,68 @@
+"""What ``health/`` reports: whether each part the API needs answers, probed cheaply.
+
+A report is ``{"status": "ok" | "unavailable", "<part>": {...}, ...}``: each part has
+its own ``status``, what it is, its latency when it answered and the error when it did
+not. ``status`` is "ok" only when every part is. Anyone may learn the status; the
+parts are for staff (the API decides who sees what).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import Error as DatabaseError
+
+from persistent_memory.exceptions import BackendUnavailable
+from persistent_memory.store import MemoryStore
+
+OK = "ok"
+UNAVAILABLE = "unavailable"
+
+
+def _probe(check: Callable[[], object], errors: tuple[type[Exception], ...], code: str) -> dict[str, Any]:
+    """``status`` and latency of one call of ``check``, or ``status``, ``detail`` and ``code``."""
+    started = time.perf_counter()
+    try:
+        check()
+    except errors as exc:
+        return {"status": UNAVAILABLE, "detail": str(exc), "code": code}
+    return {"status": OK, "latency_ms": round((time.perf_counter() - started) * 1000, 3)}
+
+
+def backend_health(store: MemoryStore) -> dict[str, Any]:
+    """The store backend: its name, where it keeps the data (no credentials) and a ping."""
+    backend = store.backend
+    return {
+        "name": backend.name,
+        "location": backend.describe(),
+        **_probe(store.ping, (BackendUnavailable,), BackendUnavailable.code),
+    }
+
+
+def database_health(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """A database connection: connect when there is none, then ``SELECT 1``.
+
+    The API needs the database for authentication (users, tokens, sessions) and the
+    mirror; ``SELECT 1`` proves the server answers on this process's connection.
+    """
+    connection = connections[alias]
+
+    def select_one() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    return {
+        "alias": alias,
+        "vendor": connection.vendor,
+        **_probe(select_one, (DatabaseError,), "database_unavailable"),
+    }
+
+
+def health_report(store: MemoryStore) -> dict[str, Any]:
+    """Every part's health, and ``status``: "ok" when every part is."""
+    parts = {"backend": backend_health(store), "database": database_health()}
+    status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
+    return {"status": status, **parts}
