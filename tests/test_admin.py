@@ -72,9 +72,11 @@ def test_changelist_syncs_and_lists(admin_client, store):
 
 def test_search_filters_and_date_hierarchy(admin_client, store):
     fill(store)
-    store.create_session("short", ttl_seconds=0.2)
+    # Long enough to be mirrored live on a loaded machine, then expired.
+    store.create_session("short", ttl_seconds=1)
     admin_client.get(CHANGELIST)
-    time.sleep(0.3)
+    assert MemorySession.objects.filter(session_id="short", state="live").exists()
+    time.sleep(1.1)
     found = admin_client.get(CHANGELIST, {"q": "chat"}).context["cl"].result_list
     assert sorted(s.session_id for s in found) == ["chat-1", "chat-2"]
 
