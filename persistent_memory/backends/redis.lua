@@ -636,7 +636,9 @@ elseif op == 'increment' then
   redis.call('SADD', KEYSET, key)
   record(history_entry('increment', key))
   align(base .. key, KEYSET, HISTORY)
-  return result
+  -- The stored text, not ``result``: a Lua number is a double, which above 2^53 is
+  -- not the integer INCRBY stored.
+  return redis.call('GET', base .. key)
 elseif op == 'clear' then
   local key = arg(1)
   local cleared

@@ -294,7 +294,7 @@ class RedisBackend(BaseBackend):
         return sorted(item.decode() for item in self._run("keys", session_id))
 
     def increment(self, session_id: str, key: str, amount: int) -> int:
-        return self._run("increment", session_id, key, str(amount))
+        return int(self._run("increment", session_id, key, str(amount)))
 
     def clear(self, session_id: str, key: str | None) -> list[str]:
         return [item.decode() for item in self._run("clear", session_id, key or "")]
