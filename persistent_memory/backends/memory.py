@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from persistent_memory import history
 from persistent_memory.backends.base import (
@@ -16,6 +18,7 @@ from persistent_memory.backends.base import (
     LAST_ANSWER,
     AnswerRecord,
     BaseBackend,
+    IdempotencyRecord,
     RunBinding,
     SessionInfo,
     SessionSnapshot,
@@ -24,6 +27,7 @@ from persistent_memory.backends.base import (
 from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
 from persistent_memory.exceptions import (
     CapacityExceeded,
+    IdempotencyKeyReused,
     KeyNotFound,
     NotANumber,
     QuotaExceeded,
@@ -33,6 +37,8 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.owners import namespace_of
 from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -49,6 +55,36 @@ class _Session:
         return self.expires_at is not None and now >= self.expires_at
 
 
+class _Recorded(NamedTuple):
+    """A write's result kept for its idempotency key until ``expires_at``."""
+
+    fingerprint: str
+    result: Any
+    expires_at: float
+
+
+def _idempotent(write: Callable[..., T]) -> Callable[..., T]:
+    """``write`` with an ``idempotency=`` option: under the lock, a repeat of the key gets the
+    recorded result back and writes nothing; otherwise the write runs and its result is
+    recorded in the same critical section (a write that raises records nothing)."""
+
+    @functools.wraps(write)
+    def once(
+        self: MemoryBackend, *args: Any, idempotency: IdempotencyRecord | None = None, **kwargs: Any
+    ) -> T:
+        if idempotency is None:
+            return write(self, *args, **kwargs)
+        with self._lock:  # reentrant: ``write`` takes it again
+            recorded = self._recorded(idempotency)
+            if recorded is not None:
+                return copy.deepcopy(recorded.result)
+            result = write(self, *args, **kwargs)
+            self._remember(idempotency, result)
+            return result
+
+    return once
+
+
 class MemoryBackend(BaseBackend):
     """Thread-safe dict of sessions under one lock, at most ``max_sessions`` live."""
 
@@ -57,7 +93,8 @@ class MemoryBackend(BaseBackend):
     def __init__(self, *, max_sessions: int, **options: Any) -> None:
         super().__init__(**options)
         self.max_sessions = max_sessions
-        self._lock = threading.Lock()
+        # Reentrant: an idempotent write holds it around the write's own critical section.
+        self._lock = threading.RLock()
         self._sessions: dict[str, _Session] = {}
         # Live and not yet pruned sessions per owner namespace, for max_sessions_per_owner.
         self._owned: dict[str, int] = {}
@@ -66,6 +103,9 @@ class MemoryBackend(BaseBackend):
         # doubled since the last pruning, so binding stays O(1) amortized.
         self._runs: dict[str, tuple[str, float]] = {}
         self._runs_prune_at = 1024
+        # Idempotency records by ref, pruned the same way.
+        self._records: dict[str, _Recorded] = {}
+        self._records_prune_at = 1024
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -92,6 +132,26 @@ class MemoryBackend(BaseBackend):
             if not self._owned[owner]:
                 del self._owned[owner]
         return session
+
+    def _recorded(self, idempotency: IdempotencyRecord) -> _Recorded | None:
+        """The live record of ``idempotency``'s key, if any; ``IdempotencyKeyReused`` when it
+        was recorded for another request."""
+        recorded = self._records.get(idempotency.ref)
+        if recorded is None or recorded.expires_at <= time.time():
+            return None
+        if recorded.fingerprint != idempotency.fingerprint:
+            raise IdempotencyKeyReused("This idempotency key was used for a different request.")
+        return recorded
+
+    def _remember(self, idempotency: IdempotencyRecord, result: Any) -> None:
+        """Record a write's ``result`` under its idempotency key (the one place records are made)."""
+        now = time.time()
+        if len(self._records) >= self._records_prune_at:
+            self._records = {ref: r for ref, r in self._records.items() if r.expires_at > now}
+            self._records_prune_at = max(1024, 2 * len(self._records))
+        self._records[idempotency.ref] = _Recorded(
+            idempotency.fingerprint, copy.deepcopy(result), now + idempotency.ttl_seconds
+        )
 
     def _live(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
@@ -205,6 +265,7 @@ class MemoryBackend(BaseBackend):
 
     # Sessions ---------------------------------------------------------------
 
+    @_idempotent
     def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
         with self._lock:
             return self._info(session_id, self._create(session_id, ttl_seconds))
@@ -225,6 +286,7 @@ class MemoryBackend(BaseBackend):
             self._prune(time.time())
             return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
 
+    @_idempotent
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
             session = self._live(session_id)
@@ -234,6 +296,7 @@ class MemoryBackend(BaseBackend):
 
     # Values -----------------------------------------------------------------
 
+    @_idempotent
     def put(self, session_id: str, key: str, value_json: str) -> None:
         with self._lock:
             session = self._live(session_id)
@@ -255,6 +318,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             return sorted(self._live(session_id).values)
 
+    @_idempotent
     def increment(self, session_id: str, key: str, amount: int) -> int:
         with self._lock:
             session = self._live(session_id)
@@ -263,6 +327,7 @@ class MemoryBackend(BaseBackend):
             self._record(session_id, session, "increment", key)
             return result
 
+    @_idempotent
     def clear(self, session_id: str, key: str | None) -> list[str]:
         with self._lock:
             session = self._live(session_id)
@@ -283,6 +348,7 @@ class MemoryBackend(BaseBackend):
             entries = self._live(session_id).history
             return copy.deepcopy(entries[-limit:] if limit else entries)
 
+    @_idempotent
     def summarize(self, session_id: str, max_entries: int) -> int:
         with self._lock:
             folded = self._fold(self._live(session_id), max_entries)
@@ -292,6 +358,7 @@ class MemoryBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
+    @_idempotent
     def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         with self._lock:
             values = self._values_json(self._live_or_create(session_id, ttl_seconds))
@@ -306,6 +373,7 @@ class MemoryBackend(BaseBackend):
             self._runs_prune_at = max(1024, 2 * len(self._runs))
         self._runs[run.run_id] = (session_id, now + run.ttl_seconds)
 
+    @_idempotent
     def record_answer(
         self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
     ) -> AnswerRecord | None:
@@ -417,6 +485,12 @@ class MemoryBackend(BaseBackend):
                 if sid.startswith(prefix) and (until <= now or sid not in self._sessions)
             ]
             if not dry_run:
+                # Idempotency records are not leftovers: only expired ones go, uncounted.
+                self._records = {
+                    ref: r
+                    for ref, r in self._records.items()
+                    if r.expires_at > now or not ref.startswith(prefix)
+                }
                 for session_id in expired:
                     self._drop(session_id)
                     self._mark(session_id)
