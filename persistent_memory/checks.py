@@ -101,6 +101,12 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "Use a positive number of seconds.",
         "E002",
     ),
+    (
+        "IDEMPOTENCY_TTL_SECONDS",
+        lambda v: _is_number(v, positive=True),
+        "Use a positive number of seconds.",
+        "E002",
+    ),
     ("REDIS_PORT", lambda v: _is_int(v, 1, 65535), "Use a port from 1 to 65535.", "E002"),
     (
         "KEY_PREFIX",

@@ -50,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_SYNC_LIMIT": 500,
     # How long the REST API remembers which session a pipeline run_id enriched.
     "RUN_BINDING_TTL_SECONDS": 3600,
+    # How long a write's Idempotency-Key (and its recorded answer) is remembered.
+    "IDEMPOTENCY_TTL_SECONDS": 86400,
     # REST API: import strings; None uses the project's REST_FRAMEWORK defaults.
     # None: the project's defaults plus IsAuthenticated (closed to anonymous callers).
     "API_PERMISSION_CLASSES": None,

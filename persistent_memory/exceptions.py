@@ -46,6 +46,18 @@ class InvalidRunId(InvalidValue):
     code = "invalid_run_id"
 
 
+class InvalidIdempotencyKey(InvalidValue):
+    """An idempotency key is not 1-255 of ``[A-Za-z0-9_.:/@+=-]``."""
+
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyReused(PersistentMemoryError):
+    """An idempotency key already recorded for a different request; nothing was written."""
+
+    code = "idempotency_key_reused"
+
+
 class SessionNotFound(PersistentMemoryError, LookupError):
     """No live session has this id."""
 

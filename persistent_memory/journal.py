@@ -11,8 +11,8 @@ point (``MemorySession.journal_seq``). Once the mirror has caught up with every 
 before a checkpoint, the segments before it are deleted (:meth:`Journal.rotate`,
 :meth:`Journal.drop`).
 
-Records are JSON lines ``[seq, op, storage id, time, *args]`` in segment files named by
-their first sequence number. One process owns a journal directory (an ``flock``);
+Records are JSON lines ``[seq, op, storage id, time, idempotency record or null, *args]``
+in segment files named by their first sequence number. One process owns a journal directory (an ``flock``);
 another process on the same directory can read it but writes no records of its own.
 """
 

@@ -71,3 +71,9 @@ def split_storage_id(sid: str) -> tuple[str, str]:
 def run_ref(owner: str, run_id: str) -> str:
     """Where a run binding lives below the key prefix: per owner, so run ids never cross owners."""
     return f"{OWNED_MARK}{owner}~:run:{run_id}" if owner else f"~run:{run_id}"
+
+
+def idempotency_ref(owner: str, key: str) -> str:
+    """Where an idempotency record lives below the key prefix: per owner, so one owner's
+    key never answers another's request."""
+    return f"{OWNED_MARK}{owner}~:idem:{key}" if owner else f"~idem:{key}"

@@ -12,6 +12,7 @@ import logging
 from typing import Any, Literal, TypedDict
 
 from persistent_memory.exceptions import InvalidSessionId
+from persistent_memory.idempotency import Idempotency
 from persistent_memory.store import MemoryStore, get_store
 from persistent_memory.validation import validate_session_id
 
@@ -69,26 +70,29 @@ class MemoryFilter:
         self.current_session_id = None
 
     def enrich(
-        self, question: dict[str, Any], *, run_id: str | None = None
+        self, question: dict[str, Any], *, run_id: str | None = None, idempotency: Idempotency | None = None
     ) -> tuple[dict[str, Any], Outcome]:
         """Attach every stored key as ``metadata["memory_context"]`` (when there is one).
 
         ``run_id`` (a pipeline run that calls once per lane) is remembered in the backend
-        so that :meth:`store` with the same ``run_id`` finds this session.
+        so that :meth:`store` with the same ``run_id`` finds this session. ``idempotency``
+        goes to the store call (see :mod:`persistent_memory.idempotency`).
         """
         question = _copy(question)
         session_id, reason = _session_id_of(question)
         if session_id is None:
             return question, {"status": "skipped", "session_id": None, "reason": reason or ""}
         self.current_session_id = session_id
-        context = self.memory_store.enrich(session_id, run_id=run_id)
+        context = self.memory_store.enrich(session_id, run_id=run_id, idempotency=idempotency)
         if not context:
             return question, {"status": "unchanged", "session_id": session_id, "keys": []}
         question["metadata"][MEMORY_CONTEXT] = context
         logger.debug("memory: attached %d keys for session %s", len(context), session_id)
         return question, {"status": "enriched", "session_id": session_id, "keys": list(context)}
 
-    def store(self, answer: dict[str, Any], *, run_id: str | None = None) -> tuple[dict[str, Any], Outcome]:
+    def store(
+        self, answer: dict[str, Any], *, run_id: str | None = None, idempotency: Idempotency | None = None
+    ) -> tuple[dict[str, Any], Outcome]:
         """Save the answer's text as ``last_answer`` and count it in ``answer_count``.
 
         An answer with no session id falls back to the last question's session since
@@ -99,11 +103,12 @@ class MemoryFilter:
         if session_id is None and reason == NO_SESSION_ID:
             session_id = self.current_session_id
             if session_id is None and run_id is not None:
-                record = self.memory_store.record_answer(None, answer.get("text"), run_id=run_id)
+                text = answer.get("text")
+                record = self.memory_store.record_answer(None, text, run_id=run_id, idempotency=idempotency)
                 if record is not None:
                     return answer, {"status": "stored", **record._asdict()}
                 reason = f"{NO_SESSION_ID}, and no question was enriched with run_id {run_id!r}"
         if session_id is None:
             return answer, {"status": "skipped", "session_id": None, "reason": reason or ""}
-        record = self.memory_store.record_answer(session_id, answer.get("text"))
+        record = self.memory_store.record_answer(session_id, answer.get("text"), idempotency=idempotency)
         return answer, {"status": "stored", **record._asdict()}

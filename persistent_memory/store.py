@@ -8,6 +8,10 @@ It validates every argument before a backend is touched, encodes values to JSON
 namespace (the node's sessions), and ``list_session_infos(all_owners=True)``, the
 admin, the mirror and the commands see every owner's sessions. ``for_owner(owner)``
 returns the same store scoped to one owner's namespace, which is what the API uses.
+
+Every method that writes takes ``idempotency=`` (see :mod:`persistent_memory.idempotency`):
+sent again under the same key, the write answers as the first time and is not applied
+again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from persistent_memory.backends import backend_class
-from persistent_memory.backends.base import AnswerRecord, BaseBackend, RunBinding, SessionInfo
+from persistent_memory.backends.base import (
+    AnswerRecord,
+    BaseBackend,
+    IdempotencyRecord,
+    RunBinding,
+    SessionInfo,
+)
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
 from persistent_memory.exceptions import (
@@ -32,10 +42,12 @@ from persistent_memory.exceptions import (
     InvalidValue,
     PersistentMemoryError,
 )
+from persistent_memory.idempotency import Idempotency, validate_idempotency
 from persistent_memory.journal import journal_directory
 from persistent_memory.mirror import Mirror
 from persistent_memory.owners import (
     UNOWNED,
+    idempotency_ref,
     owner_namespace,
     run_ref,
     split_storage_id,
@@ -70,12 +82,14 @@ class MemoryStore:
         default_ttl_seconds: float | None = None,
         max_value_bytes: int = 1024 * 1024,
         run_binding_ttl_seconds: float = 3600,
+        idempotency_ttl_seconds: float = 86400,
         mirror_mode: str = "off",
     ) -> None:
         self.backend = backend
         self.default_ttl_seconds = validate_ttl(default_ttl_seconds)
         self.max_value_bytes = max_value_bytes
         self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
+        self.idempotency_ttl_seconds = validate_ttl(idempotency_ttl_seconds) or 86400
         #: The ORM mirror of this store (see persistent_memory.mirror).
         self.mirror = Mirror(self, mirror_mode)
 
@@ -92,6 +106,7 @@ class MemoryStore:
                 default_ttl_seconds=(conf.SESSION_TTL_HOURS or 0) * 3600,
                 max_value_bytes=conf.MAX_VALUE_BYTES,
                 run_binding_ttl_seconds=conf.RUN_BINDING_TTL_SECONDS,
+                idempotency_ttl_seconds=conf.IDEMPOTENCY_TTL_SECONDS,
                 mirror_mode=mirror_mode(conf),
             )
         except InvalidValue as exc:
@@ -125,19 +140,19 @@ class MemoryStore:
         scoped.owner = validate_owner(owner)
         return scoped
 
-    def _call(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
-        """``method(storage id, *args)`` for ``session_id`` of this store's owner."""
-        return self._call_valid(method, validate_session_id(session_id), *args)
+    def _call(self, method: Callable[..., T], session_id: str, *args: Any, **options: Any) -> T:
+        """``method(storage id, *args, **options)`` for ``session_id`` of this store's owner."""
+        return self._call_valid(method, validate_session_id(session_id), *args, **options)
 
-    def _call_valid(self, method: Callable[..., T], session_id: str, *args: Any) -> T:
+    def _call_valid(self, method: Callable[..., T], session_id: str, *args: Any, **options: Any) -> T:
         """:meth:`_call` for a ``session_id`` already validated."""
         if self.mirror.restore_pending:
             self._not_restored()
         if not self.owner:  # the unowned namespace: the storage id is the session id
-            return method(session_id, *args)
+            return method(session_id, *args, **options)
         sid = storage_id(self.owner, session_id)
         try:
-            return method(sid, *args)
+            return method(sid, *args, **options)
         except PersistentMemoryError as exc:  # the caller's id in the message, not the storage id
             exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
             raise
@@ -149,6 +164,18 @@ class MemoryStore:
             "The memory backend is waiting for its database to restore its sessions; try again shortly."
         )
 
+    def _once(self, idempotency: Idempotency | None) -> dict[str, IdempotencyRecord]:
+        """A backend write's options for ``idempotency``: its record in this owner's
+        namespace, or none at all (so a backend written before keys still works without)."""
+        if idempotency is None:
+            return {}
+        key, print_ = validate_idempotency(idempotency)
+        return {
+            "idempotency": IdempotencyRecord(
+                idempotency_ref(self.owner, key), print_, self.idempotency_ttl_seconds
+            )
+        }
+
     @staticmethod
     def _info(info: SessionInfo) -> SessionInfo:
         """A backend's info with the session id and its owner apart."""
@@ -157,10 +184,13 @@ class MemoryStore:
 
     # Sessions ---------------------------------------------------------------
 
-    def create_session(self, session_id: str, ttl_seconds: float | None = None) -> SessionInfo:
+    def create_session(
+        self, session_id: str, ttl_seconds: float | None = None, *, idempotency: Idempotency | None = None
+    ) -> SessionInfo:
         """Create a session; ``ttl_seconds=None`` uses ``SESSION_TTL_HOURS``, 0 means never expire."""
         ttl = self._ttl(ttl_seconds)
-        return self._info(self._call(self.backend.create_session, session_id, ttl))
+        once = self._once(idempotency)
+        return self._info(self._call(self.backend.create_session, session_id, ttl, **once))
 
     def resume_session(self, session_id: str) -> SessionInfo:
         """A live session's info; ``SessionNotFound`` or ``SessionExpired`` otherwise."""
@@ -193,17 +223,17 @@ class MemoryStore:
     def _prefix(self, prefix: str) -> str:
         return owner_namespace(self.owner) + prefix
 
-    def delete_session(self, session_id: str) -> list[str]:
+    def delete_session(self, session_id: str, *, idempotency: Idempotency | None = None) -> list[str]:
         """Delete a session and everything in it; return the keys cleared, sorted."""
-        return self._call(self.backend.delete_session, session_id)
+        return self._call(self.backend.delete_session, session_id, **self._once(idempotency))
 
     # Values -----------------------------------------------------------------
 
-    def put(self, session_id: str, key: str, value: Any) -> None:
+    def put(self, session_id: str, key: str, value: Any, *, idempotency: Idempotency | None = None) -> None:
         """Store any JSON-serialisable ``value`` (a copy) under ``key``."""
         key = validate_key(key)
         value_json = encode_value(value, max_bytes=self.max_value_bytes)
-        self._call(self.backend.put, session_id, key, value_json)
+        self._call(self.backend.put, session_id, key, value_json, **self._once(idempotency))
 
     def get(self, session_id: str, key: str) -> Any:
         """A fresh copy of the value under ``key``; ``KeyNotFound`` when absent."""
@@ -217,14 +247,19 @@ class MemoryStore:
         """The session's keys, sorted."""
         return self._call(self.backend.list_keys, session_id)
 
-    def increment(self, session_id: str, key: str, amount: int = 1) -> int:
+    def increment(
+        self, session_id: str, key: str, amount: int = 1, *, idempotency: Idempotency | None = None
+    ) -> int:
         """Atomically add ``amount`` to an integer value (missing counts as 0); return the result."""
         key, amount = validate_key(key), validate_int(amount, name="amount")
-        return self._call(self.backend.increment, session_id, key, amount)
+        return self._call(self.backend.increment, session_id, key, amount, **self._once(idempotency))
 
-    def clear(self, session_id: str, key: str | None = None) -> list[str]:
+    def clear(
+        self, session_id: str, key: str | None = None, *, idempotency: Idempotency | None = None
+    ) -> list[str]:
         """Remove ``key``, or every key when None; return the keys removed, sorted."""
-        return self._call(self.backend.clear, session_id, None if key is None else validate_key(key))
+        key = None if key is None else validate_key(key)
+        return self._call(self.backend.clear, session_id, key, **self._once(idempotency))
 
     # History ----------------------------------------------------------------
 
@@ -233,19 +268,25 @@ class MemoryStore:
         limit = validate_int(limit, name="limit", minimum=0)
         return self._call(self.backend.get_history, session_id, limit)
 
-    def summarize(self, session_id: str, max_entries: int | None = None) -> bool:
+    def summarize(
+        self, session_id: str, max_entries: int | None = None, *, idempotency: Idempotency | None = None
+    ) -> bool:
         """Summarize now down to ``max_entries`` (default ``MAX_HISTORY``); return whether it did."""
-        return self.fold_history(session_id, max_entries) > 0
+        return self.fold_history(session_id, max_entries, idempotency=idempotency) > 0
 
-    def fold_history(self, session_id: str, max_entries: int | None = None) -> int:
+    def fold_history(
+        self, session_id: str, max_entries: int | None = None, *, idempotency: Idempotency | None = None
+    ) -> int:
         """:meth:`summarize`, returning how many entries were folded into the summary."""
         limit = self.backend.max_history if max_entries is None else max_entries
         limit = validate_int(limit, name="max_entries", minimum=1)
-        return self._call(self.backend.summarize, session_id, limit)
+        return self._call(self.backend.summarize, session_id, limit, **self._once(idempotency))
 
     # The pipeline lanes -----------------------------------------------------
 
-    def enrich(self, session_id: str, *, run_id: str | None = None) -> dict[str, Any]:
+    def enrich(
+        self, session_id: str, *, run_id: str | None = None, idempotency: Idempotency | None = None
+    ) -> dict[str, Any]:
         """Resume or create the session and return all its values (one backend call).
 
         With ``run_id``, remember for ``RUN_BINDING_TTL_SECONDS`` that this run is on
@@ -255,11 +296,17 @@ class MemoryStore:
         run = None
         if run_id is not None:
             run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
-        values = self._call_valid(self.backend.enrich, session_id, self.default_ttl_seconds, run)
+        once = self._once(idempotency)
+        values = self._call_valid(self.backend.enrich, session_id, self.default_ttl_seconds, run, **once)
         return _sorted(decode_value(values))
 
     def record_answer(
-        self, session_id: str | None, text: str, *, run_id: str | None = None
+        self,
+        session_id: str | None,
+        text: str,
+        *,
+        run_id: str | None = None,
+        idempotency: Idempotency | None = None,
     ) -> AnswerRecord | None:
         """Resume or create, store ``last_answer``, bump ``answer_count`` (one backend call).
 
@@ -274,13 +321,14 @@ class MemoryStore:
             raise InvalidValue(f"Invalid answer text {text!r}: must be a string.")
         answer_json = encode_value(text, max_bytes=self.max_value_bytes)
         ttl = self.default_ttl_seconds
+        once = self._once(idempotency)
         if session_id is not None:
-            record = self._call_valid(self.backend.record_answer, session_id, answer_json, ttl, None)
+            record = self._call_valid(self.backend.record_answer, session_id, answer_json, ttl, None, **once)
         else:
             ref = run_ref(self.owner, validate_run_id(run_id))
             if self.mirror.restore_pending:
                 self._not_restored()
-            record = self.backend.record_answer(None, answer_json, ttl, ref)
+            record = self.backend.record_answer(None, answer_json, ttl, ref, **once)
         if record is None or not self.owner:
             return record
         return AnswerRecord(split_storage_id(record.session_id)[1], record.answer_count)

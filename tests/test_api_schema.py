@@ -73,6 +73,31 @@ def test_bodies_and_error_codes_are_documented(schema):
     assert set(error["required"]) == {"detail", "code"}
 
 
+WRITES = {
+    ("/api/memory/enrich/", "post"),
+    ("/api/memory/store/", "post"),
+    ("/api/memory/process/", "post"),
+    ("/api/memory/sessions/", "post"),
+    ("/api/memory/sessions/{session_id}/", "delete"),
+    ("/api/memory/sessions/{session_id}/memory/", "delete"),
+    ("/api/memory/sessions/{session_id}/memory/{key}/", "put"),
+    ("/api/memory/sessions/{session_id}/memory/{key}/", "delete"),
+    ("/api/memory/sessions/{session_id}/memory/{key}/increment/", "post"),
+    ("/api/memory/sessions/{session_id}/summarize/", "post"),
+}
+
+
+def test_writes_document_the_idempotency_key(schema):
+    for path, method in ENDPOINTS:
+        operation = schema["paths"][path][method]
+        headers = {p["name"] for p in operation.get("parameters", []) if p["in"] == "header"}
+        if (path, method) in WRITES:
+            assert headers == {"Idempotency-Key"}, (path, method)
+            assert "422" in operation["responses"], (path, method)
+        else:
+            assert not headers, (path, method)
+
+
 def test_docs_page_works_offline(client):
     response = client.get("/api/docs/")
     assert response.status_code == 200

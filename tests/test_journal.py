@@ -144,6 +144,26 @@ def test_replay_starts_where_each_mirrored_row_ends_and_applies_nothing_twice(jo
     assert fresh.list_sessions() == ["node"]  # "doomed" was deleted after the rows were written
 
 
+def test_an_idempotency_key_outlives_a_crash(journaled):
+    # The write is replayed from the journal; its answer may never have reached the
+    # client, whose retry with the same key must get it and not apply it again.
+    from persistent_memory.exceptions import IdempotencyKeyReused
+    from persistent_memory.idempotency import Idempotency
+
+    store = journaled()
+    alice = store.for_owner("user:1")
+    alice.create_session("chat")
+    once = Idempotency.of("retry-1", "POST", "increment", 5)
+    assert alice.increment("chat", "n", 5, idempotency=once) == 5
+    crash(store)
+
+    fresh = journaled().for_owner("user:1")
+    assert fresh.increment("chat", "n", 5, idempotency=once) == 5
+    assert fresh.get("chat", "n") == 5
+    with pytest.raises(IdempotencyKeyReused):
+        fresh.increment("chat", "n", 6, idempotency=Idempotency.of("retry-1", "POST", "increment", 6))
+
+
 def test_a_checkpoint_truncates_the_journal_once_the_mirror_has_everything(journaled, tmp_path):
     store = journaled()
     write_everything(store, 0)
@@ -234,15 +254,15 @@ def test_a_second_process_reads_the_journal_but_writes_none(journaled):
 
 def test_a_torn_last_record_is_skipped(tmp_path):
     journal = Journal(tmp_path)
-    journal.append("put", "s", 1.0, "k", "1")
+    journal.append("put", "s", 1.0, None, "k", "1")
     segment = journal.segments()[-1]
     journal.close()
     with segment.open("ab") as file:
-        file.write(b'[2,"put","s",2.0,"k"')  # cut short by a kill mid-write
+        file.write(b'[2,"put","s",2.0,null,"k"')  # cut short by a kill mid-write
     again = Journal(tmp_path)
     try:
         assert [seq for seq, _ in again.records()] == [1]
-        assert again.append("put", "s", 3.0, "k", "2") == 2
+        assert again.append("put", "s", 3.0, None, "k", "2") == 2
     finally:
         again.close()
 

@@ -153,6 +153,8 @@ class TestChecks:
             ({"AUTO_SUMMARIZE": "yes"}, "persistent_memory.E002"),
             ({"ADMIN_SYNC_LIMIT": 0}, "persistent_memory.E002"),
             ({"RUN_BINDING_TTL_SECONDS": 0}, "persistent_memory.E002"),
+            ({"IDEMPOTENCY_TTL_SECONDS": 0}, "persistent_memory.E002"),
+            ({"IDEMPOTENCY_TTL_SECONDS": "a day"}, "persistent_memory.E002"),
         ],
     )
     def test_bad_configuration_is_an_error(self, settings, conf, expected):

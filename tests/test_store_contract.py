@@ -205,6 +205,14 @@ class TestIncrement:
         assert store.increment("s1", "n") == 42
         assert store.get_all("s1") == {"n": 42}
 
+    @pytest.mark.parametrize("start", [2**53, 2**63 - 2, -(2**63) + 1])
+    def test_answers_exactly_at_64_bits(self, store, start):
+        # Above 2**53 a double cannot hold every integer: the answer must not go through one.
+        store.create_session("s1")
+        store.put("s1", "n", start)
+        assert store.increment("s1", "n") == start + 1
+        assert store.increment("s1", "n", -1) == start
+
     @pytest.mark.parametrize("value", ["5", 1.5, True, [1], {"n": 1}, None, 2**63])
     def test_not_a_number_changes_nothing(self, store, value):
         store.create_session("s1")

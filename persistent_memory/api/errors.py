@@ -33,6 +33,7 @@ STATUS_BY_ERROR: list[tuple[type[memory_errors.PersistentMemoryError], int]] = [
     (memory_errors.SessionNotFound, status.HTTP_404_NOT_FOUND),
     (memory_errors.KeyNotFound, status.HTTP_404_NOT_FOUND),
     (memory_errors.SessionExists, status.HTTP_409_CONFLICT),
+    (memory_errors.IdempotencyKeyReused, status.HTTP_422_UNPROCESSABLE_ENTITY),
     (memory_errors.CapacityExceeded, status.HTTP_507_INSUFFICIENT_STORAGE),
     (memory_errors.ValueTooLarge, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE),
     (memory_errors.BackendUnavailable, status.HTTP_503_SERVICE_UNAVAILABLE),

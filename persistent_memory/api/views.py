@@ -4,6 +4,11 @@ Every view but ``health/`` needs an authenticated caller (unless
 ``API_PERMISSION_CLASSES`` says otherwise) and works on the caller's owner, resolved
 on the server by ``OWNER_RESOLVER``: another owner's session answers exactly as one
 that does not exist.
+
+Every write takes an ``Idempotency-Key`` header: sent again under the same key, it gets
+the first answer and is not applied again (see :mod:`persistent_memory.idempotency`).
+Answers are built from the request and the store's result only, so a replayed result
+gives the same answer.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
 from persistent_memory.health import OK, health_report
+from persistent_memory.idempotency import HEADER as IDEMPOTENCY_HEADER
+from persistent_memory.idempotency import KEY_PATTERN as IDEMPOTENCY_KEY_PATTERN
+from persistent_memory.idempotency import Idempotency
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.resolvers import resolve_owner
 from persistent_memory.store import MemoryStore, get_store
@@ -60,11 +68,32 @@ class OwnerRequired(PermissionDenied):
 
 
 SESSION_ERRORS = errors(404, 410)
+#: A write's errors: its own, plus 422 for an idempotency key used for another request.
+WRITE_ERRORS = errors(422, 404, 410)
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    IDEMPOTENCY_HEADER,
+    str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    pattern=f"^{IDEMPOTENCY_KEY_PATTERN.pattern}$",
+    description=(
+        "Makes a retry safe: the same key again (same caller, same request) within "
+        "IDEMPOTENCY_TTL_SECONDS gets the first answer and is not applied again; with another "
+        "request, 422 `idempotency_key_reused`."
+    ),
+)
 
 
 def with_remaining(info: SessionInfo) -> dict[str, Any]:
     """A session's info plus the seconds it has left (None: never expires)."""
     return {**info, "ttl_remaining_seconds": remaining_seconds(info)}
+
+
+def as_created(info: SessionInfo) -> dict[str, Any]:
+    """A new session's info with the seconds it had left when created (its whole TTL), so
+    that the answer, replayed under an idempotency key, is the same."""
+    return {**info, "ttl_remaining_seconds": info["ttl_seconds"]}
 
 
 class MemoryAPIView(APIView):
@@ -118,6 +147,14 @@ class MemoryAPIView(APIView):
             raise OwnerRequired()
         return get_store().for_owner(self.owner)
 
+    def idempotency(self) -> Idempotency | None:
+        """The request's ``Idempotency-Key`` with the fingerprint of what it asks (method,
+        path, body); None without the header. A malformed key is a 400."""
+        key = self.request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return None
+        return Idempotency.of(key, self.request.method, self.request.path, self.request.data)
+
     def validated(self, serializer_class: type[Serializer], data: Any = None) -> dict[str, Any]:
         serializer = serializer_class(data=self.request.data if data is None else data)
         serializer.is_valid(raise_exception=True)
@@ -135,50 +172,60 @@ def _run_id(data: dict[str, Any]) -> str | None:
 class EnrichView(MemoryAPIView):
     @extend_schema(
         request=s.EnrichRequest,
-        responses={200: s.EnrichResponse, **errors(507)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.EnrichResponse, **errors(422, 507)},
         operation_id="enrich",
         summary="Questions lane: attach the session's memory as metadata.memory_context",
     )
     def post(self, request: Request) -> Response:
+        once = self.idempotency()
         data = self.validated(s.EnrichRequest)
-        question, outcome = MemoryFilter(self.store).enrich(data["question"], run_id=_run_id(data))
+        lanes = MemoryFilter(self.store)
+        question, outcome = lanes.enrich(data["question"], run_id=_run_id(data), idempotency=once)
         return Response({"question": question, "memory": outcome})
 
 
 class StoreView(MemoryAPIView):
     @extend_schema(
         request=s.StoreRequest,
-        responses={200: s.StoreResponse, **errors(507)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.StoreResponse, **errors(422, 507)},
         operation_id="store",
         summary="Answers lane: store the text as last_answer and count it in answer_count",
     )
     def post(self, request: Request) -> Response:
+        once = self.idempotency()
         data = self.validated(s.StoreRequest)
-        answer, outcome = MemoryFilter(self.store).store(data["answer"], run_id=_run_id(data))
+        lanes = MemoryFilter(self.store)
+        answer, outcome = lanes.store(data["answer"], run_id=_run_id(data), idempotency=once)
         return Response({"answer": answer, "memory": outcome})
 
 
 class ProcessView(MemoryAPIView):
     @extend_schema(
         request=s.ProcessRequest,
-        responses={200: s.ProcessResponse, **errors(507)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.ProcessResponse, **errors(422, 507)},
         operation_id="process",
         summary="Both lanes for a batch of entries, in order, as one pipeline item",
         description=(
             "Answers without a session id fall back to the last question's session in the batch. "
             "Each entry is atomic; the batch is not: on an error the body lists under `completed` "
-            "the entries processed before it."
+            "the entries processed before it. Under an `Idempotency-Key` each entry is recorded "
+            "as it is done, so a retry of the same batch applies only the entries not done yet "
+            "and answers the whole batch."
         ),
     )
     def post(self, request: Request) -> Response:
+        once = self.idempotency()
         items = self.validated(s.ProcessRequest)["entries"]
         lanes = MemoryFilter(self.store)
         lanes.open()
         results: list[dict[str, Any]] = []
-        for item in items:
+        for index, item in enumerate(items):
             lane = lanes.enrich if item["lane"] == "questions" else lanes.store
             try:
-                entry, outcome = lane(item["entry"])
+                entry, outcome = lane(item["entry"], idempotency=once and once.entry(index))
             except PersistentMemoryError as exc:
                 response = self.handle_exception(exc)
                 response.data["completed"] = results
@@ -215,15 +262,18 @@ class SessionListView(MemoryAPIView):
 
     @extend_schema(
         request=s.SessionCreate,
-        responses={201: s.SessionInfo, **errors(409, 507)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: s.SessionInfo, **errors(409, 422, 507)},
         operation_id="sessions_create",
         summary="Create a session",
     )
     def post(self, request: Request) -> Response:
+        once = self.idempotency()
         data = self.validated(s.SessionCreate)
         ttl_hours = data.get("ttl_hours")
-        info = self.store.create_session(data["session_id"], None if ttl_hours is None else ttl_hours * 3600)
-        return Response(with_remaining(info), status=status.HTTP_201_CREATED)
+        ttl = None if ttl_hours is None else ttl_hours * 3600
+        info = self.store.create_session(data["session_id"], ttl, idempotency=once)
+        return Response(as_created(info), status=status.HTTP_201_CREATED)
 
 
 class SessionDetailView(MemoryAPIView):
@@ -236,12 +286,14 @@ class SessionDetailView(MemoryAPIView):
         return Response(with_remaining(self.store.session_info(session_id)))
 
     @extend_schema(
-        responses={200: s.Cleared, **SESSION_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.Cleared, **WRITE_ERRORS},
         operation_id="session_delete",
         summary="Delete a session and all it holds",
     )
     def delete(self, request: Request, session_id: str) -> Response:
-        return Response({"session_id": session_id, "cleared": self.store.delete_session(session_id)})
+        cleared = self.store.delete_session(session_id, idempotency=self.idempotency())
+        return Response({"session_id": session_id, "cleared": cleared})
 
 
 class SessionMemoryView(MemoryAPIView):
@@ -254,10 +306,14 @@ class SessionMemoryView(MemoryAPIView):
         return Response({"session_id": session_id, "values": self.store.get_all(session_id)})
 
     @extend_schema(
-        responses={200: s.Cleared, **SESSION_ERRORS}, operation_id="memory_clear", summary="Clear every key"
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.Cleared, **WRITE_ERRORS},
+        operation_id="memory_clear",
+        summary="Clear every key",
     )
     def delete(self, request: Request, session_id: str) -> Response:
-        return Response({"session_id": session_id, "cleared": self.store.clear(session_id)})
+        cleared = self.store.clear(session_id, idempotency=self.idempotency())
+        return Response({"session_id": session_id, "cleared": cleared})
 
 
 class KeyView(MemoryAPIView):
@@ -269,35 +325,41 @@ class KeyView(MemoryAPIView):
 
     @extend_schema(
         request=s.ValuePut,
-        responses={200: s.KeyValue, **SESSION_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.KeyValue, **WRITE_ERRORS},
         operation_id="memory_put",
         summary="Store a value",
     )
     def put(self, request: Request, session_id: str, key: str) -> Response:
+        once = self.idempotency()
         value = self.validated(s.ValuePut)["value"]
-        self.store.put(session_id, key, value)
+        self.store.put(session_id, key, value, idempotency=once)
         return Response({"session_id": session_id, "key": key, "value": value})
 
     @extend_schema(
-        responses={200: s.Cleared, **SESSION_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.Cleared, **WRITE_ERRORS},
         operation_id="memory_delete",
         summary="Remove a value",
         description="Idempotent: `cleared` is empty when the key was not there.",
     )
     def delete(self, request: Request, session_id: str, key: str) -> Response:
-        return Response({"session_id": session_id, "cleared": self.store.clear(session_id, key)})
+        cleared = self.store.clear(session_id, key, idempotency=self.idempotency())
+        return Response({"session_id": session_id, "cleared": cleared})
 
 
 class IncrementView(MemoryAPIView):
     @extend_schema(
         request=s.IncrementRequest,
-        responses={200: s.IncrementResponse, **SESSION_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.IncrementResponse, **WRITE_ERRORS},
         operation_id="memory_increment",
         summary="Atomically add to an integer (a missing key counts as 0)",
     )
     def post(self, request: Request, session_id: str, key: str) -> Response:
+        once = self.idempotency()
         amount = self.validated(s.IncrementRequest)["amount"]
-        return Response({"value": self.store.increment(session_id, key, amount)})
+        return Response({"value": self.store.increment(session_id, key, amount, idempotency=once)})
 
 
 class HistoryView(MemoryAPIView):
@@ -315,13 +377,15 @@ class HistoryView(MemoryAPIView):
 class SummarizeView(MemoryAPIView):
     @extend_schema(
         request=s.SummarizeRequest,
-        responses={200: s.SummarizeResponse, **SESSION_ERRORS},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: s.SummarizeResponse, **WRITE_ERRORS},
         operation_id="summarize",
         summary="Summarize the history now",
     )
     def post(self, request: Request, session_id: str) -> Response:
+        once = self.idempotency()
         max_history = self.validated(s.SummarizeRequest).get("max_history")
-        summarized = self.store.summarize(session_id, max_history)
+        summarized = self.store.summarize(session_id, max_history, idempotency=once)
         return Response({"session_id": session_id, "summarized": summarized})
 
 

@@ -9,6 +9,11 @@ Backends know nothing of owners: a ``session_id`` here is the store's *storage i
 (see :mod:`persistent_memory.owners`), and a run id is a run reference that already
 holds its owner. They only read the owner part of an id to keep each owner's count
 of sessions for ``max_sessions_per_owner``.
+
+Every write takes ``idempotency=`` (an :class:`IdempotencyRecord`, or None): the backend
+checks it and records the write's result in the same atomic step as the write, and
+answers a repeat with the recorded result instead of writing again (see
+:mod:`persistent_memory.idempotency`). The store passes it only when it has one.
 """
 
 from __future__ import annotations
@@ -91,6 +96,17 @@ class Checkpoint(NamedTuple):
     session_ids: list[str]
 
 
+class IdempotencyRecord(NamedTuple):
+    """Record a write's result under ``ref`` for ``ttl_seconds``; a repeat with the same
+    ``fingerprint`` gets that result back, one with another raises ``IdempotencyKeyReused``.
+
+    ``ref`` is from :func:`persistent_memory.owners.idempotency_ref` (it holds the owner)."""
+
+    ref: str
+    fingerprint: str
+    ttl_seconds: float
+
+
 class AnswerRecord(NamedTuple):
     """Where the answers lane stored an answer, and the session's new ``answer_count``."""
 
@@ -131,7 +147,9 @@ class BaseBackend(ABC):
     # Sessions ---------------------------------------------------------------
 
     @abstractmethod
-    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
+    def create_session(
+        self, session_id: str, ttl_seconds: float | None, *, idempotency: IdempotencyRecord | None = None
+    ) -> SessionInfo:
         """Create a session; ``SessionExists`` if it is live."""
 
     @abstractmethod
@@ -155,13 +173,15 @@ class BaseBackend(ABC):
         """
 
     @abstractmethod
-    def delete_session(self, session_id: str) -> list[str]:
+    def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
         """Delete a session with everything in it; return its keys, sorted."""
 
     # Values -----------------------------------------------------------------
 
     @abstractmethod
-    def put(self, session_id: str, key: str, value_json: str) -> None:
+    def put(
+        self, session_id: str, key: str, value_json: str, *, idempotency: IdempotencyRecord | None = None
+    ) -> None:
         """Store JSON text under ``key``."""
 
     @abstractmethod
@@ -180,11 +200,15 @@ class BaseBackend(ABC):
         """The session's keys, sorted."""
 
     @abstractmethod
-    def increment(self, session_id: str, key: str, amount: int) -> int:
+    def increment(
+        self, session_id: str, key: str, amount: int, *, idempotency: IdempotencyRecord | None = None
+    ) -> int:
         """Add ``amount`` to an integer (a missing key counts as 0); ``NotANumber`` otherwise."""
 
     @abstractmethod
-    def clear(self, session_id: str, key: str | None) -> list[str]:
+    def clear(
+        self, session_id: str, key: str | None, *, idempotency: IdempotencyRecord | None = None
+    ) -> list[str]:
         """Remove one key (or all with None); return the keys removed, sorted."""
 
     # History ----------------------------------------------------------------
@@ -194,18 +218,33 @@ class BaseBackend(ABC):
         """The newest ``limit`` entries (all for 0), oldest first."""
 
     @abstractmethod
-    def summarize(self, session_id: str, max_entries: int) -> int:
+    def summarize(
+        self, session_id: str, max_entries: int, *, idempotency: IdempotencyRecord | None = None
+    ) -> int:
         """Apply the summarization rule now; return how many entries it folded (0: none)."""
 
     # The pipeline lanes, each one atomic step -------------------------------
 
     @abstractmethod
-    def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
+    def enrich(
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        run: RunBinding | None = None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> str:
         """Resume or create the session (binding ``run`` to it), then return :meth:`get_all`'s text."""
 
     @abstractmethod
     def record_answer(
-        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+        self,
+        session_id: str | None,
+        answer_json: str,
+        ttl_seconds: float | None,
+        run_id: str | None = None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
     ) -> AnswerRecord | None:
         """Resume or create, put ``last_answer``, increment ``answer_count``.
 

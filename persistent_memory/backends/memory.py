@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from persistent_memory import history
 from persistent_memory.backends.base import (
@@ -20,6 +21,7 @@ from persistent_memory.backends.base import (
     AnswerRecord,
     BaseBackend,
     Checkpoint,
+    IdempotencyRecord,
     RunBinding,
     SessionInfo,
     SessionSnapshot,
@@ -28,6 +30,7 @@ from persistent_memory.backends.base import (
 from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
 from persistent_memory.exceptions import (
     CapacityExceeded,
+    IdempotencyKeyReused,
     KeyNotFound,
     NotANumber,
     PersistentMemoryError,
@@ -39,6 +42,8 @@ from persistent_memory.exceptions import (
 from persistent_memory.journal import Journal
 from persistent_memory.owners import namespace_of
 from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,6 +60,41 @@ class _Session:
         return self.expires_at is not None and now >= self.expires_at
 
 
+class _Recorded(NamedTuple):
+    """A write's result kept for its idempotency key until ``expires_at``."""
+
+    fingerprint: str
+    result: Any
+    expires_at: float
+
+
+def _idempotent(write: Callable[..., T]) -> Callable[..., T]:
+    """``write`` with an ``idempotency=`` option: under the lock, a repeat of the key gets the
+    recorded result back and writes nothing; otherwise the write runs and its result is
+    recorded in the same critical section (a write that raises records nothing). The
+    write's journal record carries the key, so a replay records it again."""
+
+    @functools.wraps(write)
+    def once(
+        self: MemoryBackend, *args: Any, idempotency: IdempotencyRecord | None = None, **kwargs: Any
+    ) -> T:
+        if idempotency is None:
+            return write(self, *args, **kwargs)
+        with self._lock:  # reentrant: ``write`` takes it again
+            recorded = self._recorded(idempotency)
+            if recorded is not None:
+                return copy.deepcopy(recorded.result)
+            self._idempotency = idempotency
+            try:
+                result = write(self, *args, **kwargs)
+            finally:
+                self._idempotency = None
+            self._remember(idempotency, result, time.time())
+            return result
+
+    return once
+
+
 class MemoryBackend(BaseBackend):
     """Thread-safe dict of sessions under one lock, at most ``max_sessions`` live."""
 
@@ -63,7 +103,8 @@ class MemoryBackend(BaseBackend):
     def __init__(self, *, max_sessions: int, **options: Any) -> None:
         super().__init__(**options)
         self.max_sessions = max_sessions
-        self._lock = threading.Lock()
+        # Reentrant: an idempotent write holds it around the write's own critical section.
+        self._lock = threading.RLock()
         self._sessions: dict[str, _Session] = {}
         # Live and not yet pruned sessions per owner namespace, for max_sessions_per_owner.
         self._owned: dict[str, int] = {}
@@ -72,6 +113,10 @@ class MemoryBackend(BaseBackend):
         # doubled since the last pruning, so binding stays O(1) amortized.
         self._runs: dict[str, tuple[str, float]] = {}
         self._runs_prune_at = 1024
+        # Idempotency records by ref, pruned the same way; the key of the write under way.
+        self._records: dict[str, _Recorded] = {}
+        self._records_prune_at = 1024
+        self._idempotency: IdempotencyRecord | None = None
         #: The write-ahead journal (see persistent_memory.journal); None: writes live in
         #: this process only until the mirror has them.
         self.journal: Journal | None = None
@@ -111,7 +156,26 @@ class MemoryBackend(BaseBackend):
         """Journal a write before it is applied: a write that then fails (a cap, a bad
         counter) fails the same way when replayed, so nothing needs undoing."""
         if self.journal is not None and self.journal.owned:
-            self.journal.append(op, session_id, now, *args)
+            self.journal.append(op, session_id, now, self._idempotency, *args)
+
+    def _recorded(self, idempotency: IdempotencyRecord) -> _Recorded | None:
+        """The live record of ``idempotency``'s key, if any; ``IdempotencyKeyReused`` when it
+        was recorded for another request."""
+        recorded = self._records.get(idempotency.ref)
+        if recorded is None or recorded.expires_at <= time.time():
+            return None
+        if recorded.fingerprint != idempotency.fingerprint:
+            raise IdempotencyKeyReused("This idempotency key was used for a different request.")
+        return recorded
+
+    def _remember(self, idempotency: IdempotencyRecord, result: Any, now: float) -> None:
+        """Record a write's ``result`` under its idempotency key (the one place records are made)."""
+        if len(self._records) >= self._records_prune_at:
+            self._records = {ref: r for ref, r in self._records.items() if r.expires_at > now}
+            self._records_prune_at = max(1024, 2 * len(self._records))
+        self._records[idempotency.ref] = _Recorded(
+            idempotency.fingerprint, copy.deepcopy(result), now + idempotency.ttl_seconds
+        )
 
     def _live(self, session_id: str, now: float) -> _Session:
         session = self._sessions.get(session_id)
@@ -228,13 +292,14 @@ class MemoryBackend(BaseBackend):
     # method that does it at a given time: the journal replays records through the
     # latter, so a replayed write gives the same state as the original.
 
+    @_idempotent
     def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
         with self._lock:
-            return self._info(session_id, self._create_op(time.time(), session_id, ttl_seconds))
+            return self._create_op(time.time(), session_id, ttl_seconds)
 
-    def _create_op(self, now: float, session_id: str, ttl_seconds: float | None) -> _Session:
+    def _create_op(self, now: float, session_id: str, ttl_seconds: float | None) -> SessionInfo:
         self._log("create", session_id, now, ttl_seconds)
-        return self._create(session_id, ttl_seconds, now)
+        return self._info(session_id, self._create(session_id, ttl_seconds, now))
 
     def resume_session(self, session_id: str) -> SessionInfo:
         with self._lock:
@@ -252,6 +317,7 @@ class MemoryBackend(BaseBackend):
             self._prune(time.time())
             return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
 
+    @_idempotent
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
             return self._delete_op(time.time(), session_id)
@@ -265,6 +331,7 @@ class MemoryBackend(BaseBackend):
 
     # Values -----------------------------------------------------------------
 
+    @_idempotent
     def put(self, session_id: str, key: str, value_json: str) -> None:
         with self._lock:
             self._put_op(time.time(), session_id, key, value_json)
@@ -290,6 +357,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             return sorted(self._live(session_id, time.time()).values)
 
+    @_idempotent
     def increment(self, session_id: str, key: str, amount: int) -> int:
         with self._lock:
             return self._increment_op(time.time(), session_id, key, amount)
@@ -302,6 +370,7 @@ class MemoryBackend(BaseBackend):
         self._record(session_id, session, now, "increment", key)
         return result
 
+    @_idempotent
     def clear(self, session_id: str, key: str | None) -> list[str]:
         with self._lock:
             return self._clear_op(time.time(), session_id, key)
@@ -326,6 +395,7 @@ class MemoryBackend(BaseBackend):
             entries = self._live(session_id, time.time()).history
             return copy.deepcopy(entries[-limit:] if limit else entries)
 
+    @_idempotent
     def summarize(self, session_id: str, max_entries: int) -> int:
         with self._lock:
             return self._summarize_op(time.time(), session_id, max_entries)
@@ -340,13 +410,14 @@ class MemoryBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
+    @_idempotent
     def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         with self._lock:
             now = time.time()
             if run is None and self._is_live(session_id, now):  # a read: nothing to journal
                 return self._values_json(self._sessions[session_id])
             run_args = (run.run_id, run.ttl_seconds) if run else (None, None)
-            return self._values_json(self._enrich_op(now, session_id, ttl_seconds, *run_args))
+            return self._enrich_op(now, session_id, ttl_seconds, *run_args)
 
     def _enrich_op(
         self,
@@ -355,7 +426,7 @@ class MemoryBackend(BaseBackend):
         ttl_seconds: float | None,
         run_id: str | None,
         run_ttl: float | None,
-    ) -> _Session:
+    ) -> str:
         self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl)
         if self._is_live(session_id, now):
             session = self._sessions[session_id]
@@ -363,7 +434,7 @@ class MemoryBackend(BaseBackend):
             session = self._create(session_id, ttl_seconds, now)
         if run_id is not None and run_ttl is not None:
             self._bind_op(now, run_id, session_id, now + run_ttl)
-        return session
+        return self._values_json(session)
 
     def _bind_op(self, now: float, run_id: str, session_id: str, until: float) -> None:
         if len(self._runs) >= self._runs_prune_at:
@@ -371,6 +442,7 @@ class MemoryBackend(BaseBackend):
             self._runs_prune_at = max(1024, 2 * len(self._runs))
         self._runs[run_id] = (session_id, until)
 
+    @_idempotent
     def record_answer(
         self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
     ) -> AnswerRecord | None:
@@ -472,13 +544,15 @@ class MemoryBackend(BaseBackend):
         }
         replayed: dict[str, None] = {}
         with self._lock, self.restoring():
-            for seq, (_, op, session_id, now, *args) in journal.records():
+            for seq, (_, op, session_id, now, idempotency, *args) in journal.records():
                 if op != "bind" and seq <= mirrored.get(session_id, 0):
                     continue
                 try:
-                    ops[op](now, session_id, *args)
+                    result = ops[op](now, session_id, *args)
                 except PersistentMemoryError:
                     continue  # it failed the same way when it was made
+                if idempotency is not None:  # its answer may have been lost: a retry gets it
+                    self._remember(IdempotencyRecord(*idempotency), result, now)
                 if op != "bind":
                     replayed[session_id] = None
                     self._mark(session_id)
@@ -505,7 +579,7 @@ class MemoryBackend(BaseBackend):
             now = time.time()
             for run_id, (session_id, until) in self._runs.items():
                 if until > now:
-                    journal.append("bind", run_id, now, session_id, until)
+                    journal.append("bind", run_id, now, None, session_id, until)
             self._rotated_at = journal.seq
             dirty, self._dirty = self._dirty, set()
             return Checkpoint(segments, sorted(dirty))
@@ -562,6 +636,12 @@ class MemoryBackend(BaseBackend):
                 if sid.startswith(prefix) and (until <= now or sid not in self._sessions)
             ]
             if not dry_run:
+                # Idempotency records are not leftovers: only expired ones go, uncounted.
+                self._records = {
+                    ref: r
+                    for ref, r in self._records.items()
+                    if r.expires_at > now or not ref.startswith(prefix)
+                }
                 for session_id in expired:
                     self._drop(session_id)
                     self._mark(session_id)

@@ -6,8 +6,10 @@
 -- session comes from its run binding, or for operations on no one session), 4 now
 -- (JSON number text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty
 -- ('1'/'0'), 8 sessions per owner ('0': no cap), 9 bytes per session ('0': no cap),
--- then the operation's own arguments, read with arg(i). Keys are built here from the
--- prefix in the node's layout; auxiliary keys hold '~', which no session id can.
+-- 10 the write's idempotency record below the prefix ('' for none), 11 the request's
+-- fingerprint, 12 how long the record is kept (ms), then the operation's own
+-- arguments, read with arg(i). Keys are built here from the prefix in the node's
+-- layout; auxiliary keys hold '~', which no session id can.
 -- Errors come back as "PM_<CODE> message" replies.
 --
 -- Owned sessions (persistent_memory.owners) have storage ids '~o:{owner}~{id}', so
@@ -24,7 +26,64 @@ local DIRTY = prefix .. ':~dirty'
 local base, META, KEYSET, HISTORY, SESSIONS
 
 local function arg(i)
-  return ARGV[9 + i]
+  return ARGV[12 + i]
+end
+
+-- Idempotency keys (persistent_memory.idempotency): a write sent again under a key
+-- recorded by this script gets the recorded reply and writes nothing; under a key
+-- recorded for another request (fingerprint), an error. Every write's success reply
+-- goes out through remember(), which records it; error replies are not recorded
+-- (nothing was written, so a retry runs again). Checked before anything else, the
+-- fast path below included.
+local IDEMPOTENCY = ARGV[10] ~= '' and prefix .. ':' .. ARGV[10]
+
+-- A reply as a JSON-able value that gives it back exactly: cjson would turn integers
+-- into doubles, so strings are kept as 's..', integers as 'i..', nil as 'n'.
+local function tagged(reply)
+  local kind = type(reply)
+  if kind == 'table' then
+    local items = {}
+    for i, item in ipairs(reply) do items[i] = tagged(item) end
+    return items
+  elseif kind == 'number' then
+    return 'i' .. string.format('%d', reply)
+  elseif kind == 'boolean' then
+    return reply and 'i1' or 'n'
+  end
+  return 's' .. reply
+end
+
+local function untagged(value)
+  if type(value) == 'table' then
+    local items = {}
+    for i, item in ipairs(value) do items[i] = untagged(item) end
+    return items
+  end
+  local kind = string.sub(value, 1, 1)
+  if kind == 'i' then
+    return tonumber(string.sub(value, 2))
+  elseif kind == 'n' then
+    return false
+  end
+  return string.sub(value, 2)
+end
+
+if IDEMPOTENCY then
+  local recorded = redis.call('GET', IDEMPOTENCY)
+  if recorded then
+    recorded = cjson.decode(recorded)
+    if recorded[1] ~= ARGV[11] then
+      return redis.error_reply('PM_IDEMPOTENCY_REUSED This idempotency key was used for a different request.')
+    end
+    return untagged(recorded[2])
+  end
+end
+
+local function remember(reply)
+  if IDEMPOTENCY then
+    redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[11], tagged(reply)}), 'PX', ARGV[12])
+  end
+  return reply
 end
 
 -- '~o:{owner}~' of an owned storage id (or of a prefix that starts with one); nil otherwise.
@@ -113,7 +172,7 @@ if (op == 'get_all' or op == 'enrich') and redis.call('EXISTS', META) == 1 then
   if op == 'enrich' and arg(3) ~= '' then
     redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
   end
-  return values_object()
+  return remember(values_object())
 end
 
 -- Lua's < on strings follows the server's locale (strcoll); Python sorts by code
@@ -460,12 +519,15 @@ if op == 'sweep_keys' then
     local rest = string.sub(key, #prefix + 2)
     -- Only keys of this deployment's layout: "{id}:{key}" (id unowned or owned) or a
     -- run binding, "~run:{run id}" or "~o:{owner}~:run:{run id}". Anything else (another
-    -- deployment whose prefix starts with ours) is not ours to touch.
+    -- deployment whose prefix starts with ours) is not ours to touch. Idempotency
+    -- records, "~idem:{key}" and "~o:{owner}~:idem:{key}", belong to no session and
+    -- expire on their own: never leftovers.
+    local idempotency_record = string.match(rest, '^~idem:') or string.match(rest, '^~o:[^~]+~:idem:')
     local owner
     local run_id = string.match(rest, '^~run:([%w_%-]+)$') or string.match(rest, '^~o:[^~]+~:run:([%w_%-]+)$')
     if run_id then
       owner = redis.call('GET', key)
-    else
+    elseif not idempotency_record then
       local id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
       if id and name ~= '__sessions__'
         and (string.match(id, '^[%w_%-]+$') or string.match(id, '^~o:[^~]+~[%w_%-]+$')) then
@@ -491,7 +553,7 @@ if op == 'create' then
   end
   if not owner_has_room() then return no_room() end
   local expires = create(now, arg(1), arg(2))
-  return {now, arg(1), 0, 0, expires}
+  return remember({now, arg(1), 0, 0, expires})
 end
 
 if op == 'enrich' then
@@ -502,21 +564,21 @@ if op == 'enrich' then
   if arg(3) ~= '' then
     redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
   end
-  return values_object()
+  return remember(values_object())
 end
 
 if op == 'answer' then
   if sid == '' then
     local bound = redis.call('GET', run_key(arg(4)))
     if not bound then
-      return {}
+      return remember({})
     end
     use_session(bound)
     if redis.call('EXISTS', META) == 0 then
       -- Deleted or expired since it was bound: the binding goes too, so that it never
       -- recreates the session (or reaches a new one under the same id).
       redis.call('DEL', run_key(arg(4)))
-      return {}
+      return remember({})
     end
   end
   local created = redis.call('EXISTS', META) == 0
@@ -545,7 +607,7 @@ if op == 'answer' then
   record(history_entry('put', 'last_answer'))
   record(history_entry('increment', 'answer_count'))
   align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
-  return {sid, count}
+  return remember({sid, count})
 end
 
 -- A whole session as exported: arg(1) '1' to replace a live one, 2 created_at,
@@ -603,7 +665,7 @@ elseif op == 'delete' then
   redis.call('DEL', META)
   unindex(sid)
   mark_dirty()
-  return keys
+  return remember(keys)
 elseif op == 'put' then
   local key = arg(1)
   local ok, total = fits({[key] = #arg(2)})
@@ -612,7 +674,7 @@ elseif op == 'put' then
   redis.call('SADD', KEYSET, key)
   record(history_entry('put', key))
   align(base .. key, KEYSET, HISTORY)
-  return 1
+  return remember(1)
 elseif op == 'get' then
   local value = redis.call('GET', base .. arg(1))
   if not value then
@@ -636,7 +698,9 @@ elseif op == 'increment' then
   redis.call('SADD', KEYSET, key)
   record(history_entry('increment', key))
   align(base .. key, KEYSET, HISTORY)
-  return result
+  -- The stored text, not ``result``: a Lua number is a double, which above 2^53 is
+  -- not the integer INCRBY stored.
+  return remember(redis.call('GET', base .. key))
 elseif op == 'clear' then
   local key = arg(1)
   local cleared
@@ -657,7 +721,7 @@ elseif op == 'clear' then
     record(history_entry('clear', key))
   end
   align(HISTORY)
-  return cleared
+  return remember(cleared)
 elseif op == 'history' then
   local limit = tonumber(arg(1))
   if limit > 0 then
@@ -670,7 +734,7 @@ elseif op == 'summarize' then
     mark_dirty()
   end
   align(HISTORY)
-  return folded
+  return remember(folded)
 end
 
 return fail('BAD_OPERATION', 'Unknown operation ' .. tostring(op))

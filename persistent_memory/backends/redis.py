@@ -13,6 +13,8 @@ original node's (so either can read the other's data)::
 Owned sessions use the same layout with their storage id (``~o:{owner}~{session_id}``,
 see :mod:`persistent_memory.owners`) in place of the session id; each owner's ids are
 in ``{prefix}:~o:{owner}~:sessions`` and all owned ids in ``{prefix}:~owned``.
+Idempotency records (:mod:`persistent_memory.idempotency`) are ``{prefix}:~idem:{key}``
+and ``{prefix}:~o:{owner}~:idem:{key}``, each expiring after its TTL.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from redis.retry import Retry
 from persistent_memory.backends.base import (
     AnswerRecord,
     BaseBackend,
+    IdempotencyRecord,
     RunBinding,
     SessionInfo,
     SessionSnapshot,
@@ -44,6 +47,7 @@ from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_ca
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
+    IdempotencyKeyReused,
     KeyNotFound,
     NotANumber,
     PersistentMemoryError,
@@ -72,7 +76,11 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_KEY_NOT_FOUND": KeyNotFound,
     "PM_NOT_A_NUMBER": NotANumber,
     "PM_QUOTA": QuotaExceeded,
+    "PM_IDEMPOTENCY_REUSED": IdempotencyKeyReused,
 }
+
+#: ARGV 10-12 of a call without an idempotency key (see redis.lua).
+_NO_IDEMPOTENCY = ("", "", "0")
 
 
 def _ttl_text(ttl_seconds: float | None) -> str:
@@ -140,7 +148,7 @@ class RedisBackend(BaseBackend):
         self.owns_client = owns_client
         self.key_prefix = key_prefix
         self._dirty_key = f"{key_prefix}:~dirty"
-        # ARGV 5-9 of every call (see redis.lua).
+        # ARGV 5-9 of every call (see redis.lua); 10-12 are the idempotency key's.
         self._policy = (
             str(self.max_history),
             "1" if self.auto_summarize else "0",
@@ -194,10 +202,15 @@ class RedisBackend(BaseBackend):
         except redis.RedisError as exc:
             raise self._error(exc) from None
 
-    def _args(self, op: str, session_id: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (op, self.key_prefix, session_id, repr(time.time()), *self._policy, *args)
+    def _args(
+        self, op: str, session_id: str, args: tuple[Any, ...], idempotency: IdempotencyRecord | None = None
+    ) -> tuple[Any, ...]:
+        once = _NO_IDEMPOTENCY
+        if idempotency is not None:
+            once = (idempotency.ref, idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
+        return (op, self.key_prefix, session_id, repr(time.time()), *self._policy, *once, *args)
 
-    def _run(self, op: str, session_id: str, *args: Any) -> Any:
+    def _run(self, op: str, session_id: str, *args: Any, idempotency: IdempotencyRecord | None = None) -> Any:
         """One EVALSHA of the script (it builds its keys from the prefix and session id).
 
         Sent on a pooled connection directly rather than through ``Redis.evalsha``:
@@ -205,7 +218,7 @@ class RedisBackend(BaseBackend):
         costs more on this hot path than the rest of the store's Python code.
         """
         pool = self.client.connection_pool
-        command = ("EVALSHA", self._sha, 0, *self._args(op, session_id, args))
+        command = ("EVALSHA", self._sha, 0, *self._args(op, session_id, args, idempotency))
         try:
             connection = pool.get_connection()
             try:
@@ -247,8 +260,12 @@ class RedisBackend(BaseBackend):
 
     # Sessions ---------------------------------------------------------------
 
-    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
-        reply = self._run("create", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds))
+    def create_session(
+        self, session_id: str, ttl_seconds: float | None, *, idempotency: IdempotencyRecord | None = None
+    ) -> SessionInfo:
+        reply = self._run(
+            "create", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), idempotency=idempotency
+        )
         return self._info(session_id, reply)
 
     def resume_session(self, session_id: str) -> SessionInfo:
@@ -280,13 +297,15 @@ class RedisBackend(BaseBackend):
             if cursor == 0:
                 return list({info["session_id"]: info for info in infos}.values())
 
-    def delete_session(self, session_id: str) -> list[str]:
-        return sorted(item.decode() for item in self._run("delete", session_id))
+    def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
+        return sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))
 
     # Values -----------------------------------------------------------------
 
-    def put(self, session_id: str, key: str, value_json: str) -> None:
-        self._run("put", session_id, key, value_json)
+    def put(
+        self, session_id: str, key: str, value_json: str, *, idempotency: IdempotencyRecord | None = None
+    ) -> None:
+        self._run("put", session_id, key, value_json, idempotency=idempotency)
 
     def get(self, session_id: str, key: str) -> str:
         return self._run("get", session_id, key).decode()
@@ -297,29 +316,55 @@ class RedisBackend(BaseBackend):
     def list_keys(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("keys", session_id))
 
-    def increment(self, session_id: str, key: str, amount: int) -> int:
-        return self._run("increment", session_id, key, str(amount))
+    def increment(
+        self, session_id: str, key: str, amount: int, *, idempotency: IdempotencyRecord | None = None
+    ) -> int:
+        return int(self._run("increment", session_id, key, str(amount), idempotency=idempotency))
 
-    def clear(self, session_id: str, key: str | None) -> list[str]:
-        return [item.decode() for item in self._run("clear", session_id, key or "")]
+    def clear(
+        self, session_id: str, key: str | None, *, idempotency: IdempotencyRecord | None = None
+    ) -> list[str]:
+        return [item.decode() for item in self._run("clear", session_id, key or "", idempotency=idempotency)]
 
     # History ----------------------------------------------------------------
 
     def get_history(self, session_id: str, limit: int) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self._run("history", session_id, str(limit))]
 
-    def summarize(self, session_id: str, max_entries: int) -> int:
-        return self._run("summarize", session_id, str(max_entries))
+    def summarize(
+        self, session_id: str, max_entries: int, *, idempotency: IdempotencyRecord | None = None
+    ) -> int:
+        return self._run("summarize", session_id, str(max_entries), idempotency=idempotency)
 
     # Lanes ------------------------------------------------------------------
 
-    def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
+    def enrich(
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        run: RunBinding | None = None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> str:
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
-        reply = self._run("enrich", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *run_args)
+        reply = self._run(
+            "enrich",
+            session_id,
+            _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
+            *run_args,
+            idempotency=idempotency,
+        )
         return reply.decode()
 
     def record_answer(
-        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+        self,
+        session_id: str | None,
+        answer_json: str,
+        ttl_seconds: float | None,
+        run_id: str | None = None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
     ) -> AnswerRecord | None:
         reply = self._run(
             "answer",
@@ -328,6 +373,7 @@ class RedisBackend(BaseBackend):
             _ttl_ms(ttl_seconds),
             answer_json,
             run_id or "",
+            idempotency=idempotency,
         )
         return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
 
