@@ -22,9 +22,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def redis_url() -> Iterator[str]:
-    """REDIS_URL when set; otherwise a fresh redis-server, stopped on exit."""
-    if os.environ.get("REDIS_URL"):
+def redis_url(*, use_env: bool = True) -> Iterator[str]:
+    """REDIS_URL when set (and ``use_env``); otherwise a fresh redis-server, stopped on exit."""
+    if use_env and os.environ.get("REDIS_URL"):
         yield os.environ["REDIS_URL"]
         return
     port = free_port()

@@ -55,6 +55,7 @@ from persistent_memory.owners import (
     validate_owner,
 )
 from persistent_memory.validation import (
+    SESSION_ID_PATTERN,
     decode_value,
     encode_value,
     validate_int,
@@ -219,6 +220,28 @@ class MemoryStore:
         if not all_owners:  # the unowned prefix "" lists every owner's: keep this one's
             infos = [info for info in infos if info["owner"] == self.owner]
         return sorted(infos, key=lambda info: (-info["created_at"], info["owner"], info["session_id"]))
+
+    def list_session_page(
+        self, prefix: str = "", *, offset: int = 0, limit: int = 50
+    ) -> tuple[int, list[SessionInfo]]:
+        """How many of this owner's live sessions have an id starting with ``prefix``,
+        and ``limit`` of them from ``offset``, newest first (equal creation times: the
+        greater id first), in one backend call.
+
+        Sessions that expired and that no page or sweep has met yet may still be
+        counted (see the README's Redis section). On the unscoped store this is the
+        unowned namespace, the node's sessions included.
+        """
+        if not isinstance(prefix, str):
+            raise InvalidValue("The session id prefix must be a string.")
+        offset = validate_int(offset, name="offset", minimum=0)
+        limit = validate_int(limit, name="limit", minimum=0)
+        if prefix and not SESSION_ID_PATTERN.fullmatch(prefix):
+            return 0, []  # no session id starts with it (nor can it reach another namespace)
+        if self.mirror.restore_pending:
+            self._not_restored()
+        total, infos = self.backend.list_session_page(self._prefix(prefix), offset, limit)
+        return total, [self._info(info) for info in infos]
 
     def _prefix(self, prefix: str) -> str:
         return owner_namespace(self.owner) + prefix

@@ -146,6 +146,20 @@ class TestLanes:
         assert body["memory"]["status"] == "skipped"
         assert store.get("s1", "answer_count") == 1
 
+    def test_a_deleted_session_is_not_reached_through_its_run_id(self, api, store):
+        api.post(API + "enrich/", {"question": question("s1"), "run_id": "run-1"}, format="json")
+        assert api.delete(API + "sessions/s1/").status_code == 200
+        assert api.post(API + "sessions/", {"session_id": "s1"}, format="json").status_code == 201
+        body = api.post(API + "store/", {"answer": {"text": "late"}, "run_id": "run-1"}, format="json").json()
+        assert body["memory"]["status"] == "skipped"
+        assert store.get_all("s1") == {}  # the new session under the same id is not reached
+        # Deleted and not created again: the answer does not recreate it.
+        api.post(API + "enrich/", {"question": question("s2"), "run_id": "run-2"}, format="json")
+        assert api.delete(API + "sessions/s2/").status_code == 200
+        body = api.post(API + "store/", {"answer": {"text": "late"}, "run_id": "run-2"}, format="json").json()
+        assert body["memory"]["status"] == "skipped"
+        assert store.list_sessions() == ["s1"]
+
     @pytest.mark.parametrize("bad", ["bad id", "a:b", "x" * 129, 7, None, ""])
     def test_bad_session_id_is_skipped_not_an_error(self, api, store, bad):
         entry = question(bad)
@@ -305,6 +319,64 @@ class TestSessions:
         found = api.get(API + "sessions/?search=chat-").json()
         assert found["count"] == 5
         assert error_of(api.get(API + "sessions/?page=99"))[0] == 404
+
+    @pytest.fixture
+    def pages_only(self, store, monkeypatch):
+        """The backend refuses to list every session: the listing reads one page."""
+
+        def everything(*args, **kwargs):
+            raise AssertionError("the listing read every session")
+
+        for name in ("list_session_infos", "list_sessions", "scan_sessions"):
+            monkeypatch.setattr(store.backend, name, everything)
+
+    def test_list_pages_are_read_one_at_a_time(self, api, store, backend_name, request, pages_only):
+        for i in range(7):
+            store.create_session(f"s{i}")
+            time.sleep(0.002)
+        store.create_session("other")
+        redis_client = request.getfixturevalue("redis_client") if backend_name == "redis" else None
+        url = "http://testserver" + API + "sessions/"
+
+        def page(query):
+            if redis_client is not None:
+                redis_client.config_resetstat()
+            body = api.get(API + "sessions/" + query).json()
+            if redis_client is not None:  # one EVALSHA per page (its own commands are counted too)
+                stats = redis_client.info("commandstats")
+                assert stats["cmdstat_evalsha"]["calls"] == 1
+                assert not {"cmdstat_scan", "cmdstat_sscan", "cmdstat_zscan", "cmdstat_smembers"} & set(stats)
+            return body["count"], [s["session_id"] for s in body["results"]], body["next"], body["previous"]
+
+        assert page("?page_size=3") == (8, ["other", "s6", "s5"], url + "?page=2&page_size=3", None)
+        assert page("?page_size=3&page=2") == (
+            8,
+            ["s4", "s3", "s2"],
+            url + "?page=3&page_size=3",
+            url + "?page_size=3",
+        )
+        last = (8, ["s1", "s0"], None, url + "?page=2&page_size=3")
+        assert page("?page_size=3&page=3") == last
+        assert page("?search=s&page_size=3&page=3") == (
+            7,
+            ["s0"],
+            None,
+            url + "?page=2&page_size=3&search=s",
+        )
+        assert page("?search=s5") == (1, ["s5"], None, None)
+        assert page("?search=nothing") == (0, [], None, None)
+        for query in ("?page_size=3&page=4", "?page=0", "?page=two", "?page=1.0"):
+            assert error_of(api.get(API + "sessions/" + query)) == (404, "not_found")
+        body = api.get(API + "sessions/?page_size=3&page=last").json()
+        assert (body["count"], [s["session_id"] for s in body["results"]]) == last[:2]
+
+    def test_list_leaves_out_expired_sessions(self, api, store, pages_only):
+        for i in range(4):
+            store.create_session(f"s{i}", ttl_seconds=0.2 if i % 2 else None)
+        time.sleep(0.3)
+        body = api.get(API + "sessions/?page_size=2").json()
+        assert (body["count"], body["next"]) == (2, None)
+        assert [s["session_id"] for s in body["results"]] == ["s2", "s0"]
 
     def test_delete(self, api, store):
         store.create_session("s1")

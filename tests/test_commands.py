@@ -209,6 +209,8 @@ class TestSweepRedis:
         redis_client.rpush("rr:memory:crashed:__history__", "{}")
         redis_client.sadd("rr:memory:__sessions__", "crashed")
         redis_client.set("rr:memory:~run:run-dangling", "crashed")
+        # A binding that outlives its session (one bound before bindings expired with it).
+        redis_client.set("rr:memory:~run:run-old", "gone")
         time.sleep(0.3)
         redis_client.config_resetstat()
         dry = run_json("memory_sweep", "--dry-run", "--batch-size", "2")
@@ -218,13 +220,17 @@ class TestSweepRedis:
         assert (counts["expired_sessions"], counts["leftover_keys"], counts["run_bindings"]) == (2, 2, 2)
         assert {k.decode() for k in redis_client.scan_iter("rr:memory:*")} == {
             "rr:memory:__sessions__",
+            "rr:memory:~sessions",
+            "rr:memory:~names",
             "rr:memory:~run:run-live",
+            "rr:memory:live:~runs",
             "rr:memory:live:__meta__",
             "rr:memory:live:__keys__",
             "rr:memory:live:__history__",
             "rr:memory:live:b",
         }
         assert redis_client.smembers("rr:memory:__sessions__") == {b"live"}
+        assert redis_client.zrange("rr:memory:~sessions", 0, -1) == [b"live"]
         stats = redis_client.info("commandstats")
         assert "cmdstat_keys" not in stats
         assert stats["cmdstat_scan"]["calls"] >= 2 and stats["cmdstat_sscan"]["calls"] >= 2

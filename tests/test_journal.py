@@ -227,6 +227,7 @@ def test_the_store_refuses_calls_until_its_sessions_are_restored(journaled, monk
         lambda: fresh.get_all("node"),
         lambda: fresh.put("node", "x", 1),
         lambda: fresh.list_sessions(),
+        lambda: fresh.list_session_page(),
         lambda: fresh.for_owner("user:1").record_answer(None, "x", run_id="run0"),
     ]
     for call in refused:

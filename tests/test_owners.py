@@ -206,7 +206,9 @@ class TestRedisKeys:
             f"{base}chat:__history__",
             f"{base}chat:topic",
             f"{base}:sessions",
+            f"{base}:names",
             f"{base}:run:r1",
+            f"{base}chat:~runs",
             "rr:memory:~owned",
         }
         assert redis_client.smembers("rr:memory:~owned") == {
@@ -214,7 +216,7 @@ class TestRedisKeys:
         }
         assert not redis_client.exists("rr:memory:__sessions__")  # the node's set holds unowned ids only
         meta_ttl = redis_client.pttl(f"{base}chat:__meta__")
-        for name in ("__keys__", "__history__", "topic"):
+        for name in ("__keys__", "__history__", "topic", "~runs"):
             assert abs(redis_client.pttl(f"{base}chat:{name}") - meta_ttl) < 50
 
     def test_one_round_trip_per_operation_when_owned(self, settings, counting_client, redis_url):
@@ -251,9 +253,10 @@ class TestRedisKeys:
         time.sleep(0.1)
         redis_client.set("rr:memory:~o:user:1~gone:k", "1")  # a leftover, as a crash could leave
         counts = redis_store.backend.sweep(dry_run=False, batch_size=10)
-        assert counts == {"expired_sessions": 1, "leftover_keys": 1, "run_bindings": 1}
+        # Deleting dropped the binding of "deleted"; "gone" had none.
+        assert counts == {"expired_sessions": 1, "leftover_keys": 1, "run_bindings": 0}
         left = sorted(key.decode() for key in redis_client.keys("rr:memory:~o:user:1~*"))
-        assert all("kept" in key or key.endswith("~:sessions") for key in left), left
+        assert all("kept" in key or key.endswith(("~:sessions", "~:names")) for key in left), left
         assert redis_client.smembers("rr:memory:~owned") == {b"~o:user:1~kept"}
 
     def test_node_layout_unchanged_for_unowned(self, redis_store, redis_client):
@@ -261,6 +264,8 @@ class TestRedisKeys:
         redis_store.put("s1", "k", 1)
         assert {key.decode() for key in redis_client.keys("*")} == {
             "rr:memory:__sessions__",
+            "rr:memory:~sessions",
+            "rr:memory:~names",
             "rr:memory:s1:__meta__",
             "rr:memory:s1:__keys__",
             "rr:memory:s1:__history__",
@@ -273,7 +278,13 @@ NOT_RESERVED = re.compile(r"(?!__.*__$)")  # names like __keys__ are the layout'
 SESSION_IDS = st.text("ab_-0", min_size=1, max_size=6).filter(NOT_RESERVED.match)
 KEY_NAMES = st.text("ab.-_", min_size=1, max_size=5).filter(NOT_RESERVED.match)
 #: Indexes every namespace shares (not a session's or an owner's).
-SHARED = {b"rr:memory:__sessions__", b"rr:memory:~owned", b"rr:memory:~dirty"}
+SHARED = {
+    b"rr:memory:__sessions__",
+    b"rr:memory:~owned",
+    b"rr:memory:~dirty",
+    b"rr:memory:~sessions",
+    b"rr:memory:~names",
+}
 
 
 @pytest.mark.usefixtures("redis_store")

@@ -498,17 +498,33 @@ def test_summarize_with_an_invalid_owner_is_refused_with_auto_summarize_off(conf
         run("memory_summarize", "--owner", "bad owner")  # no --all: nothing to do, but a bad option
 
 
-def test_sweep_of_one_owner_drops_only_its_stale_run_bindings(store):
+def test_deleting_sessions_leaves_no_run_binding_for_the_sweep(store):
     u1, u2 = store.for_owner("user:1"), store.for_owner("user:2")
     for scoped in (u1, u2, store):
         scoped.enrich("s1", run_id="r1")  # one run id, three owners' bindings
         scoped.delete_session("s1")
     u1.enrich("s2", run_id="r2")
-    assert run_json("memory_sweep", "--owner", "user:1")["run_bindings"] == 1
+    assert run_json("memory_sweep", "--dry-run")["run_bindings"] == 0  # deleting dropped them
+    for scoped in (u1, u2, store):
+        scoped.create_session("s1")  # the same id again: no run of the one before reaches it
+        assert scoped.record_answer(None, "stale", run_id="r1") is None
+        assert scoped.get_all("s1") == {}
     assert u1.record_answer(None, "kept", run_id="r2").session_id == "s2"
+
+
+def test_sweep_of_one_owner_drops_only_its_expired_run_bindings(configure, backend_name):
+    store = configure(RUN_BINDING_TTL_SECONDS=SHORT_TTL)
+    u1, u2 = store.for_owner("user:1"), store.for_owner("user:2")
+    for scoped in (u1, u2, store):
+        scoped.enrich("s1", run_id="r1")
+    time.sleep(SHORT_TTL + 0.05)
+    # The memory backend holds expired bindings until a sweep; Redis expires them itself.
+    held = backend_name == "memory"
+    assert run_json("memory_sweep", "--owner", "user:1")["run_bindings"] == (1 if held else 0)
     assert run_json("memory_sweep", "--owner", "user:1")["run_bindings"] == 0
-    assert run_json("memory_sweep")["run_bindings"] == 2
-    assert u1.record_answer(None, "stale", run_id="r1") is None  # its session is gone
+    assert run_json("memory_sweep")["run_bindings"] == (2 if held else 0)
+    for scoped in (u1, u2, store):
+        assert scoped.record_answer(None, "late", run_id="r1") is None
 
 
 # Redis: the keys themselves ---------------------------------------------------------
@@ -531,19 +547,21 @@ class TestSweepOwnerRedis:
         redis_client.set("rr:memory:~o:user:1~gone:orphan", "1")
         redis_client.set("rr:memory:~o:user:2~gone:orphan", "1")
         redis_client.rpush("rr:memory:~o:user:1~crashed:__history__", "{}")
-        redis_client.sadd("rr:memory:~o:user:1~:sessions", "~o:user:1~crashed")
+        redis_client.zadd("rr:memory:~o:user:1~:sessions", {"~o:user:1~crashed": 1.0})
         redis_client.sadd("rr:memory:~owned", "~o:user:1~crashed")
         time.sleep(SHORT_TTL + 0.1)
         counts = run_json("memory_sweep", "--owner", "user:1", "--batch-size", "2")
         assert (counts["expired_sessions"], counts["leftover_keys"]) == (2, 2)
         assert keys(redis_client, "rr:memory:~o:user:1~*") == {
             "rr:memory:~o:user:1~:sessions",
+            "rr:memory:~o:user:1~:names",
             "rr:memory:~o:user:1~live:__meta__",
             "rr:memory:~o:user:1~live:__keys__",
             "rr:memory:~o:user:1~live:__history__",
             "rr:memory:~o:user:1~live:b",
         }
-        assert redis_client.smembers("rr:memory:~o:user:1~:sessions") == {b"~o:user:1~live"}
+        assert redis_client.zrange("rr:memory:~o:user:1~:sessions", 0, -1) == [b"~o:user:1~live"]
+        assert redis_client.zrange("rr:memory:~o:user:1~:names", 0, -1) == [b"~o:user:1~live"]
         owned = redis_client.smembers("rr:memory:~owned")
         assert b"~o:user:1~gone" not in owned and b"~o:user:1~crashed" not in owned
         # user:2's are left for a sweep of theirs (or a full one).
@@ -562,15 +580,25 @@ class TestSweepOwnerRedis:
         u2.enrich("s1", run_id="r1")  # the same run id under another owner: its own binding
         store.enrich("s1", run_id="r1")  # and an unowned one
         assert redis_client.get("rr:memory:~o:user:1~:run:r1") == b"~o:user:1~s1"
+        assert redis_client.zrange("rr:memory:~o:user:1~s1:~runs", 0, -1) == [b"~o:user:1~:run:r1"]
         for scoped in (u1, u2, store):
             scoped.delete_session("s1")
-        bindings = {"rr:memory:~o:user:1~:run:r1", "rr:memory:~o:user:2~:run:r1", "rr:memory:~run:r1"}
-        assert redis_client.exists(*bindings) == 3  # deleting a session leaves its bindings
+        # Deleting a session drops its bindings and its run index: no key of run r1 is left.
+        assert keys(redis_client, "*r1*") == set()
+        assert keys(redis_client, "*s1*") == set()
+        # Bindings that outlived their session (written before deleting dropped them, or
+        # left by a crash): a sweep of one owner removes that owner's only.
+        redis_client.set("rr:memory:~o:user:1~:run:r9", "~o:user:1~s1")
+        redis_client.set("rr:memory:~o:user:2~:run:r9", "~o:user:2~s1")
+        redis_client.set("rr:memory:~run:r9", "s1")
         counts = run_json("memory_sweep", "--owner", "user:1")
         assert counts["run_bindings"] == 1
-        assert redis_client.exists("rr:memory:~o:user:1~:run:r1") == 0
-        assert redis_client.exists("rr:memory:~o:user:2~:run:r1", "rr:memory:~run:r1") == 2
+        assert redis_client.exists("rr:memory:~o:user:1~:run:r9") == 0
+        assert redis_client.exists("rr:memory:~o:user:2~:run:r9", "rr:memory:~run:r9") == 2
         # The binding of a live session stays and still works.
         assert u1.record_answer(None, "still bound", run_id="r2").session_id == "s2"
         assert run_json("memory_sweep")["run_bindings"] == 2
-        assert keys(redis_client, "rr:memory:*run:*") == {"rr:memory:~o:user:1~:run:r2"}
+        assert keys(redis_client, "rr:memory:*run*") == {
+            "rr:memory:~o:user:1~:run:r2",
+            "rr:memory:~o:user:1~s2:~runs",
+        }

@@ -33,6 +33,8 @@ def test_key_layout_byte_for_byte(rstore, redis_client):
     keys = {k.decode() for k in redis_client.keys("*")}
     assert keys == {
         "rr:memory:__sessions__",
+        "rr:memory:~sessions",  # the listing's indexes, beside the node's layout
+        "rr:memory:~names",
         "rr:memory:s1:__meta__",
         "rr:memory:s1:__keys__",
         "rr:memory:s1:__history__",
@@ -79,6 +81,8 @@ def test_custom_key_prefix(redis_client, redis_url):
     store.put("s1", "k", 1)
     assert {k.decode() for k in redis_client.keys("*")} == {
         "app:mem:__sessions__",
+        "app:mem:~sessions",
+        "app:mem:~names",
         "app:mem:s1:__meta__",
         "app:mem:s1:__keys__",
         "app:mem:s1:__history__",
@@ -329,3 +333,128 @@ def test_a_write_whose_reply_is_lost_is_not_run_twice(redis_client, redis_url):
     finally:
         store.close()
         listener.close()
+
+
+# Run bindings and the listing's indexes ---------------------------------------------
+
+
+def write_node_session(client, session_id, created_at):
+    """A session as the original node writes it: its set, its meta, no index of the app's."""
+    pipe = client.pipeline()
+    pipe.sadd("rr:memory:__sessions__", session_id)
+    pipe.hset(f"rr:memory:{session_id}:__meta__", mapping={"created_at": created_at, "ttl_seconds": "None"})
+    pipe.set(f"rr:memory:{session_id}:last_answer", json.dumps("hello"))
+    pipe.sadd(f"rr:memory:{session_id}:__keys__", "last_answer")
+    pipe.execute()
+
+
+def page_ids(page):
+    total, infos = page
+    return total, [info["session_id"] for info in infos]
+
+
+def test_deleting_a_session_drops_its_run_bindings_and_run_index(rstore, redis_client):
+    rstore.enrich("s1", run_id="run-a")
+    rstore.enrich("s1", run_id="run-b")
+    rstore.enrich("s2", run_id="run-c")
+    runs = redis_client.zrange("rr:memory:s1:~runs", 0, -1)
+    assert sorted(runs) == [b"~run:run-a", b"~run:run-b"]
+    rstore.delete_session("s1")
+    for pattern in ("*run-a*", "*run-b*", "rr:memory:s1:*"):
+        assert list(redis_client.scan_iter(pattern)) == [], pattern
+    assert redis_client.get("rr:memory:~run:run-c") == b"s2"  # another session's stays
+
+
+def test_a_run_binding_and_the_run_index_expire_with_their_session(rstore, redis_client):
+    rstore.create_session("s1", ttl_seconds=60)
+    rstore.enrich("s1", run_id="r1")  # bound for an hour, to a session that has a minute
+    meta = redis_client.pttl("rr:memory:s1:__meta__")
+    for key in ("rr:memory:~run:r1", "rr:memory:s1:~runs"):
+        assert 0 < redis_client.pttl(key) <= meta + 5, key
+    rstore.enrich("s2", run_id="r2")  # a session that never expires: the binding's own TTL
+    assert 3_590_000 < redis_client.pttl("rr:memory:~run:r2") <= 3_600_000
+    assert redis_client.pttl("rr:memory:s2:~runs") == -1
+
+
+def test_the_run_index_holds_only_live_bindings(redis_client, redis_url):
+    store = MemoryStore(
+        RedisBackend(client=redis.Redis.from_url(redis_url), max_history=100, auto_summarize=True),
+        run_binding_ttl_seconds=0.1,
+    )
+    for i in range(5):
+        store.enrich("s1", run_id=f"old-{i}")
+    time.sleep(0.15)
+    store.enrich("s1", run_id="new")
+    assert redis_client.zrange("rr:memory:s1:~runs", 0, -1) == [b"~run:new"]
+    store.close()
+
+
+def test_the_node_sessions_are_in_the_operator_listing(rstore, redis_client):
+    write_node_session(redis_client, "node-old", "1700000000.5")
+    rstore.create_session("app-1")
+    write_node_session(redis_client, "node-new", repr(time.time() + 1))
+    assert page_ids(rstore.list_session_page()) == (3, ["node-new", "app-1", "node-old"])
+    assert page_ids(rstore.list_session_page("node-", offset=1)) == (2, ["node-old"])
+    assert redis_client.zscore("rr:memory:~sessions", "node-old") == 1700000000.5  # indexed now
+    assert rstore.get_all("node-old") == {"last_answer": "hello"}
+    # The node deletes one (its keys and its set's member): it leaves the listing.
+    redis_client.delete("rr:memory:node-new:__meta__", "rr:memory:node-new:__keys__")
+    redis_client.srem("rr:memory:__sessions__", "node-new")
+    assert page_ids(rstore.list_session_page()) == (2, ["app-1", "node-old"])
+    assert redis_client.zrange("rr:memory:~sessions", 0, -1) == [b"node-old", b"app-1"]
+    assert redis_client.smembers("rr:memory:__sessions__") == {b"node-old", b"app-1"}
+
+
+def test_one_evalsha_per_page(counting_client):
+    store = MemoryStore(RedisBackend(client=counting_client, max_history=100, auto_summarize=True))
+    alice = store.for_owner("user:1")
+    for i in range(30):
+        store.create_session(f"s{i}", ttl_seconds=0.1 if i % 3 == 0 else None)
+        alice.create_session(f"a{i}")
+    time.sleep(0.15)  # some gone: the page cleans them in the same step
+    calls = {
+        "first page": lambda: store.list_session_page(limit=5),
+        "a page further on": lambda: store.list_session_page(offset=12, limit=5),
+        "a search": lambda: store.list_session_page("s1", limit=3),
+        "an owner's page": lambda: alice.list_session_page(offset=20, limit=5),
+        "an owner's search": lambda: alice.list_session_page("a2"),
+    }
+    for name, call in calls.items():
+        CountingConnection.sends = 0
+        call()
+        assert CountingConnection.sends == 1, name
+    assert len(store.list_session_page(limit=100)[1]) == 20  # every gone one met, and dropped
+    assert store.list_session_page(limit=0) == (20, [])
+
+
+def test_a_page_removes_the_gone_sessions_it_meets(rstore, redis_client):
+    for i in range(6):
+        rstore.create_session(f"s{i}", ttl_seconds=0.1 if i < 4 else None)
+    time.sleep(0.15)
+    assert redis_client.zcard("rr:memory:~sessions") == 6
+    assert page_ids(rstore.list_session_page(limit=2)) == (6, ["s5", "s4"])  # none met yet
+    assert page_ids(rstore.list_session_page(offset=1, limit=2)) == (2, ["s4"])  # met all four
+    for key in ("rr:memory:~sessions", "rr:memory:~names"):
+        assert redis_client.zrange(key, 0, -1) == [b"s4", b"s5"]
+    assert redis_client.smembers("rr:memory:__sessions__") == {b"s4", b"s5"}
+    assert redis_client.keys("rr:memory:~search*") == []  # the search's own set is never left
+
+
+def test_the_sweep_cleans_the_indexes_and_run_indexes(rstore, redis_client):
+    rstore.enrich("live", run_id="r1")
+    redis_client.zadd("rr:memory:live:~runs", {"~run:expired": 1})  # a binding long expired
+    redis_client.zadd("rr:memory:gone:~runs", {"~run:r9": 9e15})  # the index of a gone session
+    redis_client.zadd("rr:memory:~sessions", {"ghost": 1})  # deleted by the node, still listed
+    redis_client.zadd("rr:memory:~names", {"ghost": 0})
+    write_node_session(redis_client, "node-1", "1700000000.5")  # never listed yet
+    counts = rstore.backend.sweep(dry_run=True, batch_size=2)
+    assert counts == {"expired_sessions": 1, "leftover_keys": 1, "run_bindings": 0}
+    counts = rstore.backend.sweep(dry_run=False, batch_size=2)
+    assert counts == {"expired_sessions": 1, "leftover_keys": 1, "run_bindings": 0}
+    assert redis_client.zrange("rr:memory:live:~runs", 0, -1) == [b"~run:r1"]
+    assert not redis_client.exists("rr:memory:gone:~runs")
+    assert redis_client.zrange("rr:memory:~sessions", 0, -1, withscores=True) == [
+        (b"node-1", 1700000000.5),
+        (b"live", pytest.approx(time.time(), abs=60)),
+    ]
+    assert redis_client.zrange("rr:memory:~names", 0, -1) == [b"live", b"node-1"]

@@ -504,6 +504,34 @@ class TestRunBindings:
         assert store.record_answer(None, "late", run_id="r1") is None
         assert store.get_all("gone") == {}
 
+    def test_deleting_a_session_drops_its_run_bindings(self, store):
+        store.enrich("s1", run_id="r1")
+        store.enrich("s1", run_id="moved")
+        store.enrich("s2", run_id="moved")  # bound to another session since: deleting s1 leaves it
+        store.delete_session("s1")
+        store.create_session("s1")  # the same id again: no run of the one before reaches it
+        assert store.record_answer(None, "late", run_id="r1") is None
+        assert store.get_all("s1") == {}
+        assert store.record_answer(None, "here", run_id="moved").session_id == "s2"
+        # Deleted and not created again: an answer through its run does not recreate it.
+        store.enrich("s3", run_id="r3")
+        store.delete_session("s3")
+        assert store.record_answer(None, "late", run_id="r3") is None
+        assert store.list_sessions() == ["s1", "s2"]
+
+    def test_a_binding_never_outlives_its_session(self, store):
+        # Bound for RUN_BINDING_TTL_SECONDS (an hour), to sessions that expire sooner.
+        store.create_session("short", ttl_seconds=0.2)
+        store.enrich("short", run_id="r1")
+        store.create_session("other", ttl_seconds=0.2)
+        store.enrich("other", run_id="r2")
+        time.sleep(0.3)
+        assert store.record_answer(None, "late", run_id="r1") is None  # expired: not recreated
+        assert store.list_sessions() == []
+        store.create_session("other")  # a new session under the same id
+        assert store.record_answer(None, "late", run_id="r2") is None
+        assert store.get_all("other") == {}
+
     @pytest.mark.parametrize("run_id", ["", "a b", "a:b", "x" * 129, 5])
     def test_invalid_run_id(self, store, run_id):
         from persistent_memory.exceptions import InvalidRunId
@@ -538,3 +566,103 @@ class TestListInfos:
         store.create_session("kept")
         time.sleep(0.2)
         assert [i["session_id"] for i in store.list_session_infos()] == ["kept"]
+
+
+def page_ids(page):
+    total, infos = page
+    return total, [info["session_id"] for info in infos]
+
+
+def snapshot(session_id, created_at):
+    from persistent_memory.backends.base import session_info
+
+    info = session_info(
+        session_id, created_at=created_at, ttl_seconds=None, expires_at=None, key_count=0, history_length=0
+    )
+    return {"info": info, "values": {}, "history": []}
+
+
+class TestListPage:
+    def test_pages_newest_first_with_the_count(self, store):
+        for i in range(7):
+            store.create_session(f"s{i}")
+            time.sleep(0.002)
+        store.put("s3", "k", 1)
+        assert page_ids(store.list_session_page(limit=3)) == (7, ["s6", "s5", "s4"])
+        total, middle = store.list_session_page(offset=3, limit=3)
+        assert (total, [i["session_id"] for i in middle]) == (7, ["s3", "s2", "s1"])
+        assert middle[0] == store.session_info("s3")
+        assert page_ids(store.list_session_page(offset=6, limit=3)) == (7, ["s0"])
+        assert page_ids(store.list_session_page(offset=7, limit=3)) == (7, [])
+        assert page_ids(store.list_session_page(limit=0)) == (7, [])
+        assert page_ids(store.list_session_page()) == (7, [f"s{i}" for i in range(6, -1, -1)])
+
+    def test_prefix_search(self, store):
+        for session_id in ("chat-1", "chat-2", "other", "chat-10", "chat-3"):
+            store.create_session(session_id)
+            time.sleep(0.002)
+        assert page_ids(store.list_session_page("chat-")) == (4, ["chat-3", "chat-10", "chat-2", "chat-1"])
+        assert page_ids(store.list_session_page("chat-", offset=1, limit=2)) == (4, ["chat-10", "chat-2"])
+        assert page_ids(store.list_session_page("chat-1")) == (2, ["chat-10", "chat-1"])
+        assert page_ids(store.list_session_page("other")) == (1, ["other"])
+        for nothing in ("zzz", "chat-1-", "a b", "~o:", "ch*"):
+            assert store.list_session_page(nothing) == (0, [])
+
+    def test_searches_wide_narrow_and_bunched_far_back(self, store):
+        # Each way of reading a search (see redis.lua's 'page') gives the same pages.
+        for i in range(20):
+            store.create_session(f"old-{i:02d}")
+        for i in range(80):
+            store.create_session(f"new-{i:02d}")
+        old = [f"old-{i:02d}" for i in range(19, -1, -1)]
+        new = [f"new-{i:02d}" for i in range(79, -1, -1)]
+        assert page_ids(store.list_session_page("old-", limit=5)) == (20, old[:5])
+        assert page_ids(store.list_session_page("old-", offset=15, limit=10)) == (20, old[15:])
+        assert page_ids(store.list_session_page("new-", limit=5)) == (80, new[:5])
+        assert page_ids(store.list_session_page("new-", offset=70, limit=5)) == (80, new[70:75])
+        assert page_ids(store.list_session_page("old-1", limit=3)) == (10, old[:3])
+        assert page_ids(store.list_session_page("", offset=78, limit=4)) == (100, new[78:] + old[:2])
+
+    def test_creation_time_orders_and_equal_times_put_the_greater_id_first(self, store):
+        store.create_session("new")
+        for session_id in ("tie-a", "tie-c", "tie-b"):
+            store.backend.restore_session(snapshot(session_id, 1_700_000_000.25), replace=False)
+        store.backend.restore_session(snapshot("oldest", 1_600_000_000.5), replace=False)
+        expected = ["new", "tie-c", "tie-b", "tie-a", "oldest"]
+        assert page_ids(store.list_session_page()) == (5, expected)
+        assert page_ids(store.list_session_page(offset=2, limit=2)) == (5, expected[2:4])
+        assert page_ids(store.list_session_page("tie-")) == (3, expected[1:4])
+
+    def test_expired_are_left_out_and_pages_stay_full(self, store):
+        for i in range(6):  # every other one expires
+            store.create_session(f"s{i}", ttl_seconds=0.2 if i % 2 else None)
+            time.sleep(0.002)
+        time.sleep(0.3)
+        assert page_ids(store.list_session_page(limit=3)) == (3, ["s4", "s2", "s0"])
+        assert page_ids(store.list_session_page(limit=2)) == (3, ["s4", "s2"])
+        assert page_ids(store.list_session_page(offset=2, limit=2)) == (3, ["s0"])
+        store.create_session("s7", ttl_seconds=0.2)
+        store.create_session("s8", ttl_seconds=0.2)
+        time.sleep(0.3)
+        assert page_ids(store.list_session_page("s", limit=2)) == (3, ["s4", "s2"])
+        assert page_ids(store.list_session_page("s")) == (3, ["s4", "s2", "s0"])
+
+    def test_each_owner_pages_its_own(self, store):
+        alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
+        alice.create_session("a1")
+        bob.create_session("b1")
+        store.create_session("n1")
+        total, infos = alice.list_session_page()
+        assert (total, [(i["owner"], i["session_id"]) for i in infos]) == (1, [("user:1", "a1")])
+        assert page_ids(store.list_session_page()) == (1, ["n1"])  # the unowned namespace
+        assert alice.list_session_page("b") == (0, [])
+        assert alice.list_session_page("~o:user:2~") == (0, [])
+        assert store.list_session_page("~o:user:1~") == (0, [])
+
+    @pytest.mark.parametrize(
+        "arguments",
+        [{"offset": -1}, {"limit": -1}, {"limit": "3"}, {"offset": 1.0}, {"prefix": 5}],
+    )
+    def test_bad_arguments(self, store, arguments):
+        with pytest.raises(InvalidValue):
+            store.list_session_page(**arguments)

@@ -23,7 +23,6 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
@@ -35,6 +34,7 @@ from rest_framework.views import APIView
 from persistent_memory.api import serializers as s
 from persistent_memory.api.bodies import read_unsized_body
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
+from persistent_memory.api.pagination import SessionPagination
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
@@ -237,12 +237,6 @@ class ProcessView(MemoryAPIView):
 # Sessions, values and history -----------------------------------------------
 
 
-class SessionPagination(PageNumberPagination):
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
-
-
 class SessionListView(MemoryAPIView):
     @extend_schema(
         parameters=[
@@ -255,10 +249,9 @@ class SessionListView(MemoryAPIView):
         summary="Live sessions, newest first",
     )
     def get(self, request: Request) -> Response:
-        infos = self.store.list_session_infos(request.query_params.get("search", ""))
         paginator = SessionPagination()
-        page = paginator.paginate_queryset(infos, request, view=self)
-        return paginator.get_paginated_response([with_remaining(info) for info in page or []])
+        page = paginator.paginate_sessions(self.store, request.query_params.get("search", ""), request, self)
+        return paginator.get_paginated_response([with_remaining(info) for info in page])
 
     @extend_schema(
         request=s.SessionCreate,

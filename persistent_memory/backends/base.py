@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from persistent_memory.conf import MemorySettings
+from persistent_memory.owners import namespace_of
 
 #: Keys the answers lane writes (the node's names).
 LAST_ANSWER = "last_answer"
@@ -172,9 +173,28 @@ class BaseBackend(ABC):
         (``~o:{owner}~``) lists only that owner's; any other prefix only unowned ones.
         """
 
+    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
+        """How many live sessions of ``prefix``'s namespace have an id starting with
+        ``prefix``, and the ``limit`` of them from ``offset``, newest first (equal
+        creation times: the greater id first).
+
+        Unlike :meth:`list_session_infos`, ``""`` (or any prefix outside an owner's
+        namespace) selects the unowned namespace alone. Ids of sessions gone since they
+        were indexed may be counted until a page or the sweep meets them. This default
+        lists every session; backends answer from an ordered index instead.
+        """
+        namespace = namespace_of(prefix)
+        infos = [
+            info
+            for info in self.list_session_infos(prefix)
+            if namespace_of(info["session_id"]) == namespace and info["session_id"].startswith(prefix)
+        ]
+        infos.sort(key=lambda info: (info["created_at"], info["session_id"]), reverse=True)
+        return len(infos), infos[offset : offset + limit]
+
     @abstractmethod
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
-        """Delete a session with everything in it; return its keys, sorted."""
+        """Delete a session with everything in it (its run bindings too); return its keys, sorted."""
 
     # Values -----------------------------------------------------------------
 

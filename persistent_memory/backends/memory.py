@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ class _Session:
     history: list[dict[str, Any]] = field(default_factory=list)
     #: Bytes of keys plus JSON values (the texts are ASCII: one character, one byte).
     size: int = 0
+    #: Run ids bound to this session (some may have been bound elsewhere since, or
+    #: expired: pruned when the set has doubled), dropped with it.
+    runs: set[str] = field(default_factory=set)
+    runs_prune_at: int = 16
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -121,6 +126,10 @@ class MemoryBackend(BaseBackend):
         #: this process only until the mirror has them.
         self.journal: Journal | None = None
         self._rotated_at = -1  # journal seq after the last checkpoint
+        # The listing's indexes per owner namespace ("": unowned), kept sorted:
+        # (created_at, session id), and session ids (for a prefix range).
+        self._by_time: dict[str, list[tuple[float, str]]] = {}
+        self._by_name: dict[str, list[str]] = {}
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -144,12 +153,20 @@ class MemoryBackend(BaseBackend):
             self._dirty.add(session_id)
 
     def _drop(self, session_id: str) -> _Session | None:
+        """Remove a session, its place in the indexes and its run bindings."""
         session = self._sessions.pop(session_id, None)
+        if session is None:
+            return None
         owner = namespace_of(session_id)
-        if session is not None and owner:
+        if owner:
             self._owned[owner] -= 1
             if not self._owned[owner]:
                 del self._owned[owner]
+        _remove_sorted(self._by_time, owner, (session.created_at, session_id))
+        _remove_sorted(self._by_name, owner, session_id)
+        for run_id in session.runs:
+            if self._runs.get(run_id, ("",))[0] == session_id:
+                del self._runs[run_id]
         return session
 
     def _log(self, op: str, session_id: str, now: float, *args: Any) -> None:
@@ -192,7 +209,9 @@ class MemoryBackend(BaseBackend):
             self._drop(session_id)
             self._mark(session_id)
 
-    def _create(self, session_id: str, ttl_seconds: float | None, now: float) -> _Session:
+    def _create(
+        self, session_id: str, ttl_seconds: float | None, now: float, *, created_at: float | None = None
+    ) -> _Session:
         existing = self._sessions.get(session_id)
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
@@ -210,9 +229,12 @@ class MemoryBackend(BaseBackend):
                     f"The memory backend holds its maximum of {self.max_sessions} sessions."
                 )
         expires_at = now + ttl_seconds if ttl_seconds else None
-        session = self._sessions[session_id] = _Session(now, ttl_seconds, expires_at)
+        created_at = now if created_at is None else created_at
+        session = self._sessions[session_id] = _Session(created_at, ttl_seconds, expires_at)
         if owner:
             self._owned[owner] = self._owned.get(owner, 0) + 1
+        insort(self._by_time.setdefault(owner, []), (created_at, session_id))
+        insort(self._by_name.setdefault(owner, []), session_id)
         self._mark(session_id)
         return session
 
@@ -316,6 +338,45 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             self._prune(time.time())
             return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
+
+    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
+        namespace = namespace_of(prefix)
+        now = time.time()
+        page: list[SessionInfo] = []
+        with self._lock:
+            ordered = self._by_time.get(namespace, [])
+            names = self._by_name.get(namespace, [])
+            first = bisect_left(names, prefix)
+            total = bisect_left(names, prefix + "\U0010ffff", first) - first
+            if total == len(ordered):  # no search, or every id matches: a range of the time order
+                position = offset
+                while len(page) < limit and position < len(ordered):
+                    if self._add_live(page, ordered[-1 - position][1], now):
+                        position += 1
+                    else:  # dropped: the next one moved up to this position
+                        total -= 1
+                return total, page
+            if total * 8 > len(ordered):  # a wide search: filtering the time order costs less
+                matches = [sid for _, sid in reversed(ordered) if sid.startswith(prefix)]
+            else:  # a narrow one: sort the matches
+                matches = names[first : first + total]
+                matches.sort(key=lambda sid: (self._sessions[sid].created_at, sid), reverse=True)
+            for session_id in matches[offset:]:
+                if len(page) == limit:
+                    break
+                if not self._add_live(page, session_id, now):
+                    total -= 1
+            return total, page
+
+    def _add_live(self, page: list[SessionInfo], session_id: str, now: float) -> bool:
+        """Add a live session's info to ``page``; drop an expired one (False)."""
+        session = self._sessions[session_id]
+        if session.expired(now):
+            self._drop(session_id)
+            self._mark(session_id)
+            return False
+        page.append(self._info(session_id, session))
+        return True
 
     @_idempotent
     def delete_session(self, session_id: str) -> list[str]:
@@ -437,10 +498,23 @@ class MemoryBackend(BaseBackend):
         return self._values_json(session)
 
     def _bind_op(self, now: float, run_id: str, session_id: str, until: float) -> None:
+        session = self._sessions.get(session_id)
+        if session is None:  # a replayed binding whose session is gone since
+            return
         if len(self._runs) >= self._runs_prune_at:
             self._runs = {r: bound for r, bound in self._runs.items() if bound[1] > now}
             self._runs_prune_at = max(1024, 2 * len(self._runs))
+        if session.expires_at is not None:  # a binding never outlives its session
+            until = min(until, session.expires_at)
         self._runs[run_id] = (session_id, until)
+        session.runs.add(run_id)
+        if len(session.runs) >= session.runs_prune_at:
+            self._prune_session_runs(session_id, session)
+
+    def _prune_session_runs(self, session_id: str, session: _Session) -> None:
+        """Keep in ``session.runs`` only the run ids still bound to it."""
+        session.runs = {r for r in session.runs if self._runs.get(r, ("",))[0] == session_id}
+        session.runs_prune_at = max(16, 2 * len(session.runs))
 
     @_idempotent
     def record_answer(
@@ -514,8 +588,7 @@ class MemoryBackend(BaseBackend):
             "restore", session_id, now, {key: snapshot[key] for key in ("info", "values", "history")}, replace
         )
         self._drop(session_id)
-        session = self._create(session_id, info["ttl_seconds"], now)
-        session.created_at = info["created_at"]
+        session = self._create(session_id, info["ttl_seconds"], now, created_at=info["created_at"])
         session.expires_at = info["expires_at"]
         session.values = dict(snapshot["values"])
         session.size = sum(len(key) + len(text) for key, text in session.values.items())
@@ -646,7 +719,10 @@ class MemoryBackend(BaseBackend):
                     self._drop(session_id)
                     self._mark(session_id)
                 for run_id in stale_runs:
-                    del self._runs[run_id]
+                    self._runs.pop(run_id, None)
+                for session_id, session in self._sessions.items():
+                    if session.runs and session_id.startswith(prefix):
+                        self._prune_session_runs(session_id, session)
         return {"expired_sessions": len(expired), "leftover_keys": 0, "run_bindings": len(stale_runs)}
 
     def pop_dirty(self, count: int) -> list[str]:
@@ -664,3 +740,15 @@ class MemoryBackend(BaseBackend):
     def close(self) -> None:
         if self.journal is not None:
             self.journal.close()
+
+
+def _remove_sorted(indexes: dict[str, list[Any]], namespace: str, item: Any) -> None:
+    """Remove ``item`` from the sorted list ``indexes[namespace]`` (and an emptied list)."""
+    items = indexes.get(namespace)
+    if items is None:
+        return
+    position = bisect_left(items, item)
+    if position < len(items) and items[position] == item:
+        del items[position]
+    if not items:
+        del indexes[namespace]

@@ -13,9 +13,15 @@
 -- Errors come back as "PM_<CODE> message" replies.
 --
 -- Owned sessions (persistent_memory.owners) have storage ids '~o:{owner}~{id}', so
--- their keys are the node's layout with that id; each owner's ids are in the set
--- '{prefix}:~o:{owner}~:sessions' (the node's '__sessions__' holds unowned ones only)
--- and every owned id also in '{prefix}:~owned', for the operator's view.
+-- their keys are the node's layout with that id; every owned id is in the set
+-- '{prefix}:~owned', for the operator's view (the node's '__sessions__' holds unowned
+-- ones only). Each namespace (an owner's, or the unowned one) has two sorted sets of
+-- its ids for the listing: by creation time (score: created_at, seconds) and by name
+-- (score 0, for a prefix range): '{prefix}:~o:{owner}~:sessions' and
+-- '{prefix}:~o:{owner}~:names', or '{prefix}:~sessions' and '{prefix}:~names'.
+-- A session's run references are in '{prefix}:{id}:~runs' (score: when the binding
+-- expires, server ms), so that deleting it drops its bindings; '~' keeps that name
+-- apart from the session's value keys, and it expires with the session.
 
 local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
@@ -23,7 +29,7 @@ local owner_cap, byte_cap = tonumber(ARGV[8]), tonumber(ARGV[9])
 local NODE_SESSIONS = prefix .. ':__sessions__'
 local OWNED = prefix .. ':~owned'
 local DIRTY = prefix .. ':~dirty'
-local base, META, KEYSET, HISTORY, SESSIONS
+local base, META, KEYSET, HISTORY, RUNS, BY_TIME
 
 local function arg(i)
   return ARGV[12 + i]
@@ -91,25 +97,50 @@ local function namespace_of(id)
   return string.match(id, '^(~o:[^~]+~)')
 end
 
--- The set a session's id is kept in.
-local function sessions_set(id)
+-- The listing's two sorted sets of the namespace of a storage id (or of a prefix of
+-- one): by creation time, and by name.
+local function listing_sets(id)
   local namespace = namespace_of(id)
   if namespace then
-    return prefix .. ':' .. namespace .. ':sessions'
+    return prefix .. ':' .. namespace .. ':sessions', prefix .. ':' .. namespace .. ':names'
   end
-  return NODE_SESSIONS
+  return prefix .. ':~sessions', prefix .. ':~names'
 end
 
 local function use_session(id)
   sid = id
   base = prefix .. ':' .. id .. ':'
   META, KEYSET, HISTORY = base .. '__meta__', base .. '__keys__', base .. '__history__'
-  SESSIONS = sessions_set(id)
+  RUNS = base .. '~runs'
+  BY_TIME = listing_sets(id)
 end
 
 -- A run reference (persistent_memory.owners.run_ref) holds its owner's namespace.
 local function run_key(ref)
   return prefix .. ':' .. ref
+end
+
+local function server_ms()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+
+-- Bind run reference ``ref`` to the current (live) session for ``ttl_ms``, never past
+-- the session's own expiry, and note it in the session's run index. References whose
+-- binding has expired leave the index here, so it holds no more than the live ones.
+local function bind(ref, ttl_ms)
+  local ttl = tonumber(ttl_ms)
+  local remaining = redis.call('PTTL', META)
+  if remaining > 0 and remaining < ttl then
+    ttl = remaining
+  end
+  local now_ms = server_ms()
+  redis.call('SET', run_key(ref), sid, 'PX', ttl)
+  redis.call('ZREMRANGEBYSCORE', RUNS, '-inf', now_ms)
+  redis.call('ZADD', RUNS, now_ms + ttl, ref)
+  if remaining > 0 then
+    redis.call('PEXPIRE', RUNS, remaining)
+  end
 end
 
 if sid ~= '' then
@@ -170,7 +201,7 @@ end
 -- enrich (binding its run first). Anything else goes on to the full path.
 if (op == 'get_all' or op == 'enrich') and redis.call('EXISTS', META) == 1 then
   if op == 'enrich' and arg(3) ~= '' then
-    redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
+    bind(arg(3), arg(4))
   end
   return remember(values_object())
 end
@@ -201,28 +232,50 @@ local function mark_dirty(id)
   end
 end
 
-local function index(id)
-  redis.call('SADD', sessions_set(id), id)
+-- ``created_at`` is the meta's text (the node writes str(time.time())).
+local function index(id, created_at)
+  local by_time, by_name = listing_sets(id)
+  redis.call('ZADD', by_time, tonumber(created_at) or 0, id)
+  redis.call('ZADD', by_name, 0, id)
   if namespace_of(id) then
     redis.call('SADD', OWNED, id)
+  else
+    redis.call('SADD', NODE_SESSIONS, id)
   end
 end
 
--- 1 when the id was in its set.
+-- 1 when the id was indexed.
 local function unindex(id)
+  local by_time, by_name = listing_sets(id)
+  redis.call('ZREM', by_name, id)
+  local was = redis.call('ZREM', by_time, id)
   if namespace_of(id) then
     redis.call('SREM', OWNED, id)
+    return was
   end
-  return redis.call('SREM', sessions_set(id), id)
+  return math.max(was, redis.call('SREM', NODE_SESSIONS, id))
 end
 
--- Keys of a session whose meta is gone (expired, or left by a crash) are removed so
--- that a session created again under the same id starts empty.
+-- The current session's run bindings go with it (a reference since bound to another
+-- session is left alone), so that no answer reaches a session created later under
+-- the same id through a run of the one before.
+local function drop_runs()
+  for _, ref in ipairs(redis.call('ZRANGE', RUNS, 0, -1)) do
+    if redis.call('GET', run_key(ref)) == sid then
+      redis.call('DEL', run_key(ref))
+    end
+  end
+  redis.call('DEL', RUNS)
+end
+
+-- Keys of a session whose meta is gone (expired, deleted, or left by a crash) are
+-- removed so that a session created again under the same id starts empty.
 local function purge_leftovers()
   for _, member in ipairs(redis.call('SMEMBERS', KEYSET)) do
     redis.call('DEL', base .. member)
   end
   redis.call('DEL', KEYSET, HISTORY)
+  drop_runs()
 end
 
 -- nil when the session is live, else the error reply to return.
@@ -238,17 +291,12 @@ local function check_live()
   return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
 end
 
-local function server_ms()
-  local clock = redis.call('TIME')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-end
-
 -- Returns when the new session expires, in epoch ms (-1: never). The expiry is set
 -- as an absolute time and reported from it, not read back: a 1 ms TTL may be over
 -- before the next command of this script runs.
 local function create(created_at, ttl_text, ttl_ms)
   purge_leftovers()
-  index(sid)
+  index(sid, created_at)
   redis.call('HSET', META, 'created_at', created_at, 'ttl_seconds', ttl_text)
   mark_dirty()
   if tonumber(ttl_ms) > 0 then
@@ -260,22 +308,22 @@ local function create(created_at, ttl_text, ttl_ms)
 end
 
 -- Whether the owner of the current (owned) session may hold it: an id already in its
--- set keeps its place. Ids of expired sessions stay in the set until swept, so at the
--- cap they are dropped first and the set counted again.
+-- index keeps its place. Ids of expired sessions stay indexed until swept, so at the
+-- cap they are dropped first and the index counted again.
 local function owner_has_room()
-  if owner_cap <= 0 or not namespace_of(sid) or redis.call('SISMEMBER', SESSIONS, sid) == 1 then
+  if owner_cap <= 0 or not namespace_of(sid) or redis.call('ZSCORE', BY_TIME, sid) then
     return true
   end
-  if redis.call('SCARD', SESSIONS) < owner_cap then
+  if redis.call('ZCARD', BY_TIME) < owner_cap then
     return true
   end
-  for _, id in ipairs(redis.call('SMEMBERS', SESSIONS)) do
+  for _, id in ipairs(redis.call('ZRANGE', BY_TIME, 0, -1)) do
     if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
       unindex(id)
       mark_dirty(id)
     end
   end
-  return redis.call('SCARD', SESSIONS) < owner_cap
+  return redis.call('ZCARD', BY_TIME) < owner_cap
 end
 
 local function no_room()
@@ -453,27 +501,31 @@ end
 -- Live sessions whose id starts with arg(1); 'list_info' adds each one's info. With
 -- more than arg(2) ids in the set it declines (PM_TOO_MANY) rather than hold Redis
 -- for long: the caller then reads the set in batches.
--- The sets a prefix selects: one owner's, the node's, or (for '') both kinds.
+-- The sets a prefix selects, each with whether it is a sorted set: one owner's
+-- listing, the node's set, or (for '') the node's and every owned id.
 local function sets_for(wanted)
   if namespace_of(wanted) then
-    return {sessions_set(wanted)}
+    return {{(listing_sets(wanted)), true}}
   elseif wanted == '' then
-    return {NODE_SESSIONS, OWNED}
+    return {{NODE_SESSIONS, false}, {OWNED, false}}
   end
-  return {NODE_SESSIONS}
+  return {{NODE_SESSIONS, false}}
 end
 
 if op == 'list' or op == 'list_info' then
   local wanted = arg(1) or ''
   local sets = sets_for(wanted)
   local total = 0
-  for _, set in ipairs(sets) do total = total + redis.call('SCARD', set) end
+  for _, set in ipairs(sets) do
+    total = total + redis.call(set[2] and 'ZCARD' or 'SCARD', set[1])
+  end
   if total > tonumber(arg(2)) then
     return fail('TOO_MANY', 'Too many sessions for one step.')
   end
   local live, stale = {}, {}
   for _, set in ipairs(sets) do
-    for _, id in ipairs(redis.call('SMEMBERS', set)) do
+    local ids = set[2] and redis.call('ZRANGE', set[1], 0, -1) or redis.call('SMEMBERS', set[1])
+    for _, id in ipairs(ids) do
       if wanted == '' or string.sub(id, 1, #wanted) == wanted then
         use_session(id)
         if redis.call('EXISTS', META) == 0 then
@@ -492,19 +544,192 @@ if op == 'list' or op == 'list_info' then
   return live
 end
 
+-- Members of ``a`` that ``b`` lacks (sets or sorted sets): ZDIFF (Redis 6.2) in one
+-- command, else one by one.
+local function only_in(a, b)
+  local reply = redis.pcall('ZDIFF', 2, a, b)
+  if type(reply) == 'table' and not reply.err then
+    return reply
+  end
+  local function members(key)
+    if redis.call('TYPE', key).ok == 'zset' then
+      return redis.call('ZRANGE', key, 0, -1)
+    end
+    return redis.call('SMEMBERS', key)
+  end
+  local inside, ids = {}, {}
+  for _, id in ipairs(members(b)) do inside[id] = true end
+  for _, id in ipairs(members(a)) do
+    if not inside[id] then ids[#ids + 1] = id end
+  end
+  return ids
+end
+
+-- The original node writes unowned sessions into its set only. The listing indexes
+-- those it lacks (and drops what the node deleted) when the set and the index differ
+-- in size: a check that costs nothing while the app alone writes.
+local function catch_up_unowned()
+  local by_time = listing_sets('')
+  if redis.call('SCARD', NODE_SESSIONS) == redis.call('ZCARD', by_time) then
+    return
+  end
+  for _, id in ipairs(only_in(NODE_SESSIONS, by_time)) do
+    local meta = prefix .. ':' .. id .. ':__meta__'
+    if redis.call('EXISTS', meta) == 1 then
+      index(id, redis.call('HGET', meta, 'created_at'))
+    else
+      unindex(id)
+      mark_dirty(id)
+    end
+  end
+  for _, id in ipairs(only_in(by_time, NODE_SESSIONS)) do
+    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 1 then
+      redis.call('SADD', NODE_SESSIONS, id)
+    else
+      unindex(id)
+      mark_dirty(id)
+    end
+  end
+end
+
+-- One page of one namespace's live sessions, newest first (equal times: greater id
+-- first). arg(1) the storage id prefix (a namespace, then the id prefix searched),
+-- arg(2) offset, arg(3) limit. Replies the count, then each session's id and info.
+--
+-- Without a search the page is a range of the time index: O(log N + limit). A
+-- search counts its matches in the name index (ZLEXCOUNT, O(log N)), then either
+-- walks the time index newest first keeping the ids with the prefix, when the page
+-- should come within WALK times the matches' number of ids, or orders the matches
+-- by time in a sorted set of the script's own, '{prefix}:~search' (ZRANGESTORE of
+-- the lex range, then ZINTERSTORE with the time index), deleted before it returns.
+-- A walk that reads past its budget (matches bunched far back) turns to the latter,
+-- so a search costs O(log N + matches log matches) at most, and a first page of a
+-- wide search far less.
+--
+-- An id whose session has gone (expired, not yet swept) is dropped from the indexes
+-- where the page meets it and the page reads on past it, so it still holds ``limit``
+-- sessions; the count leaves out those met.
+local WALK = 4
+
+if op == 'page' then
+  local wanted, offset, limit = arg(1), tonumber(arg(2)), tonumber(arg(3))
+  local namespace = namespace_of(wanted) or ''
+  local by_time, by_name = listing_sets(wanted)
+  if namespace == '' then
+    catch_up_unowned()
+  end
+  local from, to = '[' .. wanted, '(' .. wanted .. '\255'
+  local everyone = redis.call('ZCARD', by_time)
+  local total = everyone
+  if #wanted > #namespace then
+    total = redis.call('ZLEXCOUNT', by_name, from, to)
+  end
+  local search = prefix .. ':~search'
+
+  -- The matches ordered by time, in ``search``; their number.
+  local function sorted_matches()
+    local stored = redis.pcall('ZRANGESTORE', search, by_name, from, to, 'BYLEX') -- Redis 6.2
+    if type(stored) ~= 'number' then
+      redis.call('DEL', search)
+      local scored = {}
+      for _, id in ipairs(redis.call('ZRANGEBYLEX', by_name, from, to)) do
+        scored[#scored + 1] = 0
+        scored[#scored + 1] = id
+      end
+      if #scored > 0 then
+        call_chunked('ZADD', search, scored) -- CHUNK is even: no pair is split
+      end
+    end
+    return redis.call('ZINTERSTORE', search, 2, search, by_time, 'WEIGHTS', 0, 1)
+  end
+
+  -- Read ``ordered`` newest first from ``position``, keeping the ids that start with
+  -- ``filter`` (nil: all), skipping ``skip`` of them, up to ``limit`` live ones. With
+  -- a ``budget``, false when more ids than that were read before the page was full.
+  local reply, found = {0}, 0
+  local function walk(ordered, filter, position, skip, budget)
+    local read = 0
+    while found < limit do
+      local want = limit - found
+      if filter then
+        want = math.min(CHUNK, math.ceil((want + skip) * everyone / total) + 16)
+      end
+      local ids = redis.call('ZREVRANGE', ordered, position, position + want - 1)
+      for _, id in ipairs(ids) do
+        if found == limit then
+          return true
+        end
+        if filter and string.sub(id, 1, #filter) ~= filter then
+          position = position + 1
+        elseif skip > 0 then
+          skip = skip - 1
+          position = position + 1
+        else
+          use_session(id)
+          if redis.call('EXISTS', META) == 1 then
+            reply[#reply + 1] = id
+            for _, field in ipairs(info()) do reply[#reply + 1] = field end
+            found = found + 1
+            position = position + 1
+          else -- gone: the next id moves up to its place
+            unindex(id)
+            if ordered == search then
+              redis.call('ZREM', search, id)
+            end
+            mark_dirty(id)
+            total = total - 1
+          end
+        end
+      end
+      read = read + #ids
+      if #ids < want then
+        return true
+      end
+      if budget and read > budget then
+        return false
+      end
+    end
+    return true
+  end
+
+  if total == 0 then
+    return reply
+  elseif total == everyone then -- no search, or every id matches
+    walk(by_time, nil, offset, 0)
+  elseif (offset + limit) * everyone / total <= WALK * total
+    and walk(by_time, wanted, 0, offset, WALK * total) then
+    -- the page came from the walk
+  else
+    reply, found = {0}, 0
+    total = sorted_matches()
+    walk(search, nil, offset, 0)
+    redis.call('DEL', search)
+  end
+  reply[1] = total
+  return reply
+end
+
 -- The sweep, one batch of SCAN results at a time: check and remove in one atomic
 -- step, so a session created meanwhile is never touched. arg(1) '1' for a dry run.
-if op == 'sweep_ids' then
+-- A live session the listing lacks (one the node wrote) is indexed. 'sweep_listed'
+-- takes ids from the unowned listing, and leaves those in the node's set to
+-- 'sweep_ids' (which reads that set), so that none is counted twice.
+if op == 'sweep_ids' or op == 'sweep_listed' then
   local removed = 0
   local i = 2
   while arg(i) do
     local id = arg(i)
-    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
+    local meta = prefix .. ':' .. id .. ':__meta__'
+    if op == 'sweep_listed' and redis.call('SISMEMBER', NODE_SESSIONS, id) == 1 then
+      -- read by 'sweep_ids'
+    elseif redis.call('EXISTS', meta) == 0 then
       removed = removed + 1
       if arg(1) ~= '1' then
         unindex(id)
         mark_dirty(id)
       end
+    elseif arg(1) ~= '1' and not redis.call('ZSCORE', (listing_sets(id)), id) then
+      index(id, redis.call('HGET', meta, 'created_at'))
     end
     i = i + 1
   end
@@ -521,14 +746,19 @@ if op == 'sweep_keys' then
     -- run binding, "~run:{run id}" or "~o:{owner}~:run:{run id}". Anything else (another
     -- deployment whose prefix starts with ours) is not ours to touch. Idempotency
     -- records, "~idem:{key}" and "~o:{owner}~:idem:{key}", belong to no session and
-    -- expire on their own: never leftovers.
+    -- expire on their own: never leftovers. A session's run index, "{id}:~runs", is
+    -- one of its keys too.
     local idempotency_record = string.match(rest, '^~idem:') or string.match(rest, '^~o:[^~]+~:idem:')
-    local owner
+    local owner, name
     local run_id = string.match(rest, '^~run:([%w_%-]+)$') or string.match(rest, '^~o:[^~]+~:run:([%w_%-]+)$')
     if run_id then
       owner = redis.call('GET', key)
     elseif not idempotency_record then
-      local id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
+      local id
+      id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
+      if not id then
+        id, name = string.match(rest, '^(.+):(~runs)$')
+      end
       if id and name ~= '__sessions__'
         and (string.match(id, '^[%w_%-]+$') or string.match(id, '^~o:[^~]+~[%w_%-]+$')) then
         owner = id
@@ -539,6 +769,9 @@ if op == 'sweep_keys' then
       if arg(1) ~= '1' then
         redis.call('DEL', key)
       end
+    elseif owner and name == '~runs' and arg(1) ~= '1' then
+      -- A live session's index: references whose binding has expired go.
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', server_ms())
     end
     i = i + 1
   end
@@ -562,7 +795,7 @@ if op == 'enrich' then
     create(now, arg(1), arg(2))
   end
   if arg(3) ~= '' then
-    redis.call('SET', run_key(arg(3)), sid, 'PX', arg(4))
+    bind(arg(3), arg(4))
   end
   return remember(values_object())
 end

@@ -11,8 +11,11 @@ original node's (so either can read the other's data)::
     {prefix}:__sessions__               set of session ids
 
 Owned sessions use the same layout with their storage id (``~o:{owner}~{session_id}``,
-see :mod:`persistent_memory.owners`) in place of the session id; each owner's ids are
-in ``{prefix}:~o:{owner}~:sessions`` and all owned ids in ``{prefix}:~owned``.
+see :mod:`persistent_memory.owners`) in place of the session id; all owned ids are in
+``{prefix}:~owned``. The listing keeps each namespace's ids in two sorted sets, by
+creation time and by name: ``{prefix}:~o:{owner}~:sessions`` and ``...:names`` for an
+owner, ``{prefix}:~sessions`` and ``{prefix}:~names`` for the unowned namespace. A
+session's run references are in ``{prefix}:{session_id}:~runs``.
 Idempotency records (:mod:`persistent_memory.idempotency`) are ``{prefix}:~idem:{key}``
 and ``{prefix}:~o:{owner}~:idem:{key}``, each expiring after its TTL.
 """
@@ -297,6 +300,11 @@ class RedisBackend(BaseBackend):
             if cursor == 0:
                 return list({info["session_id"]: info for info in infos}.values())
 
+    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
+        flat = self._run("page", "", prefix, str(offset), str(limit))
+        infos = [self._info(flat[i].decode(), flat[i + 1 : i + 6]) for i in range(1, len(flat), 6)]
+        return flat[0], infos
+
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
         return sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))
 
@@ -414,7 +422,8 @@ class RedisBackend(BaseBackend):
     # Maintenance in batches -------------------------------------------------
 
     def _session_sets(self, prefix: str) -> list[str]:
-        """The sets ``prefix`` selects (the rule of redis.lua's ``sets_for``)."""
+        """The sets ``prefix`` selects (the rule of redis.lua's ``sets_for``); an owner's
+        is a sorted set."""
         namespace = namespace_of(prefix)
         if namespace:
             return [f"{self.key_prefix}:{namespace}:sessions"]
@@ -422,16 +431,27 @@ class RedisBackend(BaseBackend):
         return [node] if prefix else [node, f"{self.key_prefix}:~owned"]
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
-        # One cursor over up to two sets: the low bit says which, the rest is SSCAN's.
+        # One cursor over up to two sets: the low bit says which, the rest is its SSCAN (ZSCAN) cursor.
         sets = self._session_sets(prefix)
         phase, position = cursor % 2, cursor // 2
-        match = _glob_escape(prefix) + "*" if prefix else None
-        with self._errors():
-            following, ids = self.client.sscan(sets[phase], position, match=match, count=count)
+        owner_set = bool(namespace_of(prefix))
+        following, ids = self._scan_set(sets[phase], position, count, prefix, sorted_set=owner_set)
         if following:
             following = following * 2 + phase
         elif phase + 1 < len(sets):
             following = 1  # the next set, from its start
+        return following, ids
+
+    def _scan_set(
+        self, key: str, cursor: int, count: int, prefix: str, *, sorted_set: bool
+    ) -> tuple[int, list[str]]:
+        """One SSCAN (or ZSCAN) step of ``key``, ids starting with ``prefix``."""
+        match = _glob_escape(prefix) + "*" if prefix else None
+        with self._errors():
+            if sorted_set:
+                following, pairs = self.client.zscan(key, cursor, match=match, count=count)
+                return following, [member.decode() for member, _ in pairs]
+            following, ids = self.client.sscan(key, cursor, match=match, count=count)
         return following, [item.decode() for item in ids]
 
     def existing(self, session_ids: list[str]) -> set[str]:
@@ -475,6 +495,14 @@ class RedisBackend(BaseBackend):
                 counts["expired_sessions"] += self._run("sweep_ids", "", dry, *ids)
             if cursor == 0:
                 break
+        if not namespace_of(prefix):  # the unowned listing: ids the node's set no longer holds
+            listing = f"{self.key_prefix}:~sessions"
+            while True:
+                cursor, ids = self._scan_set(listing, cursor, batch_size, prefix, sorted_set=True)
+                if ids:
+                    counts["expired_sessions"] += self._run("sweep_listed", "", dry, *ids)
+                if cursor == 0:
+                    break
         # Every key under the prefix, never KEYS: SCAN in batches.
         pattern = _glob_escape(f"{self.key_prefix}:{prefix}") + "*"
         with self._errors():
