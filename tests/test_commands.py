@@ -417,6 +417,41 @@ class TestExportImport:
                 '"values": {}, "history": []}',
                 "line 2: ttl_remaining_seconds",
             ),
+            # What the store could not give back, or the mirror could not hold (issue 11).
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": "\\ud800"}, "history": []}',
+                "lone surrogate",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": NaN}, "history": []}',
+                "JSON-serialisable",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": 1e400}, "history": []}',
+                "JSON-serialisable",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": '
+                + "[" * 101
+                + "]" * 101
+                + '}, "history": []}',
+                "levels deep",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put", "key": "k", "note": "a\\u0000", "timestamp": 1}]}',
+                "line 2: history must not contain U.0000",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put\\udc00", "key": "k", "timestamp": 1}]}',
+                "line 2: history: .*lone surrogate",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put", "key": "k", "n": Infinity, "timestamp": 1}]}',
+                "line 2: history: .*JSON-serialisable",
+            ),
         ],
     )
     def test_bad_line_writes_nothing(self, store, tmp_path, bad, message):
