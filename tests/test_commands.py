@@ -251,7 +251,13 @@ class TestMirrorCommand:
     def test_passes(self, store):
         store.create_session("s1")
         store.put("s1", "k", 1)
-        assert run_json("memory_mirror") == {"passes": 1, "synced": 1, "gone": 0, "failed": 0}
+        assert run_json("memory_mirror") == {
+            "passes": 1,
+            "synced": 1,
+            "gone": 0,
+            "failed": 0,
+            "sync_errors": [],
+        }
         assert run_json("memory_mirror")["synced"] == 0
         assert run_json("memory_mirror", "--session", "s1", "--session", "nope")["synced"] == 1
         store.delete_session("s1")
