@@ -59,6 +59,10 @@ def validate_key(key: Any) -> str:
 DEFAULT_MAX_DEPTH = 100
 
 
+# A tuple, not ``list | tuple``: that would build a union object at every check.
+_SEQUENCES = (list, tuple)
+
+
 def check_structure(value: Any, max_depth: int) -> None:
     """Refuse object keys that are not strings and nesting deeper than ``max_depth``.
 
@@ -74,7 +78,7 @@ def check_structure(value: Any, max_depth: int) -> None:
             if not isinstance(k, str):
                 raise InvalidValue(f"Invalid value: object keys must be strings, not {type(k).__name__}.")
             check_structure(item, max_depth - 1)
-    elif isinstance(value, list | tuple):
+    elif isinstance(value, _SEQUENCES):
         if max_depth < 1:
             raise ValueTooDeep()
         for item in value:
@@ -86,7 +90,7 @@ def has_lone_surrogate(value: Any) -> bool:
     character: UTF-8 cannot carry it, so PostgreSQL, Redis clients and the API's answers
     would fail on it. ``value`` must be JSON-serialisable."""
     try:
-        json.dumps(value, ensure_ascii=False).encode()
+        (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode()
     except UnicodeEncodeError:
         return True
     return False

@@ -160,6 +160,22 @@ class TestTheAPIRefusesBeforeWriting:
         assert (response.status_code, response.json()["code"]) == (400, "invalid_unicode")
         assert store.get("s0", "k") == "before"
 
+    def test_other_charsets(self, owned):
+        client, store = owned
+        path = API + "sessions/s0/memory/k/"
+        # UTF-7 decodes "+2AA-" to a lone surrogate itself, with no escape in the JSON.
+        utf7 = client.generic(
+            "PUT", path, b'{"value": "+2AA-"}', content_type="application/json; charset=utf-7"
+        )
+        assert (utf7.status_code, utf7.json()["code"]) == (400, "invalid_unicode")
+        bz2 = client.generic("PUT", path, b'{"value": 1}', content_type="application/json; charset=bz2_codec")
+        assert (bz2.status_code, bz2.json()["code"]) == (400, "parse_error")
+        latin = client.generic(
+            "PUT", path, '{"value": "é"}'.encode("latin-1"), content_type="application/json; charset=latin-1"
+        )
+        assert latin.status_code == 200
+        assert store.get("s0", "k") == "é"
+
     def test_malformed_json_is_still_a_parse_error(self, owned):
         client, _ = owned
         response = send(client, "put", "sessions/s0/memory/k/", '{"value": ')
@@ -442,3 +458,32 @@ def test_a_database_that_refuses_every_session_is_retried_whole(mirrored, caplog
     assert not MemorySession.objects.exclude(sync_error="").exists()
     assert_mirrored(store, "s1")
     assert_mirrored(store, "s2")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0004_keeps_mirrored_values_as_json_text():
+    """Rows mirrored as JSON before 0004 become JSON text; JSON null (SQL NULL then) 'null'."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = (
+        [("persistent_memory", "0003_owners")],
+        [("persistent_memory", "0004_mirror_value_text_and_sync_errors")],
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old = executor.loader.project_state(before).apps
+        session = old.get_model("persistent_memory", "MemorySession").objects.create(
+            session_id="s1", created_at="2026-01-01T00:00:00Z", last_activity="2026-01-01T00:00:00Z"
+        )
+        values = {"obj": {"b": [1, 2.5, None], "a": "é"}, "n": 7, "text": "x", "none": None}
+        Value = old.get_model("persistent_memory", "MemoryValue")
+        for key, value in values.items():
+            Value.objects.create(session=session, key=key, value=value)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+    rows = {v.key: v for v in MemoryValue.objects.filter(session__session_id="s1")}
+    assert rows["none"].value == "null"
+    assert {key: row.decoded_value for key, row in rows.items()} == values
