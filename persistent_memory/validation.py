@@ -63,7 +63,7 @@ DEFAULT_MAX_DEPTH = 100
 _SEQUENCES = (list, tuple)
 
 
-def check_structure(value: Any, max_depth: int) -> None:
+def _check_structure(value: Any, max_depth: int) -> None:
     """Refuse object keys that are not strings and nesting deeper than ``max_depth``.
 
     ``max_depth`` counts containers: ``[]`` is 1 deep, ``[[1]]`` 2. The walk stops at
@@ -77,15 +77,15 @@ def check_structure(value: Any, max_depth: int) -> None:
             # not come back as it was put, so refuse it instead.
             if not isinstance(k, str):
                 raise InvalidValue(f"Invalid value: object keys must be strings, not {type(k).__name__}.")
-            check_structure(item, max_depth - 1)
+            _check_structure(item, max_depth - 1)
     elif isinstance(value, _SEQUENCES):
         if max_depth < 1:
             raise ValueTooDeep()
         for item in value:
-            check_structure(item, max_depth - 1)
+            _check_structure(item, max_depth - 1)
 
 
-def has_lone_surrogate(value: Any) -> bool:
+def _has_lone_surrogate(value: Any) -> bool:
     """Whether a string in ``value`` (a key too) holds a surrogate code point, which is no
     character: UTF-8 cannot carry it, so PostgreSQL, Redis clients and the API's answers
     would fail on it. ``value`` must be JSON-serialisable."""
@@ -103,7 +103,7 @@ def encode_value(value: Any, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
     infinities, no lone surrogates, at most ``max_depth`` levels deep. U+0000 is valid.
     """
     try:
-        check_structure(value, max_depth)
+        _check_structure(value, max_depth)
     except ValueTooDeep:
         raise ValueTooDeep(
             f"Invalid value: nested more than {max_depth} levels deep (MAX_JSON_DEPTH)."
@@ -113,8 +113,9 @@ def encode_value(value: Any, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidValue(f"Invalid value: not JSON-serialisable ({exc}).") from None
     # ensure_ascii (the default) writes every surrogate as an escape: only text with one
-    # (a character beyond U+FFFF, or a lone surrogate) needs the precise check.
-    if "\\ud" in text and has_lone_surrogate(value):
+    # (a character beyond U+FFFF, or a lone surrogate) needs the precise check. A search
+    # for one character runs at memchr speed, for three at a fraction of it.
+    if "\\" in text and "\\ud" in text and _has_lone_surrogate(value):
         raise InvalidUnicode()
     # ensure_ascii also makes len(text) the size in bytes.
     if len(text) > max_bytes:
