@@ -7,7 +7,6 @@ default database.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -223,7 +222,7 @@ def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
 
     snapshots = store.backend.snapshots(session_ids)
     rows = {row.session_id: row for row in MemorySession.objects.filter(session_id__in=session_ids)}
-    values: dict[str, dict[str, Any]] = {sid: {} for sid in session_ids}
+    values: dict[str, dict[str, str]] = {sid: {} for sid in session_ids}
     for sid, key, value in MemoryValue.objects.filter(session__session_id__in=session_ids).values_list(
         "session__session_id", "key", "value"
     ):
@@ -236,7 +235,7 @@ def _mirrored(store: MemoryStore, session_ids: list[str]) -> bool:
         snapshot is not None
         and sid in rows
         and rows[sid].key_count == snapshot["info"]["key_count"]
-        and values[sid] == {key: json.loads(text) for key, text in snapshot["values"].items()}
+        and values[sid] == snapshot["values"]  # the mirror holds the store's JSON text
         and _same_history(history[sid], snapshot["history"])
         for sid, snapshot in snapshots.items()
     )

@@ -96,6 +96,33 @@ class OwnerFilter(admin.SimpleListFilter):
         return queryset.filter(owner="" if value == self.UNOWNED else value)
 
 
+class SyncFilter(admin.SimpleListFilter):
+    """Sessions the mirror could not write at its last try (it keeps retrying them)."""
+
+    title = "mirror sync"
+    parameter_name = "sync"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("failing", "failing"), ("ok", "ok")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() in ("failing", "ok"):
+            return queryset.filter(sync_failed_at__isnull=self.value() == "ok")
+        return queryset
+
+
+def pretty_json(text: str) -> str:
+    """Stored JSON text indented for reading; control characters such as U+0000 stay
+    visible as escapes. Text that is not JSON (written to Redis by another program) is
+    shown as it is."""
+    try:
+        pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        pretty = text
+    # A lone surrogate (only another program's data could hold one) as its escape.
+    return pretty.encode("utf-8", "backslashreplace").decode()
+
+
 class ValueInline(ReadOnlyMixin, admin.TabularInline):
     model = MemoryValue
     fields = ("key", "pretty_value")
@@ -104,9 +131,7 @@ class ValueInline(ReadOnlyMixin, admin.TabularInline):
 
     @admin.display(description="value")
     def pretty_value(self, obj: MemoryValue) -> str:
-        return format_html(
-            "<pre style='margin:0'>{}</pre>", json.dumps(obj.value, indent=2, ensure_ascii=False)
-        )
+        return format_html("<pre style='margin:0'>{}</pre>", pretty_json(obj.value))
 
 
 class HistoryInline(ReadOnlyMixin, admin.TabularInline):
@@ -146,8 +171,9 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "expires",
         "last_activity",
         "state_display",
+        "synced",
     )
-    list_filter = (StateFilter, TTLFilter, OwnerFilter)
+    list_filter = (StateFilter, TTLFilter, OwnerFilter, SyncFilter)
     search_fields = ("^session_id", "^owner")  # prefix searches use the indexes
     date_hierarchy = "last_activity"
     ordering = ("-last_activity",)
@@ -172,6 +198,11 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: MemorySession) -> str:
         return state_label(obj)
+
+    @admin.display(description="synced", boolean=True, ordering="sync_failed_at")
+    def synced(self, obj: MemorySession) -> bool:
+        """False while the mirror cannot write the session (the page says why)."""
+        return obj.sync_failed_at is None
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
         """Acting on the store (delete, clear, summarize) takes the model's delete permission."""

@@ -45,6 +45,9 @@ def _class_list(value: Any) -> bool:
 
 
 POSITIVE_INTEGER = "Use a positive integer."
+#: Parsing, checking and answering JSON recurse once per level, on top of the frames
+#: serving the request: well under Python's default recursion limit of 1000.
+MAX_JSON_DEPTH_CEILING = 500
 OPTIONAL_POSITIVE_INTEGER = "Use a positive integer, or None for no cap."
 
 
@@ -79,6 +82,12 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     *(
         (name, lambda v: v is None or _is_int(v, 1), OPTIONAL_POSITIVE_INTEGER, "E002")
         for name in ("MAX_SESSIONS_PER_OWNER", "MAX_SESSION_BYTES")
+    ),
+    (
+        "MAX_JSON_DEPTH",
+        lambda v: _is_int(v, 1, MAX_JSON_DEPTH_CEILING),
+        f"Use an integer from 1 to {MAX_JSON_DEPTH_CEILING} (deeper JSON nears Python's recursion limit).",
+        "E002",
     ),
     ("SESSION_TTL_HOURS", _is_number, "Use a number that is 0 or more.", "E002"),
     (

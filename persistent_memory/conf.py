@@ -38,6 +38,10 @@ DEFAULTS: dict[str, Any] = {
     # MAX_SESSIONS, so that one owner cannot take every place).
     "MAX_SESSIONS_PER_OWNER": None,
     "MAX_VALUE_BYTES": 1024 * 1024,
+    # How deep a value, or an API request body, may nest (lists and objects). Deeper JSON
+    # is refused before anything is written; Python's own limit (about 1000 frames,
+    # shared with the stack serving the request) must stay far away.
+    "MAX_JSON_DEPTH": 100,
     # Keys plus values of one session, in bytes of JSON (None: no cap).
     "MAX_SESSION_BYTES": 16 * 1024 * 1024,
     # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and

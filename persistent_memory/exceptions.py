@@ -34,6 +34,24 @@ class ValueTooLarge(InvalidValue):
     code = "value_too_large"
 
 
+class InvalidUnicode(InvalidValue):
+    """A string holds a lone surrogate (or a body is not valid UTF-8): no character, so
+    no backend, database or JSON answer could carry it; nothing was stored."""
+
+    code = "invalid_unicode"
+
+    def __init__(
+        self, message: str = "Invalid value: a string holds a lone surrogate (not a character)."
+    ) -> None:
+        super().__init__(message)
+
+
+class ValueTooDeep(InvalidValue):
+    """JSON nested deeper than ``MAX_JSON_DEPTH``; nothing was stored."""
+
+    code = "json_too_deep"
+
+
 class InvalidOwner(PersistentMemoryError, ValueError):
     """An owner string the store cannot use as a namespace (see :mod:`persistent_memory.owners`)."""
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -28,7 +30,12 @@ from persistent_memory.owners import (
     validate_owner,
 )
 from persistent_memory.store import MemoryStore, get_store
-from persistent_memory.validation import encode_value, validate_key, validate_session_id
+from persistent_memory.validation import (
+    DEFAULT_MAX_DEPTH,
+    encode_value,
+    validate_key,
+    validate_session_id,
+)
 
 BATCH_SIZE = 500
 
@@ -131,7 +138,25 @@ def _number(record: dict[str, Any], name: str, *, nullable: bool = False) -> flo
     return value
 
 
-def parse_record(line: str, *, max_value_bytes: int, owner: str | None = None) -> SessionSnapshot:
+#: U+0000 as JSON escapes it (not preceded by an escaped backslash).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _check_history(history: list[dict[str, Any]], max_json_depth: int) -> None:
+    """Entries go to the mirror as they are: the rules of values, and no U+0000 (the
+    store's own entries never hold one; PostgreSQL's jsonb and text columns cannot)."""
+    try:
+        # Two levels for the list and the entry themselves.
+        text = encode_value(history, max_bytes=sys.maxsize, max_depth=max_json_depth + 2)
+    except PersistentMemoryError as exc:
+        raise InvalidRecord(f"history: {exc}") from None
+    if _NUL_ESCAPE.search(text):
+        raise InvalidRecord("history must not contain U+0000")
+
+
+def parse_record(
+    line: str, *, max_value_bytes: int, max_json_depth: int = DEFAULT_MAX_DEPTH, owner: str | None = None
+) -> SessionSnapshot:
     """One export line as a snapshot ready to restore, or ``InvalidRecord`` saying why not.
 
     The session goes back to the record's ``owner`` (none: unowned), or to ``owner`` when given.
@@ -149,7 +174,8 @@ def parse_record(line: str, *, max_value_bytes: int, owner: str | None = None) -
         if not isinstance(values, dict):
             raise InvalidRecord("values must be an object")
         encoded = {
-            validate_key(key): encode_value(value, max_bytes=max_value_bytes) for key, value in values.items()
+            validate_key(key): encode_value(value, max_bytes=max_value_bytes, max_depth=max_json_depth)
+            for key, value in values.items()
         }
     except PersistentMemoryError as exc:
         raise InvalidRecord(str(exc)) from None
@@ -159,6 +185,7 @@ def parse_record(line: str, *, max_value_bytes: int, owner: str | None = None) -
         for e in history
     ):
         raise InvalidRecord("history must be a list of objects with a string op and a numeric timestamp")
+    _check_history(history, max_json_depth)
     created_at = _number(record, "created_at")
     remaining = _number(record, "ttl_remaining_seconds", nullable=True)
     ttl = _number(record, "ttl_seconds", nullable=True) if "ttl_seconds" in record else remaining
@@ -206,7 +233,14 @@ def import_sessions(
         if not line.strip():
             continue
         try:
-            snapshots.append(parse_record(line, max_value_bytes=store.max_value_bytes, owner=owner))
+            snapshots.append(
+                parse_record(
+                    line,
+                    max_value_bytes=store.max_value_bytes,
+                    max_json_depth=store.max_json_depth,
+                    owner=owner,
+                )
+            )
         except InvalidRecord as exc:
             raise InvalidRecord(f"line {number}: {exc}") from None
     ids = [s["info"]["session_id"] for s in snapshots]

@@ -4,7 +4,10 @@ Every store write marks its session dirty in the same backend step; a sync takes
 dirty ids (storage ids: see :mod:`persistent_memory.owners`), reads those sessions
 whole (one backend call per batch) and makes their rows equal to the store in one
 transaction. A sync never blocks store writes, and
-a failed one (database down) is logged and its ids marked dirty again.
+a failed one (database down) is logged and its ids marked dirty again. When the
+database refuses one session's rows (a constraint, a value it cannot hold), the batch
+is written again one session at a time: that session's row records why
+(``sync_error``) and it stays dirty, to be retried, while the others are mirrored.
 
 Modes (``MIRROR_MODE``): ``"immediate"`` runs a write-behind worker thread in the
 process that flushes about twice a second and once more at shutdown; ``"deferred"``
@@ -23,7 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, router, transaction
-from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet
+from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet, TextField
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, session_info
@@ -43,6 +46,13 @@ logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 200
 FLUSH_INTERVAL_SECONDS = 0.5
+
+#: What writing one session's rows can fail on while the database is up: a constraint
+#: or a value the database refuses (DatabaseError), or one its driver refuses before
+#: sending it (ValueError). Such a session is retried alone; the others are written.
+SESSION_WRITE_ERRORS = (DatabaseError, ValueError)
+#: The longest error text a row keeps (PostgreSQL's DETAIL can quote a whole row).
+ERROR_TEXT_LIMIT = 2000
 
 # One mirror writer at a time in this process: SQLite allows a single writer, and
 # the worker and admin page loads would otherwise contend for it. Reentrant: a journal
@@ -82,7 +92,7 @@ def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[An
         ", ".join(["%s"] * len(columns)),
     )
     # Integers and strings go to the driver as they are; dates and JSON need the field.
-    plain = (IntegerField, CharField, ForeignKey)
+    plain = (IntegerField, CharField, TextField, ForeignKey)
     convert = [None if isinstance(field, plain) else field.get_db_prep_save for field in columns]
     params = [
         [
@@ -135,6 +145,17 @@ def _epoch(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
+def _first_line(error: str | None) -> str | None:
+    """What failed, without PostgreSQL's DETAIL (which quotes the row, different at every try)."""
+    return None if error is None else error.partition("\n")[0]
+
+
+def _error_text(exc: BaseException) -> str:
+    """``exc`` as text any column can hold (no NUL, no lone surrogate), of bounded length."""
+    text = f"{type(exc).__name__}: {exc}".strip()[:ERROR_TEXT_LIMIT]
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+
+
 class Mirror:
     """The mirror of one store."""
 
@@ -145,6 +166,9 @@ class Mirror:
         self._worker: threading.Thread | None = None
         #: A memory store whose restore failed: the worker retries it before any sync.
         self.restore_pending = False
+        #: The last sync failure (of a batch or of one session) and when it happened.
+        self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
 
     @property
     def enabled(self) -> bool:
@@ -162,8 +186,23 @@ class Mirror:
                 # never overwritten by an earlier one (across processes, see _apply).
                 with _write_lock:
                     read_at = timezone.now()
-                    result += self._apply(self.store.backend.snapshots(batch), read_at)
-            except (DatabaseError, PersistentMemoryError):
+                    snapshots = self.store.backend.snapshots(batch)
+                    try:
+                        result += self._apply(snapshots, read_at)
+                    except SESSION_WRITE_ERRORS as exc:
+                        # Perhaps one session the database refuses: write them one at a time.
+                        # Said once, not at every retry of the same session.
+                        known = _first_line(_error_text(exc)) == _first_line(self.last_error)
+                        logger.log(
+                            logging.DEBUG if known else logging.WARNING,
+                            "persistent_memory: mirror sync of %d sessions failed (%s); "
+                            "writing them one at a time",
+                            len(batch),
+                            _error_text(exc),
+                        )
+                        result += self._apply_each(snapshots, read_at)
+            except (DatabaseError, PersistentMemoryError) as exc:
+                self._note_error(exc)
                 logger.exception(
                     "persistent_memory: mirror sync of %d sessions failed; will retry", len(batch)
                 )
@@ -182,19 +221,24 @@ class Mirror:
             logger.warning("persistent_memory: could not mark %d sessions for a later sync", len(session_ids))
 
     def sync_dirty(self, limit: int | None = None) -> SyncResult:
-        """Sync sessions written since their last sync (at most ``limit``)."""
+        """Sync sessions written since their last sync (at most ``limit``), each once."""
         result = SyncResult()
         taken = 0
+        seen: set[str] = set()
         while limit is None or taken < limit:
             count = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - taken)
             with _write_lock:  # taken and synced under the lock: a checkpoint waits for both
-                ids = self.store.backend.pop_dirty(count)
+                popped = self.store.backend.pop_dirty(count)
+                # Synced (or failed) earlier in this pass and marked again since: the next pass's.
+                ids = [sid for sid in popped if sid not in seen]
+                self._retry_later([sid for sid in popped if sid in seen])
                 if not ids:
                     break
+                seen.update(ids)
                 batch = self.sync_sessions(ids)
             taken += len(ids)
             result += batch
-            if batch.failed:
+            if batch.failed and not (batch.synced or batch.gone):
                 break  # the database is failing: leave the rest for the next sync
         return result
 
@@ -254,7 +298,7 @@ class Mirror:
                 MemoryValue,
                 ("session", "key", "value"),
                 (
-                    (pks[sid], key, json.loads(text))
+                    (pks[sid], key, text)  # the store's JSON text, as it is
                     for sid, snap in live.items()
                     for key, text in snap["values"].items()
                 ),
@@ -271,6 +315,50 @@ class Mirror:
             )
         return SyncResult(synced=len(live), gone=marked)
 
+    def _apply_each(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
+        """:meth:`_apply` one session at a time. A session the database refuses records why on
+        its row and is marked dirty again; should even that fail, the database itself is
+        failing and the error is raised (the caller retries the whole batch)."""
+        result, failed = SyncResult(), []
+        for sid, snapshot in snapshots.items():
+            try:
+                result += self._apply({sid: snapshot}, read_at)
+            except SESSION_WRITE_ERRORS as exc:
+                self._record_failure(sid, snapshot, read_at, exc)
+                failed.append(sid)
+        self._retry_later(failed)
+        result.failed += len(failed)
+        return result
+
+    def _record_failure(
+        self, sid: str, snapshot: SessionSnapshot | None, read_at: datetime, exc: BaseException
+    ) -> None:
+        """Say on the session's row why it could not be written (a row is created for a
+        session never mirrored, with its info and no values or history)."""
+        error, now = _error_text(exc), timezone.now()
+        with transaction.atomic():
+            rows = _rows([sid])
+            previous = rows.values_list("sync_error", flat=True).first()
+            if previous is not None:
+                rows.update(sync_error=error, sync_failed_at=now)
+            elif snapshot is not None:
+                # An empty digest: the next sync rewrites the whole history.
+                row = self._session_row(snapshot, read_at, "")
+                row.sync_error, row.sync_failed_at = error, now
+                row.journal_seq = 0  # it holds none of the writes: a restart replays them all
+                row.save(force_insert=True)
+        self._note_error(exc, now)
+        # Once per new error, not at every retry (twice a second in immediate mode).
+        level = logging.DEBUG if _first_line(previous) == _first_line(error) else logging.ERROR
+        owner, session_id = split_storage_id(sid)
+        where = f"{session_id} (owner {owner!r})" if owner else session_id
+        logger.log(
+            level, "persistent_memory: mirror could not write session %s: %s; will retry", where, error
+        )
+
+    def _note_error(self, exc: BaseException, at: datetime | None = None) -> None:
+        self.last_error, self.last_error_at = _error_text(exc), at or timezone.now()
+
     @staticmethod
     def _mark_gone(session_ids: list[str], now: datetime, journal_seq: int | None) -> int:
         from persistent_memory.models import MemorySession
@@ -278,11 +366,11 @@ class Mirror:
         rows = _rows(session_ids).filter(state=MemorySession.State.LIVE)
         # Without a position, the row keeps its older one: replaying from there to a
         # session that ends gone still ends gone.
-        seq = {} if journal_seq is None else {"journal_seq": journal_seq}
-        expired = rows.filter(expires_at__lte=now).update(
-            state=MemorySession.State.EXPIRED, gone_at=now, synced_at=now, **seq
-        )
-        deleted = rows.update(state=MemorySession.State.DELETED, gone_at=now, synced_at=now, **seq)
+        fields = {"gone_at": now, "synced_at": now, "sync_error": "", "sync_failed_at": None}
+        if journal_seq is not None:
+            fields["journal_seq"] = journal_seq
+        expired = rows.filter(expires_at__lte=now).update(state=MemorySession.State.EXPIRED, **fields)
+        deleted = rows.update(state=MemorySession.State.DELETED, **fields)
         return expired + deleted
 
     @staticmethod
@@ -334,6 +422,8 @@ class Mirror:
         sessions = (
             MemorySession.objects.filter(state=MemorySession.State.LIVE)
             .exclude(expires_at__lte=now)
+            # A row made only to say why a session could not be mirrored holds none of it.
+            .exclude(Q(history_digest="") & ~Q(sync_error=""))
             .order_by("-last_activity")  # the most recently used first, should the cap be reached
             .prefetch_related("values", "history")
         )
@@ -387,7 +477,7 @@ class Mirror:
         )
         return {
             "info": info,
-            "values": {v.key: json.dumps(v.value) for v in row.values.all()},
+            "values": {v.key: v.value for v in row.values.all()},  # the store's JSON text
             "history": history,
         }
 

@@ -3,6 +3,9 @@ these rows are written only by :mod:`persistent_memory.mirror`."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.db import models
 from django.utils import timezone
 
@@ -24,6 +27,8 @@ class MemorySession(models.Model):
         "synced_at",
         "gone_at",
         "history_digest",
+        "sync_error",
+        "sync_failed_at",
         "journal_seq",
     )
 
@@ -49,6 +54,12 @@ class MemorySession(models.Model):
     )
     #: Of the mirrored history: the next sync writes only new entries when it is a prefix.
     history_digest = models.CharField(max_length=32, blank=True, default="", editable=False)
+    sync_error = models.TextField(
+        blank=True,
+        default="",
+        help_text="Why the mirror could not write this session (it retries); empty when the last sync did.",
+    )
+    sync_failed_at = models.DateTimeField(null=True, blank=True, help_text="When that sync failed.")
     #: The memory backend's journal position this row was read at: a restart replays
     #: the journal's later writes to it (see persistent_memory.journal).
     journal_seq = models.BigIntegerField(default=0, editable=False)
@@ -58,6 +69,14 @@ class MemorySession(models.Model):
         verbose_name = "memory session"
         constraints = [
             models.UniqueConstraint(fields=["owner", "session_id"], name="pm_unique_owner_session")
+        ]
+        indexes = [
+            # The admin's "sync failing" filter; only failing rows are in it.
+            models.Index(
+                fields=["sync_failed_at"],
+                condition=models.Q(sync_failed_at__isnull=False),
+                name="pm_session_sync_failed",
+            )
         ]
 
     def __str__(self) -> str:
@@ -74,7 +93,9 @@ class MemoryValue(models.Model):
 
     session = models.ForeignKey(MemorySession, on_delete=models.CASCADE, related_name="values")
     key = models.CharField(max_length=256)
-    value = models.JSONField(null=True)
+    #: The value's JSON text exactly as the store holds it (ASCII: U+0000 is the escape
+    #: ``\u0000``, which PostgreSQL's jsonb refuses and a text column holds).
+    value = models.TextField(default="null", help_text="JSON text, as the store holds it.")
 
     class Meta:
         ordering = ["key"]
@@ -82,6 +103,11 @@ class MemoryValue(models.Model):
 
     def __str__(self) -> str:
         return self.key  # the session is shown around it; fetching its id would cost a query
+
+    @property
+    def decoded_value(self) -> Any:
+        """The value itself (what ``MemoryStore.get`` returns)."""
+        return json.loads(self.value)
 
 
 class HistoryEntry(models.Model):

@@ -55,6 +55,7 @@ from persistent_memory.owners import (
     validate_owner,
 )
 from persistent_memory.validation import (
+    DEFAULT_MAX_DEPTH,
     SESSION_ID_PATTERN,
     decode_value,
     encode_value,
@@ -82,6 +83,7 @@ class MemoryStore:
         *,
         default_ttl_seconds: float | None = None,
         max_value_bytes: int = 1024 * 1024,
+        max_json_depth: int = DEFAULT_MAX_DEPTH,
         run_binding_ttl_seconds: float = 3600,
         idempotency_ttl_seconds: float = 86400,
         mirror_mode: str = "off",
@@ -89,6 +91,7 @@ class MemoryStore:
         self.backend = backend
         self.default_ttl_seconds = validate_ttl(default_ttl_seconds)
         self.max_value_bytes = max_value_bytes
+        self.max_json_depth = max_json_depth
         self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
         self.idempotency_ttl_seconds = validate_ttl(idempotency_ttl_seconds) or 86400
         #: The ORM mirror of this store (see persistent_memory.mirror).
@@ -106,6 +109,7 @@ class MemoryStore:
                 backend,
                 default_ttl_seconds=(conf.SESSION_TTL_HOURS or 0) * 3600,
                 max_value_bytes=conf.MAX_VALUE_BYTES,
+                max_json_depth=conf.MAX_JSON_DEPTH,
                 run_binding_ttl_seconds=conf.RUN_BINDING_TTL_SECONDS,
                 idempotency_ttl_seconds=conf.IDEMPOTENCY_TTL_SECONDS,
                 mirror_mode=mirror_mode(conf),
@@ -255,7 +259,7 @@ class MemoryStore:
     def put(self, session_id: str, key: str, value: Any, *, idempotency: Idempotency | None = None) -> None:
         """Store any JSON-serialisable ``value`` (a copy) under ``key``."""
         key = validate_key(key)
-        value_json = encode_value(value, max_bytes=self.max_value_bytes)
+        value_json = encode_value(value, max_bytes=self.max_value_bytes, max_depth=self.max_json_depth)
         self._call(self.backend.put, session_id, key, value_json, **self._once(idempotency))
 
     def get(self, session_id: str, key: str) -> Any:
@@ -342,7 +346,7 @@ class MemoryStore:
             session_id = validate_session_id(session_id)
         if not isinstance(text, str):
             raise InvalidValue(f"Invalid answer text {text!r}: must be a string.")
-        answer_json = encode_value(text, max_bytes=self.max_value_bytes)
+        answer_json = encode_value(text, max_bytes=self.max_value_bytes, max_depth=self.max_json_depth)
         ttl = self.default_ttl_seconds
         once = self._once(idempotency)
         if session_id is not None:

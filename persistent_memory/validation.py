@@ -11,7 +11,9 @@ from persistent_memory.exceptions import (
     InvalidKey,
     InvalidRunId,
     InvalidSessionId,
+    InvalidUnicode,
     InvalidValue,
+    ValueTooDeep,
     ValueTooLarge,
 )
 
@@ -53,29 +55,69 @@ def validate_key(key: Any) -> str:
     return key
 
 
-def _reject_non_string_keys(value: Any) -> None:
-    # json.dumps would silently turn {1: "a"} into {"1": "a"}: the value would not
-    # come back as it was put, so refuse it instead.
+#: The deepest a value may nest when the store is built without settings (see MAX_JSON_DEPTH).
+DEFAULT_MAX_DEPTH = 100
+
+
+# A tuple, not ``list | tuple``: that would build a union object at every check.
+_SEQUENCES = (list, tuple)
+
+
+def _check_structure(value: Any, max_depth: int) -> None:
+    """Refuse object keys that are not strings and nesting deeper than ``max_depth``.
+
+    ``max_depth`` counts containers: ``[]`` is 1 deep, ``[[1]]`` 2. The walk stops at
+    the first level too deep, so it never recurses further than ``max_depth``.
+    """
     if isinstance(value, dict):
+        if max_depth < 1:
+            raise ValueTooDeep()
         for k, item in value.items():
+            # json.dumps would silently turn {1: "a"} into {"1": "a"}: the value would
+            # not come back as it was put, so refuse it instead.
             if not isinstance(k, str):
                 raise InvalidValue(f"Invalid value: object keys must be strings, not {type(k).__name__}.")
-            _reject_non_string_keys(item)
-    elif isinstance(value, list | tuple):
+            _check_structure(item, max_depth - 1)
+    elif isinstance(value, _SEQUENCES):
+        if max_depth < 1:
+            raise ValueTooDeep()
         for item in value:
-            _reject_non_string_keys(item)
+            _check_structure(item, max_depth - 1)
 
 
-def encode_value(value: Any, *, max_bytes: int) -> str:
-    """Serialise ``value`` to JSON text, or raise :class:`InvalidValue`."""
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (a key too) holds a surrogate code point, which is no
+    character: UTF-8 cannot carry it, so PostgreSQL, Redis clients and the API's answers
+    would fail on it. ``value`` must be JSON-serialisable."""
+    try:
+        (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def encode_value(value: Any, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """Serialise ``value`` to JSON text, or raise :class:`InvalidValue` (nothing is written).
+
+    What is accepted comes back exactly from every backend and the mirror: no NaN or
+    infinities, no lone surrogates, at most ``max_depth`` levels deep. U+0000 is valid.
+    """
+    try:
+        _check_structure(value, max_depth)
+    except ValueTooDeep:
+        raise ValueTooDeep(
+            f"Invalid value: nested more than {max_depth} levels deep (MAX_JSON_DEPTH)."
+        ) from None
     try:
         text = json.dumps(value, allow_nan=False)
-        _reject_non_string_keys(value)
-    except InvalidValue:
-        raise
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidValue(f"Invalid value: not JSON-serialisable ({exc}).") from None
-    # ensure_ascii (the default) makes len(text) the size in bytes.
+    # ensure_ascii (the default) writes every surrogate as an escape: only text with one
+    # (a character beyond U+FFFF, or a lone surrogate) needs the precise check. A search
+    # for one character runs at memchr speed, for three at a fraction of it.
+    if "\\" in text and "\\ud" in text and _has_lone_surrogate(value):
+        raise InvalidUnicode()
+    # ensure_ascii also makes len(text) the size in bytes.
     if len(text) > max_bytes:
         raise ValueTooLarge(f"Invalid value: {len(text)} bytes of JSON is over the limit of {max_bytes}.")
     return text

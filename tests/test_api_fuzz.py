@@ -7,6 +7,11 @@ short enough to hit the sessions and keys seeded before each example. Whatever
 comes in, the API must never answer a 5xx, and everything under ``/api/memory/``
 must be JSON (never Django's HTML error pages).
 
+Bodies also carry what no value can be (lone surrogates, NaN, infinities and
+``1e400``, JSON nested 990 levels deep) in values, answer texts and every field the
+lanes echo back, and U+0000 in every string field: refused with a 400 and its code
+before anything is written, or (U+0000) accepted and answered back.
+
 Every example starts from the same seeded state, so a failure shrinks and replays.
 Failures are collected over all operations and reported together, each with the
 request and the server's traceback.
@@ -116,6 +121,8 @@ class Fuzzer:
     reset: Callable[[], None]
     statuses: Counter[int] = field(default_factory=Counter)
     operations: Counter[str] = field(default_factory=Counter)
+    #: The ``code`` of every 4xx answer.
+    codes: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
 
     def send(self, sent: Sent, operation: str) -> Any:
@@ -130,6 +137,8 @@ class Fuzzer:
         problem = problem_with(sent, response)
         if problem is not None:
             raise AssertionError(problem)
+        if 400 <= response.status_code < 500 and sent.path.startswith(API):
+            self.codes[json.loads(response.content).get("code")] += 1
         return response
 
 
@@ -309,11 +318,18 @@ keys = (
     )
     | st.sampled_from(["a.b", "-", "_", "__history__", "a" * 257, *ODD_SEGMENTS])
 )
+#: Strings with what JSON can carry but a store might trip on (U+0000, characters beyond
+#: U+FFFF) and what no store can hold exactly (lone surrogates: refused).
+ODD_STRINGS = ["\x00", "a\x00b", "\ud800", "x\udfff", "\ude00\ud83d", "\U0001f600", "\\u0000"]
+texts = (
+    st.text(max_size=8)
+    | st.sampled_from(ODD_STRINGS)
+    | st.text(st.characters() | st.characters(categories=["Cs"]) | st.just("\x00"), max_size=4)
+)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
+    # NaN and the infinities go out as NaN/Infinity literals (refused).
+    st.none() | st.booleans() | st.integers() | st.floats() | texts,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(texts, children, max_size=3),
     max_leaves=8,
 )
 numbers = st.one_of(
@@ -326,9 +342,11 @@ numbers = st.one_of(
 body_ids = (
     st.none()
     | short_names
-    | st.sampled_from([*SEEDED, *TTL_SESSIONS, "", "__keys__", "a b", "é", "a" * 129, 1, ["a"]])
+    | st.sampled_from(
+        [*SEEDED, *TTL_SESSIONS, "", "__keys__", "a b", "é", "a" * 129, 1, ["a"], "a\x00", "\ud800"]
+    )
 )
-run_ids = st.none() | st.sampled_from(["run-1", "run-2", "", "a b", "r" * 129, 5])
+run_ids = st.none() | st.sampled_from(["run-1", "run-2", "", "a b", "r" * 129, 5, "r\x00", "\udc00"])
 
 
 @st.composite
@@ -336,7 +354,11 @@ def entries(draw: Any) -> Any:
     metadata = draw(st.sampled_from([{}, {"x": 1}, [], "s"]))
     if isinstance(metadata, dict) and draw(st.booleans()):
         metadata = {**metadata, "session_id": draw(body_ids)}
-    entry = {"text": draw(st.text(max_size=8) | st.none() | st.integers()), "metadata": metadata}
+    entry = {"text": draw(texts | st.none() | st.integers()), "metadata": metadata}
+    if draw(st.booleans()):  # fields the lanes echo back, in the entry and its metadata
+        entry["extra"] = draw(json_values)
+        if isinstance(metadata, dict):
+            metadata = entry["metadata"] = {**metadata, draw(texts): draw(json_values)}
     return draw(
         st.sampled_from([entry, entry, entry, {"text": "only"}, {"metadata": metadata}, "text", None])
     )
@@ -393,14 +415,49 @@ def api_calls(draw: Any) -> tuple[str, str, Any, dict[str, Any]]:
     )
 
 
-#: How a body goes on the wire: mostly proper JSON, sometimes broken or mislabelled.
-ENCODINGS = ["json"] * 12 + ["truncated", "nan", "not utf-8", "form", "no content type", "huge"]
+#: JSON text that no value can be, put in an extra field of a body (or beside it in a list).
+POISONS = {
+    "1e400": b"1e400",  # Python parses it to inf
+    "990 deep": b"[" * 990 + b"]" * 990,
+    "too deep": b"[" * 101 + b"]" * 101,  # MAX_JSON_DEPTH + 1
+    "surrogate": b'"\\udfff"',
+}
+MARKER = "poison-marker"
+
+
+def planted(body: Any) -> Any:
+    """``body`` with :data:`MARKER` as every ``value`` and as an extra field of every object
+    (an entry the lanes echo back, its metadata, the body itself)."""
+    if isinstance(body, dict):
+        return {
+            **{key: MARKER if key == "value" else planted(item) for key, item in body.items()},
+            "x": MARKER,
+        }
+    if isinstance(body, list):
+        return [planted(item) for item in body]
+    return body
+
+
+#: How a body goes on the wire: mostly proper JSON, sometimes broken, poisoned or mislabelled.
+ENCODINGS = ["json"] * 12 + [
+    "truncated",
+    "nan",
+    "not utf-8",
+    "form",
+    "no content type",
+    "huge",
+    *POISONS,
+    *POISONS,
+]
 
 
 def encode(body: Any, encoding: str) -> tuple[bytes, str]:
     """The body bytes and Content-Type for ``encoding``."""
     if encoding == "huge":
         return b'{"value": "' + b"x" * (3 * 1024 * 1024) + b'"}', "application/json"
+    if encoding in POISONS:
+        data = json.dumps(planted(body)).encode().replace(json.dumps(MARKER).encode(), POISONS[encoding])
+        return data, "application/json"
     data = json.dumps(body).encode()
     if encoding == "truncated":
         return data[:-1], "application/json"
@@ -444,3 +501,74 @@ def test_calls_on_seeded_ids_never_5xx(configure, fresh_state, backend_name):
     finally:
         print(summary(f"seeded calls [{backend_name}]", fuzzer, started))
     assert fuzzer.statuses[200] > 0 and fuzzer.statuses[404] > 0 and fuzzer.statuses[400] > 0
+    # Every kind of JSON the store cannot hold was sent, and refused with its code.
+    assert {"invalid_json", "json_too_deep", "invalid_unicode", "parse_error"} <= set(fuzzer.codes), (
+        fuzzer.codes
+    )
+
+
+# Bodies the store cannot hold, on every endpoint that takes one -----------------------
+
+#: A body each endpoint accepts, with MARKER where the poison goes: a value, an answer's
+#: text, a field of an entry or its metadata (echoed back), a field nobody reads.
+POISON_TARGETS: list[tuple[str, str, Any]] = [
+    ("PUT", "sessions/alpha/memory/text/", {"value": MARKER}),
+    ("PUT", "sessions/alpha/memory/text/", {"value": {"a": [1, MARKER]}}),
+    ("POST", "enrich/", {"question": {"text": "q", "metadata": {"session_id": "alpha"}, "x": MARKER}}),
+    ("POST", "enrich/", {"question": {"text": MARKER, "metadata": {"session_id": "new", "x": MARKER}}}),
+    ("POST", "store/", {"answer": {"text": MARKER, "metadata": {"session_id": "alpha"}}}),
+    ("POST", "store/", {"answer": {"text": "a", "metadata": {"session_id": "new"}, "x": MARKER}}),
+    (
+        "POST",
+        "process/",
+        {
+            "entries": [
+                {"lane": "questions", "entry": {"text": "q", "metadata": {"session_id": "new"}}},
+                {"lane": "answers", "entry": {"text": MARKER, "x": [MARKER]}},
+            ]
+        },
+    ),
+    ("POST", "sessions/", {"session_id": "new", "ttl_hours": 1, "x": MARKER}),
+    ("POST", "sessions/alpha/memory/count/increment/", {"amount": 1, "x": MARKER}),
+    ("POST", "sessions/alpha/summarize/", {"max_history": 1, "x": MARKER}),
+]
+poisons = st.one_of(
+    json_values.map(lambda value: json.dumps(value).encode()),  # NaN, surrogates, U+0000...
+    st.sampled_from(list(POISONS.values())),
+    st.integers(95, 1000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.sampled_from([b"1e400", b"-1e999", b"1" + b"0" * 400 + b".5", b"NaN", b"-Infinity", b'"\\uD800"']),
+)
+
+
+def stored_state() -> tuple[Any, ...]:
+    store = get_store()
+    return store.list_sessions(), store.get_all("alpha"), store.get_history("alpha", 0)
+
+
+def test_poisoned_bodies_never_5xx_and_write_nothing_when_refused(configure, fresh_state, backend_name):
+    configure(
+        API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
+        API_AUTHENTICATION_CLASSES=[],
+        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+    )
+    started = time.perf_counter()
+    fuzzer = Fuzzer(Client(raise_request_exception=False), "", fresh_state)
+
+    @settings(FUZZ_SETTINGS, max_examples=CALL_EXAMPLES)
+    @given(target=st.sampled_from(POISON_TARGETS), poison=poisons)
+    def fuzz(target: tuple[str, str, Any], poison: bytes) -> None:
+        fuzzer.reset()
+        before = stored_state()
+        method, path, body = target
+        data = json.dumps(body).encode().replace(json.dumps(MARKER).encode(), poison)
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        response = fuzzer.send(Sent(method, API + path, "", data, headers), f"{method} {path}")
+        if response.status_code >= 400:
+            assert stored_state() == before, f"{method} {path} {data[:300]!r} wrote, then answered an error"
+
+    try:
+        fuzz()
+    finally:
+        print(summary(f"poisoned bodies [{backend_name}]", fuzzer, started))
+    assert {"invalid_json", "json_too_deep", "invalid_unicode"} <= set(fuzzer.codes), fuzzer.codes
+    assert any(200 <= code < 300 for code in fuzzer.statuses)

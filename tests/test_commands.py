@@ -257,7 +257,13 @@ class TestMirrorCommand:
     def test_passes(self, store):
         store.create_session("s1")
         store.put("s1", "k", 1)
-        assert run_json("memory_mirror") == {"passes": 1, "synced": 1, "gone": 0, "failed": 0}
+        assert run_json("memory_mirror") == {
+            "passes": 1,
+            "synced": 1,
+            "gone": 0,
+            "failed": 0,
+            "sync_errors": [],
+        }
         assert run_json("memory_mirror")["synced"] == 0
         assert run_json("memory_mirror", "--session", "s1", "--session", "nope")["synced"] == 1
         store.delete_session("s1")
@@ -422,6 +428,41 @@ class TestExportImport:
                 '{"session_id": "x", "created_at": 1, "ttl_remaining_seconds": "soon", '
                 '"values": {}, "history": []}',
                 "line 2: ttl_remaining_seconds",
+            ),
+            # What the store could not give back, or the mirror could not hold (issue 11).
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": "\\ud800"}, "history": []}',
+                "lone surrogate",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": NaN}, "history": []}',
+                "JSON-serialisable",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": 1e400}, "history": []}',
+                "JSON-serialisable",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {"k": '
+                + "[" * 101
+                + "]" * 101
+                + '}, "history": []}',
+                "levels deep",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put", "key": "k", "note": "a\\u0000", "timestamp": 1}]}',
+                "line 2: history must not contain U.0000",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put\\udc00", "key": "k", "timestamp": 1}]}',
+                "line 2: history: .*lone surrogate",
+            ),
+            (
+                '{"session_id": "x", "created_at": 1, "values": {}, '
+                '"history": [{"op": "put", "key": "k", "n": Infinity, "timestamp": 1}]}',
+                "line 2: history: .*JSON-serialisable",
             ),
         ],
     )

@@ -29,7 +29,7 @@ def assert_mirrored(store: MemoryStore, session_id: str) -> MemorySession:
         info["history_length"],
         info["ttl_seconds"],
     )
-    assert {v.key: v.value for v in row.values.all()} == store.get_all(session_id)
+    assert {v.key: v.decoded_value for v in row.values.all()} == store.get_all(session_id)
     history = store.get_history(session_id, 0)
     rows = list(row.history.order_by("position"))
     assert [(e.op, e.key or None) for e in rows] == [(h["op"], h.get("key")) for h in history]
@@ -205,7 +205,8 @@ def test_database_failure_is_logged_and_retried(mirrored, caplog):
         with caplog.at_level(logging.ERROR, logger="persistent_memory.mirror"):
             result = store.mirror.sync_dirty()
         assert result.failed == 1 and result.synced == 0
-        assert "mirror sync of 1 sessions failed" in caplog.text
+        assert "mirror could not write session s1" in caplog.text
+        assert "persistent_memory_memoryvalue" in MemorySession.objects.get(session_id="s1").sync_error
         store.put("s1", "k2", 2)  # store writes go on while the mirror fails
     finally:
         with connection.cursor() as cursor:
@@ -259,7 +260,7 @@ def test_closing_the_store_flushes(configure):
         store.put("s1", f"k{i}", i)
     snapshot = store.get_all("s1")
     reset_store()  # what atexit does at shutdown
-    assert {v.key: v.value for v in MemoryValue.objects.filter(session__session_id="s1")} == snapshot
+    assert {v.key: v.decoded_value for v in MemoryValue.objects.filter(session__session_id="s1")} == snapshot
 
 
 @pytest.mark.django_db(transaction=True)
@@ -401,7 +402,7 @@ def test_an_older_snapshot_never_replaces_a_newer_row(mirrored):
     t2, new = timezone.now(), store.backend.snapshots(["s1"])
     store.mirror._apply(new, t2)
     store.mirror._apply(old, t1)
-    assert MemoryValue.objects.get(session__session_id="s1", key="k").value == "new"
+    assert MemoryValue.objects.get(session__session_id="s1", key="k").decoded_value == "new"
     store.delete_session("s1")
     store.mirror._apply(store.backend.snapshots(["s1"]), t1)  # "gone", but read before t2
     assert MemorySession.objects.get(session_id="s1").state == "live"

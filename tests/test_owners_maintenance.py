@@ -152,7 +152,7 @@ class TestAdmin:
             assert f'<div class="readonly">{owner}</div>' in body
             # The values inline is that owner's session's, not another chat-1's.
             values_inline = response.context["inline_admin_formsets"][0]
-            assert {f.original.key: f.original.value for f in values_inline}["who"] == owner
+            assert {f.original.key: f.original.decoded_value for f in values_inline}["who"] == owner
 
     def post_action(self, client, action, sessions, **extra):
         pks = [row(owner, sid).pk for owner, sid in sessions]
@@ -223,7 +223,7 @@ class TestMirror:
         for owner in OWNERS:
             scoped, mirrored = store.for_owner(owner), row(owner, "chat-1")
             values = dict(MemoryValue.objects.filter(session=mirrored).values_list("key", "value"))
-            assert values == scoped.get_all("chat-1")
+            assert {key: json.loads(text) for key, text in values.items()} == scoped.get_all("chat-1")
             history = list(
                 HistoryEntry.objects.filter(session=mirrored).order_by("position").values_list("op", "key")
             )
@@ -239,8 +239,8 @@ class TestMirror:
         assert states.pop(("user:2", "chat-1")) == "deleted"
         assert set(states.values()) == {"live"}
         # The rows left keep their own values.
-        assert row("user:1", "chat-1").values.get(key="who").value == "user:1"
-        assert row("", "chat-1").values.get(key="who").value == "nobody"
+        assert row("user:1", "chat-1").values.get(key="who").decoded_value == "user:1"
+        assert row("", "chat-1").values.get(key="who").decoded_value == "nobody"
 
 
 # Export and import ----------------------------------------------------------------
@@ -415,7 +415,7 @@ class TestMirrorOwner:
             store.for_owner(owner).create_session("a")
         store.for_owner("user:1").create_session("b")
         counts = run_json("memory_mirror", "--owner", "user:1", "--all")
-        assert counts == {"passes": 1, "synced": 2, "gone": 0, "failed": 0}
+        assert counts == {"passes": 1, "synced": 2, "gone": 0, "failed": 0, "sync_errors": []}
         assert rows() == {("user:1", "a"), ("user:1", "b")}
         assert run_json("memory_mirror", "--owner", "user:2", "--session", "a")["synced"] == 1
         assert rows() == {("user:1", "a"), ("user:1", "b"), ("user:2", "a")}

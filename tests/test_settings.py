@@ -31,6 +31,7 @@ class TestSettingsObject:
         assert memory_settings.SESSION_TTL_HOURS == 0
         assert memory_settings.KEY_PREFIX == "rr:memory"
         assert memory_settings.MAX_VALUE_BYTES == 1024 * 1024
+        assert memory_settings.MAX_JSON_DEPTH == 100
 
     def test_profile_presets_and_explicit_override(self):
         conf = MemorySettings({"PROFILE": "redis"})
@@ -155,6 +156,9 @@ class TestChecks:
             ({"RUN_BINDING_TTL_SECONDS": 0}, "persistent_memory.E002"),
             ({"IDEMPOTENCY_TTL_SECONDS": 0}, "persistent_memory.E002"),
             ({"IDEMPOTENCY_TTL_SECONDS": "a day"}, "persistent_memory.E002"),
+            ({"MAX_JSON_DEPTH": 0}, "persistent_memory.E002"),
+            ({"MAX_JSON_DEPTH": 990}, "persistent_memory.E002"),
+            ({"MAX_JSON_DEPTH": 10.0}, "persistent_memory.E002"),
         ],
     )
     def test_bad_configuration_is_an_error(self, settings, conf, expected):

@@ -23,7 +23,6 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -35,6 +34,7 @@ from persistent_memory.api import serializers as s
 from persistent_memory.api.bodies import read_unsized_body
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
 from persistent_memory.api.pagination import SessionPagination
+from persistent_memory.api.parsers import MemoryJSONParser
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
@@ -100,7 +100,8 @@ class MemoryAPIView(APIView):
     """JSON in and out, the project's auth unless PERSISTENT_MEMORY overrides it."""
 
     renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
+    # Refuses, before any store call, JSON the store could not hold exactly (see parsers).
+    parser_classes = [MemoryJSONParser]
     schema = AutoSchema()
     #: The caller's owner, resolved in :meth:`initial` (before any store call).
     owner: str | None = None

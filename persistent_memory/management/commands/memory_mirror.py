@@ -1,4 +1,8 @@
-"""Sync the ORM mirror with the store: dirty sessions, named ones, or everything."""
+"""Sync the ORM mirror with the store: dirty sessions, named ones, or everything.
+
+Sessions the mirror could not write (it keeps retrying them) are listed after the
+counts with the database's reason, and make the command exit non-zero.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,11 @@ from django.core.management.base import CommandError
 
 from persistent_memory.management.base import MemoryCommand
 from persistent_memory.mirror import SyncResult
+from persistent_memory.models import MemorySession
+from persistent_memory.owners import split_storage_id
+
+#: Failing sessions listed at most (the admin's "mirror sync: failing" filter shows all).
+ERRORS_SHOWN = 20
 
 
 class Command(MemoryCommand):
@@ -65,4 +74,38 @@ class Command(MemoryCommand):
                 time.sleep(watch)
         except KeyboardInterrupt:
             self.log("Interrupted: stopping after the last complete pass.")
-        return {"passes": passes, "synced": total.synced, "gone": total.gone, "failed": total.failed}
+        return {
+            "passes": passes,
+            "synced": total.synced,
+            "gone": total.gone,
+            "failed": total.failed,
+            "sync_errors": self.sync_errors(named, owner),
+        }
+
+    @staticmethod
+    def sync_errors(named: list[str] | None, owner: str | None) -> list[dict[str, Any]]:
+        """The sessions (of those named, or of ``owner``) whose last sync failed, newest first."""
+        rows = MemorySession.objects.filter(sync_failed_at__isnull=False)
+        if named is not None:
+            pairs = [split_storage_id(sid) for sid in named]
+            rows = rows.filter(owner__in={o for o, _ in pairs}, session_id__in={s for _, s in pairs})
+        elif owner is not None:
+            rows = rows.filter(owner=owner)
+        return [
+            {"session_id": session_id, "owner": row_owner, "failed_at": failed_at.isoformat(), "error": error}
+            for session_id, row_owner, failed_at, error in rows.order_by("-sync_failed_at").values_list(
+                "session_id", "owner", "sync_failed_at", "sync_error"
+            )[:ERRORS_SHOWN]
+        ]
+
+    def summary(self, counts: dict[str, Any]) -> str:
+        errors = counts["sync_errors"]
+        lines = [super().summary({k: v for k, v in counts.items() if k != "sync_errors"})]
+        if errors:
+            lines.append(
+                f"Sessions the mirror could not write (retried at every sync; at most {ERRORS_SHOWN}):"
+            )
+        for item in errors:
+            who = f"{item['session_id']} (owner {item['owner']})" if item["owner"] else item["session_id"]
+            lines.append(f"  {who} at {item['failed_at']}: {item['error']}")
+        return "\n".join(lines)

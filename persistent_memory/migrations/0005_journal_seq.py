@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("persistent_memory", "0003_owners"),
+        ("persistent_memory", "0004_mirror_value_text_and_sync_errors"),
     ]
 
     operations = [
