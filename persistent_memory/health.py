@@ -61,8 +61,31 @@ def database_health(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     }
 
 
+def mirror_health(store: MemoryStore) -> dict[str, Any]:
+    """The ORM mirror: how far behind it is, its last error, the journal it keeps.
+
+    Unavailable while a memory store waits for its database to restore its sessions
+    (the store refuses calls until then)."""
+    mirror, backend = store.mirror, store.backend
+    part: dict[str, Any] = {"mode": mirror.mode, "status": UNAVAILABLE if mirror.restore_pending else OK}
+    if not mirror.enabled:
+        return part
+    try:
+        pending = backend.dirty_count()
+    except BackendUnavailable:
+        pending = None  # the backend part says why
+    return {
+        **part,
+        "pending_sessions": pending,
+        "last_sync_at": mirror.last_sync_at,
+        "last_error": mirror.last_error,
+        "last_error_at": mirror.last_error_at,
+        "journal_bytes": backend.journal_size(),
+    }
+
+
 def health_report(store: MemoryStore) -> dict[str, Any]:
     """Every part's health, and ``status``: "ok" when every part is."""
-    parts = {"backend": backend_health(store), "database": database_health()}
+    parts = {"backend": backend_health(store), "database": database_health(), "mirror": mirror_health(store)}
     status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
     return {"status": status, **parts}

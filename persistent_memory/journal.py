@@ -162,7 +162,9 @@ class Journal:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-        os.close(self._lock_fd)  # releases the flock
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
 
     # Reading ------------------------------------------------------------------
 

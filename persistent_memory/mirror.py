@@ -169,6 +169,8 @@ class Mirror:
         #: The last sync failure (of a batch or of one session) and when it happened.
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
+        #: When a sync last wrote a batch whole.
+        self.last_sync_at: datetime | None = None
 
     @property
     def enabled(self) -> bool:
@@ -189,6 +191,7 @@ class Mirror:
                     snapshots = self.store.backend.snapshots(batch)
                     try:
                         result += self._apply(snapshots, read_at)
+                        self.last_sync_at = timezone.now()
                     except SESSION_WRITE_ERRORS as exc:
                         # Perhaps one session the database refuses: write them one at a time.
                         # Said once, not at every retry of the same session.

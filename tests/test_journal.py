@@ -316,3 +316,36 @@ class TestChecks:
         for chosen in ({"JOURNAL_DIR": False}, {"JOURNAL_DIR": "/var/lib/memory"}, {"MIRROR_MODE": "off"}):
             settings.PERSISTENT_MEMORY = {"BACKEND": "memory", **chosen}
             assert "persistent_memory.W006" not in self.ids(), chosen
+
+
+def test_health_shows_staff_the_mirror_lag_last_error_and_journal(journaled, monkeypatch):
+    from django.contrib.auth import get_user_model
+    from django.db import DatabaseError
+    from rest_framework.test import APIClient
+
+    from persistent_memory import mirror as mirror_module
+    from persistent_memory import store as store_module
+
+    store = journaled()
+    monkeypatch.setattr(store_module, "_store", store)  # the API's store is this one
+    staff = APIClient()
+    staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+    write_everything(store, 0)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseError("disk I/O error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(mirror_module.Mirror, "_apply", refuse)
+        assert store.mirror.checkpoint() is False
+    mirror = staff.get("/api/memory/health/").json()["mirror"]
+    assert mirror["mode"] == "immediate" and mirror["status"] == "ok"
+    assert mirror["pending_sessions"] == 4
+    assert "disk I/O error" in mirror["last_error"] and mirror["last_error_at"]
+    assert mirror["journal_bytes"] == store.backend.journal.size() > 0
+
+    assert store.mirror.checkpoint() is True  # the database is back
+    mirror = staff.get("/api/memory/health/").json()["mirror"]
+    assert mirror["pending_sessions"] == 0 and mirror["last_sync_at"]
+    assert mirror["journal_bytes"] < 1000  # only the live run bindings are kept
+    monkeypatch.setattr(store_module, "_store", None)

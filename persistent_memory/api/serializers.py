@@ -191,10 +191,25 @@ class DatabaseHealth(PartHealth):
     vendor = serializers.CharField()
 
 
+class MirrorHealth(serializers.Serializer):
+    status = serializers.CharField(help_text="unavailable while a restart waits for its database to restore.")
+    mode = serializers.CharField()
+    pending_sessions = serializers.IntegerField(
+        required=False, allow_null=True, help_text="Sessions written since their last sync."
+    )
+    last_sync_at = serializers.DateTimeField(required=False, allow_null=True)
+    last_error = serializers.CharField(required=False, allow_null=True)
+    last_error_at = serializers.DateTimeField(required=False, allow_null=True)
+    journal_bytes = serializers.IntegerField(
+        required=False, allow_null=True, help_text="The memory backend's crash journal (null: none)."
+    )
+
+
 class Health(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"], help_text="ok when every part is.")
     backend = BackendHealth(required=False, help_text="Staff only, as every part.")
     database = DatabaseHealth(required=False, help_text="The default database (users, tokens, the mirror).")
+    mirror = MirrorHealth(required=False, help_text="The ORM mirror of the store.")
 
 
 class Error(serializers.Serializer):

@@ -318,6 +318,10 @@ class BaseBackend(ABC):
     def mark_dirty(self, session_ids: list[str]) -> None:
         """Put ids back (a mirror sync that failed retries them next time)."""
 
+    @abstractmethod
+    def dirty_count(self) -> int:
+        """How many sessions wait for the mirror."""
+
     # Health -----------------------------------------------------------------
 
     @abstractmethod

@@ -645,8 +645,10 @@ class MemoryBackend(BaseBackend):
     def checkpoint(self) -> Checkpoint | None:
         with self._lock:
             journal = self.journal
-            if journal is None or not journal.owned or journal.seq == self._rotated_at:
-                return None  # nothing written since the last checkpoint
+            if journal is None or not journal.owned:
+                return None
+            if journal.seq == self._rotated_at and not self._dirty:
+                return None  # nothing written since the last checkpoint, and that one worked
             segments = journal.rotate()
             # Run bindings are not mirrored: the new segment carries the live ones.
             now = time.time()
@@ -729,6 +731,9 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             taken = [self._dirty.pop() for _ in range(min(count, len(self._dirty)))]
         return taken
+
+    def dirty_count(self) -> int:
+        return len(self._dirty)
 
     def mark_dirty(self, session_ids: list[str]) -> None:
         with self._lock:

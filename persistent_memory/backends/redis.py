@@ -526,6 +526,10 @@ class RedisBackend(BaseBackend):
         with self._errors():
             return [item.decode() for item in self.client.spop(self._dirty_key, count) or []]
 
+    def dirty_count(self) -> int:
+        with self._errors():
+            return self.client.scard(self._dirty_key)
+
     def mark_dirty(self, session_ids: list[str]) -> None:
         if session_ids:
             with self._errors():
