@@ -36,7 +36,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     }
     operations = {"put", "get", "get_all (10 keys)", "get_all (50 keys)", "increment"}
     operations |= {"enrich lane (10 keys)", "store lane"}
-    assert set(results["redis"]) == set(results["memory"]) == operations
+    assert set(results["redis"]) == set(results["memory"]) == set(results["memory_journal"]) == operations
     # One round trip per operation, counted on the client; the script's commands on the server.
     for figures in [*results["floor"].values(), *results["redis"].values()]:
         assert figures["round_trips_per_op"] == 1.0
@@ -55,4 +55,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
 
     assert [check["target"] for check in results["targets"]][0] == "Redis: 1 round trip per operation"
     assert results["targets"][0]["met"] is True
-    assert len(results["targets"]) == 8
+    assert len(results["targets"]) == 10
+    assert [t["target"] for t in results["targets"]].count(
+        "Memory with the journal store lane: >= 50,000 ops/s"
+    ) == 1
