@@ -68,6 +68,7 @@ class Server:
 
     port: int
     log_path: Path
+    process: subprocess.Popen[bytes] | None = None
 
     def request(
         self, method: str, path: str, body: Any = None, *, token: str | None = None, **kwargs: Any
@@ -110,9 +111,9 @@ COMMANDS = {
 def serve(kind: str, env: dict[str, str], log_path: Path) -> Iterator[Server]:
     """The demo site under ``kind`` (runserver or gunicorn) until the block ends."""
     port = _free_port()
-    server = Server(port, log_path)
     with open(log_path, "w") as log:
         process = subprocess.Popen(COMMANDS[kind](port), cwd=ROOT, env=env, stdout=log, stderr=log)
+    server = Server(port, log_path, process)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -5,23 +5,19 @@ file, journal beside it) takes writes from client threads until it is killed wit
 SIGKILL at a random moment; after a restart every write answered 2xx is there, with
 its history. One round holds the SQLite database locked while the writes are made,
 so the mirror cannot write any of them. ``PM_CRASH_KILLS`` sets the number of kills
-(5 by default; the figures in the changelog come from 20).
+(5 by default; the README's figures come from 20).
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import random
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,54 +25,19 @@ from typing import Any
 import pytest
 
 from persistent_memory.history import operation_count
-from tests.conftest import _free_port
-from tests.test_runserver_sqlite import ROOT, manage
+from tests.servers import Server, demo_env, prepare_database, serve
 
 KILLS = int(os.environ.get("PM_CRASH_KILLS", "5"))
 WRITERS = 3
+API = "/api/memory/"
 
 
-class Server:
-    """The demo under runserver on one SQLite file, started again after each kill."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}/api/memory"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.base}/health/", timeout=2)
-                return
-            except OSError:
-                assert time.monotonic() < deadline, "runserver did not start"
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-
-def call(base: str, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{base}/{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+def call(server: Server, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    """A 2xx answer's body; anything else (the server killed mid-request) raises."""
+    response = server.request(method, API + path, body, token=token)
+    if not 200 <= response.status < 300:
+        raise OSError(f"{method} {path}: {response.status}")
+    return response.json()
 
 
 class Acknowledged:
@@ -95,12 +56,12 @@ class Acknowledged:
             try:
                 if i % 3 == 0:
                     answer = {"text": f"{prefix}-{i}", "metadata": {"session_id": session_id}}
-                    result = call(server.base, token, "POST", "store/", {"answer": answer})
+                    result = call(server, token, "POST", "store/", {"answer": answer})
                     self._count(session_id, "answer_count", result["memory"]["answer_count"], 2)
                 elif i % 3 == 1:
                     key = f"{prefix}_{i}"
                     call(
-                        server.base,
+                        server,
                         token,
                         "PUT",
                         f"sessions/{session_id}/memory/{key}/",
@@ -111,9 +72,7 @@ class Acknowledged:
                         self.operations[session_id] += 1
                         self.count += 1
                 else:
-                    result = call(
-                        server.base, token, "POST", f"sessions/{session_id}/memory/n/increment/", {}
-                    )
+                    result = call(server, token, "POST", f"sessions/{session_id}/memory/n/increment/", {})
                     self._count(session_id, "n", result["value"], 1)
             except (OSError, http.client.HTTPException, ValueError):
                 return  # the server is gone: what it answered is recorded
@@ -129,14 +88,14 @@ class Acknowledged:
         """What the restarted server lacks of what was acknowledged."""
         lost = []
         for session_id in sorted(set(self.values) | set(self.counters)):
-            values = call(server.base, token, "GET", f"sessions/{session_id}/memory/")["values"]
+            values = call(server, token, "GET", f"sessions/{session_id}/memory/")["values"]
             lost += [f"{session_id}/{k}" for k, v in self.values[session_id].items() if values.get(k) != v]
             lost += [
                 f"{session_id}/{k}={v}>{values.get(k)}"
                 for k, v in self.counters[session_id].items()
                 if not isinstance(values.get(k), int) or values[k] < v
             ]
-            history = call(server.base, token, "GET", f"sessions/{session_id}/history/?limit=0")["entries"]
+            history = call(server, token, "GET", f"sessions/{session_id}/history/?limit=0")["entries"]
             if operation_count(history) < self.operations[session_id]:
                 lost.append(
                     f"{session_id}: history of {operation_count(history)} < {self.operations[session_id]}"
@@ -147,18 +106,13 @@ class Acknowledged:
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL")
 def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
     database = tmp_path / "db.sqlite3"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "MEMORY_BACKEND": "memory"}
-    env.pop("REDIS_URL", None)
-    manage(env, "migrate", "-v0")
-    manage(env, "createsuperuser", "--noinput", "--username", "admin", "--email", "admin@example.com")
-    token = manage(env, "drf_create_token", "admin").split()[2]
-    server = Server(env)
+    env = demo_env(DATABASE_URL=f"sqlite:///{database}", MEMORY_BACKEND="memory")
+    token = prepare_database(env)
     acknowledged = Acknowledged()
     rng = random.Random()
     report = []
-    try:
-        for kill in range(KILLS + 1):
-            server.start()
+    for kill in range(KILLS + 1):
+        with serve("runserver", env, tmp_path / f"server{kill}.log") as server:
             lost = acknowledged.missing(server, token)
             report.append((kill, acknowledged.count, len(lost)))
             assert lost == [], f"after kill {kill}: {lost[:10]}"
@@ -178,16 +132,14 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
             for thread in threads:
                 thread.start()
             time.sleep(rng.uniform(0.3, 1.5))
-            server.kill()
+            assert server.process is not None
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait(timeout=30)
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
             if locker is not None:
                 locker.execute("ROLLBACK")
                 locker.close()
-    finally:
-        if server.process is not None and server.process.poll() is None:
-            server.process.terminate()
-            server.process.wait(timeout=30)
     print(f"\nkills={KILLS} acknowledged writes={acknowledged.count} lost=0 (per kill: {report})")
     assert acknowledged.count > 50 * KILLS  # the writers did write between the kills
