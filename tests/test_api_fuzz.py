@@ -2,8 +2,9 @@
 
 Schemathesis turns the schema the demo site serves at ``/api/schema/`` into valid and
 invalid requests (bodies, path and query parameters, credentials) for every
-operation; a hand-written Hypothesis test adds sequences of plausible calls on ids
-short enough to hit the sessions and keys seeded before each example. Whatever
+operation; hand-written Hypothesis tests add sequences of plausible calls on ids
+short enough to hit the sessions and keys seeded before each example, and on the
+seeded conversation (appends, branches, tool results, head moves, windows, clears). Whatever
 comes in, the API must never answer a 5xx, and everything under ``/api/memory/``
 must be JSON (never Django's HTML error pages).
 
@@ -74,6 +75,18 @@ SEEDED: dict[str, dict[str, Any]] = {
     "ab": {},
     "abc": {"k": "v"},
 }
+#: A conversation of "alpha": a question, a tool call with its result, and an answer.
+SEEDED_MESSAGES: list[dict[str, Any]] = [
+    {"id": "m1", "role": "user", "content": "Weather?"},
+    {
+        "id": "m2",
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}],
+    },
+    {"id": "m3", "role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"id": "m4", "role": "assistant", "content": "Sunny."},
+]
 #: Sessions created with a TTL: one that lasts, one that has expired when the requests arrive.
 TTL_SESSIONS = {"ttl": 3600, "z": 0.001}
 SEEDED_PAIRS = [(sid, key) for sid, values in SEEDED.items() for key in values] + [("beta", "missing")]
@@ -89,6 +102,7 @@ def seed(store: MemoryStore) -> None:
                 store.increment(session_id, key, value)
             else:
                 store.put(session_id, key, value)
+    store.add_messages("alpha", SEEDED_MESSAGES)
     store.create_session("ttl", ttl_seconds=TTL_SESSIONS["ttl"])
     store.put("ttl", "k", 1)
     store.create_session("z", ttl_seconds=TTL_SESSIONS["z"])
@@ -346,6 +360,82 @@ body_ids = (
         [*SEEDED, *TTL_SESSIONS, "", "__keys__", "a b", "é", "a" * 129, 1, ["a"], "a\x00", "\ud800"]
     )
 )
+message_ids = st.sampled_from(["m1", "m2", "m3", "m4", "m5", "", "a b", "a" * 129, None, 1, "\x00"])
+conversation_names = st.sampled_from(["default", "c", "", "a b", "__x__", None, 5])
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "w", "arguments": "{}"}}
+
+
+good_tool_calls = st.sampled_from([[_call("call_1")], [_call("call_2")], [_call("call_2"), _call("call_3")]])
+tool_calls = good_tool_calls | st.sampled_from(
+    [[{"id": "call_2", "type": "function", "function": {"name": "w"}}], [], "call"]
+)
+#: Ids of the seeded messages, and new ones.
+seeded_ids = st.sampled_from(["m1", "m2", "m3", "m4"])
+good_ids = seeded_ids | st.sampled_from(["m5", "m6", "m7", "m8"])
+
+
+@st.composite
+def plausible_messages(draw: Any) -> dict[str, Any]:
+    """A message the rules accept, with ids and tool call ids that meet the seeded ones."""
+    role = draw(st.sampled_from(["user", "assistant", "user", "assistant", "tool", "system"]))
+    message: dict[str, Any] = {"role": role, "content": draw(st.sampled_from(["hi", "Sunny.", "x" * 200]))}
+    if role == "tool":
+        message["tool_call_id"] = draw(st.sampled_from(["call_1", "call_2", "call_3"]))
+    if role == "assistant" and draw(st.booleans()):
+        message["tool_calls"] = draw(good_tool_calls)
+        message["content"] = None
+    if draw(st.integers(0, 2)) == 0:
+        message["id"] = draw(good_ids)
+    return message
+
+
+@st.composite
+def odd_messages(draw: Any) -> Any:
+    """A message with odd fields and contents, mostly refused."""
+    message: dict[str, Any] = {
+        "role": draw(st.sampled_from(["user", "assistant", "tool", "robot", None])),
+        "content": draw(texts | st.none() | json_values),
+    }
+    for name, values in [
+        ("id", message_ids),
+        ("tool_calls", tool_calls),
+        ("tool_call_id", st.sampled_from(["call_1", "", 7])),
+        ("metadata", st.dictionaries(texts, json_values, max_size=2) | json_values),
+        ("name", st.sampled_from(["bob", "a b", ""])),
+    ]:
+        if draw(st.integers(0, 3)) == 0:
+            message[name] = draw(values)
+    return message
+
+
+chat_messages = st.one_of(plausible_messages(), plausible_messages(), plausible_messages(), odd_messages())
+good_conversations = st.sampled_from(["default", "default", "c"])
+
+
+@st.composite
+def append_bodies(draw: Any) -> Any:
+    """A body for ``POST messages/``: mostly a list of plausible messages, sometimes anything."""
+    odd = draw(st.integers(0, 7)) == 0
+    body = {"messages": draw(json_values if odd else st.lists(chat_messages, min_size=1, max_size=3))}
+    if draw(st.booleans()):
+        body["conversation"] = draw(conversation_names if odd else good_conversations)
+    if draw(st.booleans()):
+        body["parent_id"] = draw(message_ids if odd else seeded_ids)
+    return body
+
+
+any_conversation = good_conversations | conversation_names
+conversation_queries = st.fixed_dictionaries({}, optional={"conversation": any_conversation})
+thread_queries = st.fixed_dictionaries(
+    {}, optional={"conversation": any_conversation, "leaf": good_ids | message_ids, "limit": numbers}
+)
+context_queries = st.fixed_dictionaries(
+    {}, optional={"conversation": any_conversation, "max_tokens": numbers, "max_messages": numbers}
+)
+
 run_ids = st.none() | st.sampled_from(["run-1", "run-2", "", "a b", "r" * 129, 5, "r\x00", "\udc00"])
 
 
@@ -498,6 +588,12 @@ def test_calls_on_seeded_ids_never_5xx(configure, fresh_state, backend_name):
 
     try:
         fuzz()
+        # Each kind of body the store cannot hold once more, whatever the draws were (they
+        # differ between Python versions): the codes asserted below are always exercised.
+        for encoding in ("truncated", "nan", "too deep", "surrogate"):
+            data, content_type = encode({"value": 1}, encoding)
+            sent = Sent("PUT", f"{API}sessions/alpha/memory/k/", "", data, {"Content-Type": content_type})
+            fuzzer.send(sent, f"PUT {API}sessions/alpha/memory/k/ ({encoding})")
     finally:
         print(summary(f"seeded calls [{backend_name}]", fuzzer, started))
     assert fuzzer.statuses[200] > 0 and fuzzer.statuses[404] > 0 and fuzzer.statuses[400] > 0
@@ -505,6 +601,66 @@ def test_calls_on_seeded_ids_never_5xx(configure, fresh_state, backend_name):
     assert {"invalid_json", "json_too_deep", "invalid_unicode", "parse_error"} <= set(fuzzer.codes), (
         fuzzer.codes
     )
+
+
+@st.composite
+def conversation_calls(draw: Any) -> tuple[str, str, Any, dict[str, Any]]:
+    """(method, path, JSON body or None, query) for one call on a conversation, mostly of
+    "alpha" (seeded with a tool call) and mostly plausible."""
+    sid = draw(st.sampled_from(["alpha", "alpha", "alpha", "beta", "new", "z", "a b"]))
+    session = f"{API}sessions/{sid}/"
+    return draw(
+        st.sampled_from(
+            [
+                ("POST", f"{session}messages/", draw(append_bodies()), {}),
+                ("POST", f"{session}messages/", draw(append_bodies()), {}),
+                ("GET", f"{session}messages/", None, draw(thread_queries)),
+                ("GET", f"{session}context/", None, draw(context_queries)),
+                ("GET", f"{session}conversations/", None, {}),
+                ("PUT", f"{session}head/", {"message_id": draw(good_ids | message_ids)}, {}),
+                ("PUT", f"{session}head/", {"message_id": draw(good_ids), "conversation": "c"}, {}),
+                ("DELETE", f"{session}messages/", None, draw(conversation_queries)),
+            ]
+        )
+    )
+
+
+def test_conversation_calls_never_5xx(configure, fresh_state, backend_name):
+    """Sequences of conversation calls (appends on branches, tool results, head moves, windows,
+    clears) on the seeded conversation, with open auth as above."""
+    configure(
+        API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
+        API_AUTHENTICATION_CLASSES=[],
+        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        MAX_MESSAGES=8,
+    )
+    started = time.perf_counter()
+    fuzzer = Fuzzer(Client(raise_request_exception=False), "", fresh_state)
+
+    @settings(FUZZ_SETTINGS, max_examples=CALL_EXAMPLES)
+    @given(calls=st.lists(conversation_calls(), min_size=1, max_size=8))
+    def fuzz(calls: list[tuple[str, str, Any, dict[str, Any]]]) -> None:
+        fuzzer.reset()
+        for method, path, body, query in calls:
+            headers = {"Accept": "application/json"}
+            data = b""
+            if body is not None:
+                data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+            params = {name: v if isinstance(v, str) else json.dumps(v) for name, v in query.items()}
+            fuzzer.send(Sent(method, path, urlencode(params), data, headers), f"{method} {path}")
+        # Whatever happened, the window is whole: no tool result without its call.
+        window = get_store().get_context("alpha")["messages"]
+        calls_seen = {c["id"] for m in window for c in m.get("tool_calls") or ()}
+        assert all(m["tool_call_id"] in calls_seen for m in window if m["role"] == "tool"), window
+
+    try:
+        fuzz()
+    finally:
+        print(summary(f"conversation calls [{backend_name}]", fuzzer, started))
+    assert fuzzer.statuses[200] > 0 and fuzzer.statuses[201] > 0 and fuzzer.statuses[404] > 0
+    assert {"invalid_message", "orphan_tool_result", "message_not_found", "session_not_found"} <= set(
+        fuzzer.codes
+    ), fuzzer.codes
 
 
 # Bodies the store cannot hold, on every endpoint that takes one -----------------------
@@ -531,6 +687,13 @@ POISON_TARGETS: list[tuple[str, str, Any]] = [
     ("POST", "sessions/", {"session_id": "new", "ttl_hours": 1, "x": MARKER}),
     ("POST", "sessions/alpha/memory/count/increment/", {"amount": 1, "x": MARKER}),
     ("POST", "sessions/alpha/summarize/", {"max_history": 1, "x": MARKER}),
+    ("POST", "sessions/alpha/messages/", {"messages": [{"role": "user", "content": MARKER}]}),
+    (
+        "POST",
+        "sessions/alpha/messages/",
+        {"messages": [{"role": "assistant", "content": "a", "metadata": {"k": [MARKER]}}], "x": MARKER},
+    ),
+    ("PUT", "sessions/alpha/head/", {"message_id": "m1", "x": MARKER}),
 ]
 poisons = st.one_of(
     json_values.map(lambda value: json.dumps(value).encode()),  # NaN, surrogates, U+0000...
@@ -542,7 +705,8 @@ poisons = st.one_of(
 
 def stored_state() -> tuple[Any, ...]:
     store = get_store()
-    return store.list_sessions(), store.get_all("alpha"), store.get_history("alpha", 0)
+    conversation = store.get_messages("alpha"), store.list_conversations("alpha")
+    return store.list_sessions(), store.get_all("alpha"), store.get_history("alpha", 0), conversation
 
 
 def test_poisoned_bodies_never_5xx_and_write_nothing_when_refused(configure, fresh_state, backend_name):

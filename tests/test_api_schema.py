@@ -26,6 +26,19 @@ ENDPOINTS = {
     ("/api/memory/sessions/{session_id}/memory/{key}/increment/", "post"),
     ("/api/memory/sessions/{session_id}/history/", "get"),
     ("/api/memory/sessions/{session_id}/summarize/", "post"),
+    ("/api/memory/sessions/{session_id}/messages/", "get"),
+    ("/api/memory/sessions/{session_id}/messages/", "post"),
+    ("/api/memory/sessions/{session_id}/messages/", "delete"),
+    ("/api/memory/sessions/{session_id}/context/", "get"),
+    ("/api/memory/sessions/{session_id}/conversations/", "get"),
+    ("/api/memory/sessions/{session_id}/head/", "put"),
+    ("/api/memory/memories/", "get"),
+    ("/api/memory/memories/", "post"),
+    ("/api/memory/memories/{memory_id}/", "get"),
+    ("/api/memory/memories/{memory_id}/", "patch"),
+    ("/api/memory/memories/{memory_id}/", "delete"),
+    ("/api/memory/memories/search/", "post"),
+    ("/api/memory/memories/stats/", "get"),
 }
 
 
@@ -69,6 +82,7 @@ def test_bodies_and_error_codes_are_documented(schema):
         if "{session_id}" in path:
             assert {"404", "410"} <= set(responses), (path, method)
     assert "409" in schema["paths"]["/api/memory/sessions/"]["post"]["responses"]
+    assert "409" in schema["paths"]["/api/memory/sessions/{session_id}/messages/"]["post"]["responses"]
     error = schema["components"]["schemas"]["Error"]
     assert set(error["required"]) == {"detail", "code"}
 
@@ -84,6 +98,9 @@ WRITES = {
     ("/api/memory/sessions/{session_id}/memory/{key}/", "delete"),
     ("/api/memory/sessions/{session_id}/memory/{key}/increment/", "post"),
     ("/api/memory/sessions/{session_id}/summarize/", "post"),
+    ("/api/memory/sessions/{session_id}/messages/", "post"),
+    ("/api/memory/sessions/{session_id}/messages/", "delete"),
+    ("/api/memory/sessions/{session_id}/head/", "put"),
 }
 
 

@@ -1,0 +1,171 @@
+"""The README's "Add it to your project", followed to the letter on a new project.
+
+A project fresh from ``django-admin startproject`` gets the README's blocks appended
+as they are written there (settings, urls, one deployment, Django's deployment
+settings), then the README's commands run in its folder (migrate, a superuser, a
+token, ``check --deploy``, which must find nothing). It is then served by runserver
+on a free loopback port and called over HTTP with the token: enrich, store, enrich
+again; ``manage.py spectacular`` writes the schema. The app comes from a wheel built
+from the sources and installed on its own (``PYTHONPATH``), so a file missing from the
+wheel fails here; its requirements are this environment's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.packaging import ROOT, build_wheel, install_wheel
+from tests.servers import serve
+
+README = ROOT / "README.md"
+#: Each deployment: the README block that picks it.
+DEPLOYMENTS = ["embedded", "redis", "redis-cache"]
+#: A TLS-terminating proxy's header (the README's SECURE_PROXY_SSL_HEADER).
+HTTPS = {"X-Forwarded-Proto": "https"}
+
+
+def readme_block(name: str) -> str:
+    """The code block after ``<!-- new-project:NAME -->`` in the README."""
+    found = re.findall(rf"<!-- new-project:{name} -->\n```\w+\n(.*?)```", README.read_text(), re.S)
+    assert len(found) == 1, f"README: one block named {name!r}, found {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def app_path(tmp_path_factory) -> Path:
+    """A folder holding the app as installed from its wheel, and nothing else."""
+    folder = tmp_path_factory.mktemp("app")
+    return install_wheel(build_wheel(folder), folder / "site")
+
+
+def project_env(app_path: Path, **extra: str) -> dict[str, str]:
+    """This environment less what points at the demo site, with the wheel's app first."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "MEMORY_BACKEND", "DJANGO_DEBUG")
+    }
+    return {
+        **env,
+        "PYTHONPATH": str(app_path),
+        # The README's commands say `python`: this interpreter.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        **extra,
+    }
+
+
+def new_project(folder: Path, env: dict[str, str], deployment: str) -> None:
+    """``startproject``, then the README's blocks appended to its settings and URLs."""
+    folder.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    settings = folder / "mysite" / "settings.py"
+    for name in ("settings", deployment, "deploy"):
+        settings.write_text(settings.read_text() + "\n" + readme_block(name))
+    urls = folder / "mysite" / "urls.py"
+    urls.write_text(urls.read_text() + "\n" + readme_block("urls"))
+
+
+def run_readme_commands(folder: Path, env: dict[str, str]) -> tuple[str, str]:
+    """The README's commands in the project's folder: their output, and the token."""
+    script = readme_block("commands") + 'echo "token: $TOKEN"\n'
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    token = re.search(r"^token: (\w+)$", done.stdout, re.M)
+    assert token and len(token.group(1)) == 40, done.stdout
+    return done.stdout + done.stderr, token.group(1)
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_a_new_project_set_up_as_the_readme_says(deployment, app_path, tmp_path, request):
+    extra: dict[str, str] = {}
+    raw = None
+    if deployment != "embedded":
+        raw = request.getfixturevalue("redis_client")  # flushed
+        extra["REDIS_URL"] = request.getfixturevalue("redis_url")
+    env = project_env(app_path, **extra)
+    folder = tmp_path / "project"
+    new_project(folder, env, deployment)
+
+    output, token = run_readme_commands(folder, env)
+    assert "Applying persistent_memory.0001_mirror... OK" in output
+    assert "Superuser created successfully." in output
+    # check --deploy: nothing beyond the warning the embedded block silences, as it says.
+    silenced = 1 if deployment == "embedded" else 0
+    assert f"System check identified no issues ({silenced} silenced)." in output, output
+    where = subprocess.run(
+        [sys.executable, "-c", "import persistent_memory; print(persistent_memory.__file__)"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.startswith(str(app_path)), where.stdout  # the wheel's copy
+    # The schema command works with the README's DEFAULT_SCHEMA_CLASS, warning about nothing.
+    schema_file = tmp_path / "schema.yml"
+    subprocess.run(
+        [sys.executable, "manage.py", "spectacular", "--validate", "--fail-on-warn"]
+        + ["--file", str(schema_file)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    assert "/api/memory/enrich/:" in schema_file.read_text()
+
+    with serve("runserver", env, tmp_path / "runserver.log", cwd=folder) as server:
+
+        def call(method: str, path: str, body=None, **headers: str):
+            return server.request(method, path, body, headers={**HTTPS, **headers})
+
+        auth = {"Authorization": f"Token {token}"}
+        # Plain HTTP is sent to HTTPS; no token, no memory.
+        assert server.request("GET", "/api/memory/sessions/").status == 301
+        refused = call("POST", "/api/memory/enrich/", {"question": {"text": "hi"}})
+        assert refused.status == 401 and refused.json()["code"] == "not_authenticated"
+
+        question = {"text": "Where is the Louvre?", "metadata": {"session_id": "chat-42"}}
+        first = call("POST", "/api/memory/enrich/", {"question": question, "run_id": "run-1"}, **auth)
+        assert first.status == 200, first.body
+        assert first.json()["memory"]["status"] == "unchanged"
+        answer = {"answer": {"text": "In Paris."}, "run_id": "run-1"}
+        stored = call("POST", "/api/memory/store/", answer, **auth)
+        assert stored.status == 200, stored.body
+        assert stored.json()["memory"] == {"status": "stored", "session_id": "chat-42", "answer_count": 1}
+        again = call("POST", "/api/memory/enrich/", {"question": question}, **auth)
+        assert again.json()["memory"]["status"] == "enriched"
+        assert again.json()["question"]["metadata"]["memory_context"] == {
+            "answer_count": 1,
+            "last_answer": "In Paris.",
+        }
+        schema = call("GET", "/api/schema/?format=json", **auth)
+        assert schema.status == 200 and "/api/memory/enrich/" in schema.json()["paths"]
+        assert call("GET", "/api/docs/", **auth).status == 200
+        assert call("GET", "/admin/login/").status == 200
+
+    if raw is not None:
+        # The memory went to this Redis, under the superuser's owner.
+        assert raw.get("rr:memory:~o:user:1~chat-42:last_answer") == b'"In Paris."'
+    else:
+        assert (folder / "db.sqlite3.memory-journal").is_dir()  # the crash journal, beside SQLite

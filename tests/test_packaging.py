@@ -1,0 +1,175 @@
+"""What pip users get: the wheel's requirements, extras, files and description, and the
+checkout's thin requirements.txt."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import zipfile
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import django
+import pytest
+from packaging.requirements import Requirement
+
+from tests.packaging import ROOT, build_wheel, metadata
+
+README = ROOT / "README.md"
+PYPI = ROOT / "docs" / "PYPI.md"
+
+#: What the app itself needs, and nothing for the demo, the benchmark or the tests.
+CORE = {"django", "djangorestframework", "redis", "django-redis", "drf-spectacular", "tiktoken"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def requirements(wheel: Path) -> dict[str | None, set[str]]:
+    """Requirement names by extra (None: the core)."""
+    by_extra: dict[str | None, set[str]] = {}
+    for line in metadata(wheel).get_all("Requires-Dist"):
+        requirement = Requirement(line)
+        marker = str(requirement.marker or "")
+        extra = re.search(r'extra == "([^"]+)"', marker)
+        by_extra.setdefault(extra and extra.group(1), set()).add(requirement.name.lower())
+    return by_extra
+
+
+def test_core_requirements_are_only_what_the_app_needs(wheel):
+    by_extra = requirements(wheel)
+    assert by_extra[None] == CORE
+    assert by_extra["demo"] == {"drf-spectacular-sidecar", "dj-database-url", "whitenoise", "psycopg"}
+    assert by_extra["postgres"] == {"psycopg"}
+    assert by_extra["bench"] == {"gunicorn"}
+    assert by_extra["mcp"] == {"mcp", "uvicorn"}
+    assert by_extra["openai"] == {"openai"}
+    assert by_extra["test"] == {
+        "pytest",
+        "pytest-django",
+        "schemathesis",
+        "selenium",
+        "hypothesis",
+        "ruff",
+        "mcp",
+        "uvicorn",
+        "openai",
+        "django-tasks",
+    }
+    redis_line = next(line for line in metadata(wheel).get_all("Requires-Dist") if line.startswith("redis"))
+    assert Requirement(redis_line).extras == {"hiredis"}
+
+
+def imported_distributions(paths: list[Path]) -> tuple[set[str], dict[str, set[str]]]:
+    """The third-party modules ``paths`` import, and the distributions that provide each."""
+    distributions = packages_distributions()
+    imported: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"persistent_memory", "__future__"}
+    return third_party, {name: {d.lower() for d in distributions.get(name, ["?"])} for name in third_party}
+
+
+#: Packages the app uses when the project has them, imported only inside functions (behind
+#: ImportError): the OpenAI-compatible summarizer's client and Django 5.2's task framework.
+OPTIONAL = {"openai", "django_tasks"}
+
+
+def test_the_app_imports_only_its_core_requirements():
+    """Every module the app imports is the standard library's, the app's or a core requirement's
+    (the ``mcp`` package's modules, which the ``mcp`` extra's users import, and the optional
+    packages, imported only where they are used, aside)."""
+    mcp_package = ROOT / "persistent_memory" / "mcp"
+    paths = [p for p in (ROOT / "persistent_memory").rglob("*.py") if mcp_package not in p.parents]
+    third_party, owners = imported_distributions(paths)
+    assert third_party >= OPTIONAL
+    assert {name for name, dists in owners.items() if not dists & CORE} - OPTIONAL == set(), owners
+    assert {"django", "rest_framework", "drf_spectacular", "redis", "django_redis"} <= third_party
+    for path in paths:  # never when a module is imported
+        names: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module.split(".")[0])
+        assert not names & OPTIONAL, path
+
+
+def test_the_mcp_package_imports_only_core_and_mcp_extra_requirements():
+    _, owners = imported_distributions(list((ROOT / "persistent_memory" / "mcp").rglob("*.py")))
+    allowed = CORE | {"mcp", "uvicorn", "anyio", "asgiref"}
+    assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
+    assert "mcp" in owners
+
+
+def test_the_wheel_holds_the_app_and_its_data_only(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {
+        "persistent_memory/py.typed",
+        "persistent_memory/backends/redis.lua",
+        "persistent_memory/migrations/0001_mirror.py",
+        "persistent_memory/templates/admin/persistent_memory/memorysession/change_list.html",
+        "persistent_memory/templates/admin/persistent_memory/change_form_object_tools.html",
+        "persistent_memory/templates/admin/persistent_memory/memorysession/change_form_object_tools.html",
+        "persistent_memory/static/persistent_memory/admin.css",
+    } <= names
+    migrations = {p.name for p in (ROOT / "persistent_memory" / "migrations").glob("0*.py")}
+    assert {f"persistent_memory/migrations/{name}" for name in migrations} <= names
+    tops = {name.split("/")[0] for name in names}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"persistent_memory"}
+
+
+def test_the_description_is_written_for_pip_users(wheel):
+    meta = metadata(wheel)
+    assert meta["Description-Content-Type"] == "text/markdown"
+    description = meta.get_payload()
+    assert description.strip() == PYPI.read_text().strip()
+    first_command = re.search(r"```bash\n(.+)", description).group(1)
+    assert first_command == "python -m pip install django-persistent-memory"
+    for checkout_only in ("requirements.txt", "manage.py runserver", "python -m pytest"):
+        assert checkout_only not in description
+
+
+def test_classifiers_name_the_django_versions_tested(wheel):
+    classifiers = set(metadata(wheel).get_all("Classifier"))
+    assert {"Framework :: Django :: 5.2", "Framework :: Django :: 6.0"} <= classifiers
+    # The Django this suite runs on (CI: 5.2 and the newest the requirement allows).
+    assert f"Framework :: Django :: {django.VERSION[0]}.{django.VERSION[1]}" in classifiers
+    python = f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}"
+    assert python in classifiers
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The ``<!-- new-project:NAME -->`` code blocks of a Markdown text, by name."""
+    return dict(re.findall(r"<!-- new-project:([\w-]+) -->\n```\w+\n(.*?)```", text, re.S))
+
+
+def test_the_package_page_shows_the_readmes_setup_blocks():
+    readme, pypi = blocks(README.read_text()), blocks(PYPI.read_text())
+    assert set(readme) == {"settings", "urls", "embedded", "redis", "redis-cache", "deploy", "commands"}
+    assert pypi == readme
+
+
+def test_requirements_txt_is_the_app_with_its_extras():
+    lines = [
+        line.strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == ["-e .[demo,bench,test]"]
+
+
+def test_ci_runs_the_readmes_test_command_exactly():
+    readme = README.read_text()
+    command = "python -m pip install -r requirements.txt && python -m pytest"
+    assert f"```bash\n{command}\n```" in readme
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in ci_lines
