@@ -1,0 +1,248 @@
+"""The conversations part of the backend contract (see :mod:`persistent_memory.conversations`).
+
+A session holds named conversations; each is a tree of messages with a *head*, the
+newest message of the current thread. Backends store each message as the text
+:func:`~persistent_memory.conversations.messages.stored_text` builds, and answer
+messages as those texts. Like the rest of the contract, each method is one atomic step
+(one round trip on Redis), takes storage ids, and gets arguments already checked;
+writes take ``idempotency=`` as :class:`~persistent_memory.backends.base.BaseBackend`'s do.
+
+Appending to a conversation checks, in the same step and before writing anything, what
+only the stored tree can tell: that a parent exists, that each ``tool`` message answers
+a call open on its thread (``OrphanToolResult``), and that a re-sent id carries the same
+message (``MessageConflict``; the same one is a no-op answered with the stored message).
+Beyond ``max_messages`` the oldest messages of the current thread are removed in the
+same step (pinned ``system`` messages stay), and the history records how many.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, NamedTuple, NotRequired, TypedDict
+
+from persistent_memory.backends.base import IdempotencyRecord, RunBinding
+from persistent_memory.conversations.messages import PreparedMessage
+
+
+class Summary(NamedTuple):
+    """A conversation's rolling summary: ``text`` stands for the thread from its root to
+    ``anchor`` (seq ``anchor_seq``); ``tokens`` its count (a system message's); and
+    ``covered_tokens`` those of the stored messages it covers (the rest are pending)."""
+
+    text: str
+    anchor: str
+    anchor_seq: int
+    tokens: int
+    covered_tokens: int
+
+
+class ConversationSnapshot(TypedDict):
+    """A whole conversation, for the mirror, export and import (messages in seq order)."""
+
+    head: str | None
+    seq: int
+    trimmed: int
+    messages: list[str]
+    #: Summary._asdict(), or None.
+    summary: NotRequired[dict[str, Any] | None]
+
+
+class ConversationInfo(TypedDict):
+    """One conversation of a session, as ``list_conversations`` reports it."""
+
+    conversation: str
+    head: str | None
+    message_count: int
+    tokens: int
+    branch_count: int
+    trimmed: int
+
+
+class Appended(NamedTuple):
+    """The conversation's head after an append, and the batch's messages as stored."""
+
+    head: str
+    messages: list[str]
+
+
+class WindowTexts(NamedTuple):
+    """A window's stored messages, in order, their tokens, and whether older ones were left out."""
+
+    #: Stored texts (Redis answers them as bytes, parsed by the store in one call).
+    messages: list[str] | list[bytes]
+    tokens: int
+    truncated: bool
+    #: The messages' chat fields, fresh copies, when the backend holds them parsed (else None).
+    chats: list[dict[str, Any]] | None = None
+    #: With ``rolling=True``: the summary of the thread before the messages (None: none
+    #: applies) and its tokens; the messages are then those after its anchor.
+    summary: str | None = None
+    summary_tokens: int = 0
+    #: The summarizers' health state with ``rolling=True`` (see conversations.summaries).
+    summary_state: str | None = None
+
+
+class Question(NamedTuple):
+    """What the enrich lane records: the question as a user message of ``conversation``, after
+    reading the window before it (``max_tokens``/``max_messages``, None: no limit; ``rolling``
+    and ``reserve_summary`` as for ``get_context``)."""
+
+    conversation: str
+    message: PreparedMessage
+    max_tokens: int | None
+    max_messages: int | None
+    rolling: bool = False
+    reserve_summary: bool = True
+
+
+class Answer(NamedTuple):
+    """What the store lane records: the answer as an assistant message of ``conversation``.
+    Its parent is the question ``run`` enriched when the binding names one in this
+    conversation, else ``parent_id`` when that message exists, else the head."""
+
+    conversation: str
+    message: PreparedMessage
+    parent_id: str | None
+
+
+class Enriched(NamedTuple):
+    """The enrich lane's reply with a question recorded."""
+
+    values: str
+    window: WindowTexts
+    question_id: str
+
+
+class ConversationBackend:
+    """What a backend does with conversations."""
+
+    #: Messages one conversation keeps (MAX_MESSAGES); set by the backend's ``__init__``.
+    max_messages: int = 1000
+
+    @abstractmethod
+    def add_messages(
+        self,
+        session_id: str,
+        conversation: str,
+        parent_id: str | None,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Appended:
+        """Append ``messages`` as a chain from ``parent_id`` (None: the head), creating the
+        session (with ``ttl_seconds``) when it is not live."""
+
+    @abstractmethod
+    def get_messages(
+        self, session_id: str, conversation: str, leaf: str | None, limit: int
+    ) -> tuple[str | None, list[str]]:
+        """The head, and the newest ``limit`` (0: all) messages of the thread ending at
+        ``leaf`` (None: the head), oldest first."""
+
+    @abstractmethod
+    def get_context(
+        self,
+        session_id: str,
+        conversation: str,
+        max_tokens: int | None,
+        max_messages: int | None,
+        *,
+        rolling: bool = False,
+        reserve_summary: bool = True,
+    ) -> WindowTexts:
+        """The window of the current thread (see :mod:`persistent_memory.conversations.window`).
+
+        ``rolling``: when a summary's anchor is on the thread, the summary and the window of
+        the messages after it, within ``max_tokens`` less the summary's tokens (all of
+        ``max_tokens`` with ``reserve_summary=False``: the caller shortens the summary)."""
+
+    @abstractmethod
+    def list_conversations(self, session_id: str) -> list[ConversationInfo]:
+        """Every conversation of the session (any order)."""
+
+    @abstractmethod
+    def set_head(
+        self,
+        session_id: str,
+        conversation: str,
+        message_id: str,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> str:
+        """Make ``message_id`` the head (the thread then ends there); return it."""
+
+    @abstractmethod
+    def clear_messages(
+        self, session_id: str, conversation: str, *, idempotency: IdempotencyRecord | None = None
+    ) -> int:
+        """Remove the conversation; return how many messages it held."""
+
+    @abstractmethod
+    def enrich_recording(
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        run: RunBinding | None,
+        question: Question,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Enriched:
+        """:meth:`BaseBackend.enrich`, then read the window and record ``question`` (bound
+        to ``run``, so that the answer finds it) in the same step."""
+
+
+class SummarySource(NamedTuple):
+    """What a summarizer reads: the summary so far and the current thread's messages after
+    its anchor (stored texts, oldest first; all of the thread when there is none)."""
+
+    summary: Summary | None
+    messages: list[str]
+
+
+class SummaryBackend:
+    """Rolling summaries of conversations (see :mod:`persistent_memory.conversations.summaries`).
+
+    An append that takes a conversation's pending tokens (those its summary does not
+    cover) past ``summarize_after_tokens`` marks it in the same step; summarizers take
+    marked conversations, read them, and commit a summary with a compare-and-set on the
+    anchor, so concurrent appends are never lost and of two summarizers one commits.
+    """
+
+    #: Pending tokens that mark a conversation (None: no summarizer; trims are not held back).
+    summarize_after_tokens: int | None = None
+
+    @abstractmethod
+    def pop_unsummarized(self, count: int) -> list[tuple[str, str]]:
+        """Take up to ``count`` marked (storage id, conversation) pairs."""
+
+    @abstractmethod
+    def mark_unsummarized(self, items: list[tuple[str, str]]) -> None:
+        """Mark pairs again (a summary that failed is tried again)."""
+
+    @abstractmethod
+    def unsummarized_count(self) -> int:
+        """How many conversations wait for a summarizer."""
+
+    @abstractmethod
+    def summary_source(self, session_id: str, conversation: str) -> SummarySource:
+        """The summary and the current thread after its anchor (empty for no conversation)."""
+
+    @abstractmethod
+    def commit_summary(
+        self, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
+    ) -> bool:
+        """Store ``summary`` if the conversation's anchor is still ``expected_anchor`` (None
+        also when the stored summary is of another branch, as ``summary_source`` answers) and
+        the new anchor is still stored (False otherwise: someone else committed, or it is
+        gone); its ``covered_tokens`` are counted by the backend, from the stored messages;
+        then trim what it covers beyond ``max_messages`` and unmark it when nothing more is
+        pending past the threshold."""
+
+    @abstractmethod
+    def summarizer_health(self) -> dict[str, Any]:
+        """The summarizers' shared health record (empty before any)."""
+
+    @abstractmethod
+    def set_summarizer_health(self, health: dict[str, Any]) -> None:
+        """Replace the health record (JSON-able values)."""

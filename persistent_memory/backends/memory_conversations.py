@@ -1,0 +1,291 @@
+"""The memory backend's conversations (the contract in :mod:`.conversations`).
+
+Mixed into :class:`~persistent_memory.backends.memory.MemoryBackend`: each write takes the
+backend's lock, checks everything, journals itself, then changes the session and marks
+it for the mirror, as the backend's other writes do. Journal records carry each
+message as ``[id, body, link]`` (what :class:`PreparedMessage` is built from).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from persistent_memory.backends.conversations import (
+    Appended,
+    ConversationBackend,
+    ConversationInfo,
+    Enriched,
+    Question,
+    WindowTexts,
+)
+from persistent_memory.backends.memory_once import idempotent
+from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.conversations.messages import PreparedMessage
+from persistent_memory.exceptions import MessageNotFound, QuotaExceeded
+
+if TYPE_CHECKING:
+    from persistent_memory.backends.memory import MemoryBackend, _Session
+
+Plan = list[tuple[StoredMessage, bool]]
+
+
+def journaled(message: PreparedMessage) -> list[str]:
+    return [message.id, message.body, message.link]
+
+
+def prepared(item: list[str]) -> PreparedMessage:
+    """A journaled message, as the append takes it."""
+    message_id, body, link = item
+    data = json.loads(link)
+    return PreparedMessage(
+        message_id, data["r"], body, link, data["t"], tuple(data["c"]), data["a"], data["f"]
+    )
+
+
+class MemoryConversations(ConversationBackend):
+    """Conversations held in each session's ``conversations`` dict."""
+
+    # Helpers, called with the lock held ------------------------------------------
+
+    def _check_room(self: MemoryBackend, session: _Session | None, plan: Plan, values: int = 0) -> None:
+        """QuotaExceeded when the new messages (and ``values`` more bytes of values) would
+        take the session over MAX_SESSION_BYTES."""
+        cap = self.max_session_bytes
+        if cap is None:
+            return
+        size = (session.size if session is not None else 0) + values
+        size += sum(len(message.text) for message, new in plan if new)
+        if size > cap:
+            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+
+    def _commit(
+        self: MemoryBackend,
+        session_id: str,
+        session: _Session,
+        conversation: str,
+        tree: Tree,
+        plan: Plan,
+        now: float,
+    ) -> Appended:
+        """Store a checked plan, trim, and record what was trimmed."""
+        tree.commit(plan)
+        session.conversations[conversation] = tree
+        self._settle(
+            session_id,
+            session,
+            conversation,
+            tree,
+            now,
+            plan_bytes=sum(len(message.text) for message, new in plan if new),
+        )
+        return Appended(tree.head or "", [message.text for message, _ in plan])
+
+    def _settle(
+        self: MemoryBackend,
+        session_id: str,
+        session: _Session,
+        conversation: str,
+        tree: Tree,
+        now: float,
+        *,
+        plan_bytes: int = 0,
+        touch: bool = True,
+    ) -> None:
+        """After a conversation grew or got a summary: trim it (only what its summary covers,
+        with a summarizer), record what was trimmed, mark it for a summarizer when its
+        pending tokens pass the threshold (unmark it otherwise), touch and mark the session."""
+        size = tree.size - plan_bytes
+        removed = tree.trim(self.max_messages, covered_only=self.summarize_after_tokens is not None)
+        session.size += tree.size - size
+        if touch:
+            self._touch(session, now)
+        if removed:
+            self._record(
+                session_id, session, now, "trim_messages", None, conversation=conversation, removed=removed
+            )
+        if self.summarize_after_tokens is not None:
+            covered = tree.summary.covered_tokens if tree.summary is not None else 0
+            if tree.tokens - covered > self.summarize_after_tokens:
+                self._unsummarized.add((session_id, conversation))
+            else:
+                self._unsummarized.discard((session_id, conversation))
+        self._mark(session_id)
+
+    def _window(
+        self: MemoryBackend,
+        tree: Tree | None,
+        max_tokens: int | None,
+        max_messages: int | None,
+        rolling: bool = False,
+        reserve_summary: bool = True,
+    ) -> WindowTexts:
+        state = self._health.get("state", "healthy") if rolling else None
+        if tree is None or not tree.messages:
+            return WindowTexts([], 0, False, [], summary_state=state)
+        anchor = tree.anchor_position() if rolling else None
+        if anchor is None:
+            window = tree.window(max_tokens, max_messages)
+            summary, summary_tokens = None, 0
+        else:
+            summary, summary_tokens = tree.summary.text, tree.summary.tokens
+            budget = max_tokens
+            if budget is not None and reserve_summary:
+                budget = max(0, budget - summary_tokens)
+            window = tree.window(budget, max_messages, after=anchor)
+        messages = [tree.messages[message_id] for message_id in window.ids]
+        texts = [message.text for message in messages]
+        chats = [message.chat_copy() for message in messages]
+        return WindowTexts(texts, window.tokens, window.truncated, chats, summary, summary_tokens, state)
+
+    def _tree(
+        self: MemoryBackend, session_id: str, conversation: str, now: float, *, read: bool = False
+    ) -> Tree | None:
+        session = self._read(session_id, now) if read else self._live(session_id, now)
+        return session.conversations.get(conversation)
+
+    # Writes ----------------------------------------------------------------------------
+
+    @idempotent
+    def add_messages(
+        self: MemoryBackend,
+        session_id: str,
+        conversation: str,
+        parent_id: str | None,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+    ) -> Appended:
+        with self._lock:
+            return self._messages_op(time.time(), session_id, conversation, parent_id, messages, ttl_seconds)
+
+    def _messages_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        conversation: str,
+        parent_id: str | None,
+        items: list[PreparedMessage] | list[list[str]],
+        ttl_seconds: float | None,
+    ) -> Appended:
+        """``items``: prepared messages, or as the journal holds them (when replayed)."""
+        batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
+        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        tree = (session.conversations.get(conversation) if session else None) or Tree()
+        plan = tree.plan(parent_id, batch)
+        self._check_room(session, plan)
+        if self.journal is not None:
+            journal_items = [journaled(message) for message in batch]
+            self._log("messages", session_id, now, conversation, parent_id, journal_items, ttl_seconds)
+        if session is None:
+            session = self._create(session_id, ttl_seconds, now)
+        return self._commit(session_id, session, conversation, tree, plan, now)
+
+    @idempotent
+    def set_head(self: MemoryBackend, session_id: str, conversation: str, message_id: str) -> str:
+        with self._lock:
+            return self._head_op(time.time(), session_id, conversation, message_id)
+
+    def _head_op(self: MemoryBackend, now: float, session_id: str, conversation: str, message_id: str) -> str:
+        session = self._live(session_id, now)
+        tree = session.conversations.get(conversation)
+        if tree is None or message_id not in tree.messages:
+            raise MessageNotFound(f"Conversation {conversation!r} has no message {message_id!r}.")
+        self._log("head", session_id, now, conversation, message_id)
+        tree.set_head(message_id)
+        self._touch(session, now)
+        self._mark(session_id)
+        return message_id
+
+    @idempotent
+    def clear_messages(self: MemoryBackend, session_id: str, conversation: str) -> int:
+        with self._lock:
+            return self._clear_messages_op(time.time(), session_id, conversation)
+
+    def _clear_messages_op(self: MemoryBackend, now: float, session_id: str, conversation: str) -> int:
+        session = self._live(session_id, now)
+        tree = session.conversations.get(conversation)
+        if tree is None:
+            return 0
+        self._log("clear_messages", session_id, now, conversation)
+        del session.conversations[conversation]
+        session.size -= tree.size
+        removed = len(tree.messages)
+        self._record(
+            session_id, session, now, "clear_messages", None, conversation=conversation, removed=removed
+        )
+        return removed
+
+    # Reads -----------------------------------------------------------------------------
+
+    def get_messages(
+        self: MemoryBackend, session_id: str, conversation: str, leaf: str | None, limit: int
+    ) -> tuple[str | None, list[str]]:
+        with self._lock:
+            tree = self._tree(session_id, conversation, time.time(), read=True)
+            if tree is None:
+                if leaf is not None:
+                    raise MessageNotFound(f"Conversation {conversation!r} has no message {leaf!r}.")
+                return None, []
+            return tree.head, tree.read(leaf, limit)
+
+    def get_context(
+        self: MemoryBackend,
+        session_id: str,
+        conversation: str,
+        max_tokens: int | None,
+        max_messages: int | None,
+        *,
+        rolling: bool = False,
+        reserve_summary: bool = True,
+    ) -> WindowTexts:
+        with self._lock:
+            tree = self._tree(session_id, conversation, time.time(), read=True)
+            return self._window(tree, max_tokens, max_messages, rolling, reserve_summary)
+
+    def list_conversations(self: MemoryBackend, session_id: str) -> list[ConversationInfo]:
+        with self._lock:
+            session = self._live(session_id, time.time())
+            return [
+                {
+                    "conversation": name,
+                    "head": tree.head,
+                    "message_count": len(tree.messages),
+                    "tokens": tree.tokens,
+                    "branch_count": tree.branch_count(),
+                    "trimmed": tree.trimmed,
+                }
+                for name, tree in session.conversations.items()
+            ]
+
+    # The lanes ---------------------------------------------------------------------------
+
+    @idempotent
+    def enrich_recording(
+        self: MemoryBackend, session_id: str, ttl_seconds: float | None, run: Any, question: Question
+    ) -> Enriched:
+        with self._lock:
+            run_args = (run.run_id, run.ttl_seconds) if run else (None, None)
+            asked = [
+                question.conversation,
+                journaled(question.message),
+                question.max_tokens,
+                question.max_messages,
+                question.rolling,
+                question.reserve_summary,
+            ]
+            return self._enrich_op(time.time(), session_id, ttl_seconds, *run_args, asked)
+
+    def _answer_plan(
+        self: MemoryBackend, session: _Session, answered: list[Any], run_id: str | None
+    ) -> tuple[Tree, Plan]:
+        """Where the store lane's answer goes: after its run's question, else after the
+        parent given, else after the head."""
+        conversation, item, parent_id = answered
+        tree = session.conversations.get(conversation) or Tree()
+        asked = session.questions.get(run_id or "")
+        if asked is not None and asked[0] == conversation and asked[1] in tree.messages:
+            parent_id = asked[1]
+        elif parent_id not in tree.messages:
+            parent_id = None
+        return tree, tree.plan(parent_id, [prepared(item)])

@@ -1,0 +1,359 @@
+"""One conversation held in process memory: the memory backend's message tree.
+
+Each message keeps its stored text and its link (parent, seq, tokens, role, tool calls).
+``thread`` is the current thread, root to head, so appending to the head and reading
+the newest messages cost O(1) per message; a branch cuts the thread back to its
+parent (found from the end, where regenerated answers branch) before appending.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+from persistent_memory.backends.conversations import Summary
+from persistent_memory.conversations.messages import (
+    PreparedMessage,
+    chat_message,
+    link_of,
+    stored_link,
+    stored_text,
+)
+from persistent_memory.conversations.window import Link, Window, select
+from persistent_memory.exceptions import MessageConflict, MessageNotFound, OrphanToolResult
+
+
+@dataclass
+class StoredMessage:
+    """A message as stored, and its link."""
+
+    id: str
+    text: str
+    link: str
+    parent: str | None
+    seq: int
+    tokens: int
+    role: str
+    calls: tuple[str, ...]
+    answers: str | None
+    fingerprint: str
+    #: Its chat fields, parsed from ``text`` when first read (messages never change).
+    chat: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.window = Link(self.id, self.tokens, self.role, self.calls, self.answers)
+
+    def chat_copy(self) -> dict[str, Any]:
+        """A fresh copy of the chat fields (lists and objects copied, strings shared)."""
+        if self.chat is None:
+            self.chat = chat_message(json.loads(self.text))
+        return {key: copy.deepcopy(v) if isinstance(v, list | dict) else v for key, v in self.chat.items()}
+
+    @classmethod
+    def build(cls, message_id: str, text: str, link: str) -> StoredMessage:
+        data = json.loads(link)
+        return cls(
+            message_id,
+            text,
+            link,
+            data["p"],
+            data["s"],
+            data["t"],
+            data["r"],
+            tuple(data["c"]),
+            data["a"],
+            data["f"],
+        )
+
+    @classmethod
+    def new(cls, prepared: PreparedMessage, parent_id: str | None, seq: int) -> StoredMessage:
+        """``prepared`` as stored under ``parent_id`` with ``seq``."""
+        return cls(
+            prepared.id,
+            stored_text(prepared.id, parent_id, seq, prepared.body),
+            stored_link(parent_id, seq, prepared.link),
+            parent_id,
+            seq,
+            prepared.tokens,
+            prepared.role,
+            prepared.calls,
+            prepared.answers,
+            prepared.fingerprint,
+        )
+
+
+@dataclass
+class Tree:
+    """A conversation's messages, head and current thread."""
+
+    messages: dict[str, StoredMessage] = field(default_factory=dict)
+    thread: list[str] = field(default_factory=list)
+    #: The pinned system messages: those of the current thread, in order.
+    system: list[str] = field(default_factory=list)
+    #: Ids of messages with at least one child (the others are leaves: branch ends).
+    parents: set[str] = field(default_factory=set)
+    head: str | None = None
+    seq: int = 0
+    tokens: int = 0
+    trimmed: int = 0
+    #: Bytes of the stored texts (they count toward MAX_SESSION_BYTES).
+    size: int = 0
+    #: The rolling summary of the thread up to its anchor (see persistent_memory.conversations.summaries).
+    summary: Summary | None = None
+
+    # Reading ------------------------------------------------------------------
+
+    def require(self, message_id: str) -> StoredMessage:
+        try:
+            return self.messages[message_id]
+        except KeyError:
+            raise MessageNotFound(f"The conversation has no message {message_id!r}.") from None
+
+    def open_calls(self, message_id: str | None) -> set[str]:
+        """Tool calls still waiting for results on the thread ending at ``message_id``."""
+        answered: set[str] = set()
+        message = self.messages.get(message_id) if message_id else None
+        while message is not None and message.role == "tool":
+            answered.add(message.answers or "")
+            message = self.messages.get(message.parent) if message.parent else None
+        if message is None or not message.calls:
+            return set()
+        return set(message.calls) - answered
+
+    def path(self, leaf: str, limit: int) -> list[str]:
+        """Ids from the root (or the newest ``limit``) to ``leaf``, oldest first. A thread whose
+        start was trimmed starts with the system messages the trim kept (see :meth:`trim`)."""
+        ids: list[str] = []
+        message: StoredMessage | None = self.require(leaf)
+        first = message
+        while message is not None and (not limit or len(ids) < limit):
+            ids.append(message.id)
+            first = message
+            message = self.messages.get(message.parent) if message.parent else None
+        ids.reverse()
+        if message is None and first.parent is not None:  # walked to a trimmed parent
+            pinned = self._pinned_before(first)
+            ids[:0] = pinned[len(pinned) - (limit - len(ids)) :] if limit else pinned
+        return ids
+
+    def _pinned_before(self, first: StoredMessage) -> list[str]:
+        """The system messages a trim kept before ``first``, a message whose parent it
+        removed: older system messages with nothing but system messages above them (a side
+        branch's own system message has the branch's other messages above it)."""
+        return [
+            message.id
+            for message in self.messages.values()  # in seq order
+            if message.seq < first.seq and message.role == "system" and self._only_system_above(message)
+        ]
+
+    def read(self, leaf: str | None, limit: int) -> list[str]:
+        """Stored texts of the thread ending at ``leaf`` (None: the head), oldest first."""
+        if leaf is not None:
+            return [self.messages[message_id].text for message_id in self.path(leaf, limit)]
+        ids = self.thread[-limit:] if limit else self.thread
+        return [self.messages[message_id].text for message_id in ids]
+
+    def window(self, max_tokens: int | None, max_messages: int | None, *, after: int | None = None) -> Window:
+        """The window; with ``after`` (a thread position: the summary's anchor), of the
+        messages after it only, whose walk ends there without leaving anything out."""
+        newest = reversed(self.thread if after is None else self.thread[after + 1 :])
+        return select(
+            [self.messages[message_id].window for message_id in self.system],
+            (self.messages[message_id].window for message_id in newest),
+            max_tokens=max_tokens,
+            max_messages=max_messages,
+            starts_at_root=after is not None or self._starts_at_root(),
+        )
+
+    def anchor_position(self) -> int | None:
+        """Where the summary's anchor is on the current thread (None: no summary, or its
+        anchor is on another branch, so it does not summarize this thread)."""
+        if self.summary is None:
+            return None
+        seqs = [self.messages[message_id].seq for message_id in self.thread]  # they grow along a thread
+        position = bisect_left(seqs, self.summary.anchor_seq)
+        if position < len(self.thread) and self.thread[position] == self.summary.anchor:
+            return position
+        return None
+
+    def _starts_at_root(self) -> bool:
+        """Whether the thread lost no message to trimming: its first message after the pinned
+        system ones still has its parent (or had none)."""
+        for message_id in self.thread:
+            message = self.messages[message_id]
+            if message.role != "system":
+                return message.parent is None or message.parent in self.messages
+        return True
+
+    def branch_count(self) -> int:
+        return len(self.messages) - len(self.parents)
+
+    # Writing ------------------------------------------------------------------
+
+    def plan(self, parent_id: str | None, batch: list[PreparedMessage]) -> list[tuple[StoredMessage, bool]]:
+        """Check an append without changing anything: each message as it would be stored,
+        and whether it is new (False: it repeats a stored one). Raises what the append would."""
+        if parent_id is not None:
+            self.require(parent_id)
+        previous = self.head if parent_id is None else parent_id
+        open_calls = self.open_calls(previous)
+        seq = self.seq
+        plan: list[tuple[StoredMessage, bool]] = []
+        for index, prepared in enumerate(batch):
+            stored = self.messages.get(prepared.id)
+            if stored is not None:
+                if stored.fingerprint != prepared.fingerprint:
+                    raise MessageConflict(
+                        f"messages[{index}]: message {prepared.id!r} is already stored with other content."
+                    )
+                open_calls = self.open_calls(stored.id)
+                plan.append((stored, False))
+                previous = stored.id
+                continue
+            if prepared.role == "tool":
+                if prepared.answers not in open_calls:
+                    raise OrphanToolResult(
+                        f"messages[{index}]: tool_call_id {prepared.answers!r} answers no call open on "
+                        "this thread (a tool result must follow the assistant message that called it)."
+                    )
+                open_calls.discard(prepared.answers or "")
+            else:
+                open_calls = set(prepared.calls)
+            seq += 1
+            message = StoredMessage.new(prepared, previous, seq)
+            plan.append((message, True))
+            previous = message.id
+        return plan
+
+    def commit(self, plan: list[tuple[StoredMessage, bool]]) -> None:
+        """Store the new messages of a :meth:`plan`; the last new one becomes the head."""
+        for message, new in plan:
+            if not new:
+                continue
+            self.add(message)
+            self.seq = message.seq
+            if message.parent is not None:
+                self.parents.add(message.parent)
+            self._move_thread(message.parent)
+            self.thread.append(message.id)
+            if message.role == "system":
+                self.system.append(message.id)
+            self.head = message.id
+
+    def add(self, message: StoredMessage) -> None:
+        """Hold ``message`` (no thread change)."""
+        self.messages[message.id] = message
+        self.tokens += message.tokens
+        self.size += len(message.text)
+
+    def set_head(self, message_id: str) -> None:
+        self.require(message_id)
+        self._move_thread(message_id)
+        self.head = message_id
+
+    def _move_thread(self, parent_id: str | None) -> None:
+        """Make the thread end at ``parent_id`` (None: empty)."""
+        if parent_id is None:
+            self.thread, self.system = [], []
+            return
+        if self.thread and self.thread[-1] == parent_id:
+            return
+        for position in range(len(self.thread) - 1, -1, -1):
+            if self.thread[position] == parent_id:
+                del self.thread[position + 1 :]
+                seq = self.messages[parent_id].seq  # seqs grow along a thread
+                self.system = [m for m in self.system if self.messages[m].seq <= seq]
+                return
+        self.thread = self.path(parent_id, 0)
+        self.system = [m for m in self.thread if self.messages[m].role == "system"]
+
+    def _only_system_above(self, message: StoredMessage) -> bool:
+        parent = self.messages.get(message.parent) if message.parent else None
+        while parent is not None:
+            if parent.role != "system":
+                return False
+            parent = self.messages.get(parent.parent) if parent.parent else None
+        return True
+
+    def trim(self, max_messages: int, *, covered_only: bool = False) -> int:
+        """Remove the oldest messages (by seq, on any branch) beyond ``max_messages``, then
+        tool results left without their call; never the head nor the current thread's
+        pinned system messages. With ``covered_only`` (a summarizer is configured) only
+        messages the summary covers go, its anchor excepted: nothing is forgotten that
+        is not summarized. Returns how many went."""
+        excess = len(self.messages) - max_messages
+        if excess <= 0:
+            return 0
+        kept = {*self.system, self.head}
+        candidates: Any = self.messages.values()  # in seq order
+        if covered_only:
+            anchor = self.anchor_position()
+            if anchor is None:
+                return 0
+            kept.add(self.thread[anchor])
+            candidates = [self.messages[message_id] for message_id in self.thread[:anchor]]
+        gone: dict[str, StoredMessage] = {}
+        for message in candidates:
+            if message.id in kept:
+                continue
+            if len(gone) >= excess and not (message.role == "tool" and self._call_gone(message, gone)):
+                break
+            gone[message.id] = message
+        for message in gone.values():
+            self._remove(message)
+        if any(message_id in gone for message_id in self.thread):
+            self.thread = [message_id for message_id in self.thread if message_id not in gone]
+        if covered_only and self.summary is not None:
+            covered = sum(message.tokens for message in gone.values())
+            self.summary = self.summary._replace(covered_tokens=self.summary.covered_tokens - covered)
+        self.trimmed += len(gone)
+        return len(gone)
+
+    def _call_gone(self, message: StoredMessage, gone: dict[str, StoredMessage]) -> bool:
+        """Whether a tool message's parent (its call, or a result before it) is removed."""
+        return message.parent is None or message.parent in gone or message.parent not in self.messages
+
+    def _remove(self, message: StoredMessage) -> None:
+        del self.messages[message.id]
+        self.parents.discard(message.id)
+        self.tokens -= message.tokens
+        self.size -= len(message.text)
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any]) -> Tree:
+        """A tree from :meth:`snapshot`'s dict."""
+        messages = []
+        for text in snapshot["messages"]:
+            stored = json.loads(text)
+            messages.append(StoredMessage.build(stored["id"], text, link_of(stored)))
+        tree = cls.assemble(messages, head=snapshot["head"], seq=snapshot["seq"], trimmed=snapshot["trimmed"])
+        if snapshot.get("summary"):
+            tree.summary = Summary(**snapshot["summary"])
+        return tree
+
+    @classmethod
+    def assemble(cls, messages: list[StoredMessage], *, head: str | None, seq: int, trimmed: int) -> Tree:
+        """A tree of these messages with this head, as :meth:`restore` builds it (the
+        mirror builds one to count branches as the store does)."""
+        tree = cls(seq=seq, trimmed=trimmed)
+        for message in sorted(messages, key=lambda message: message.seq):  # the dict stays in seq order
+            tree.add(message)
+        tree.parents = {message.parent for message in messages if message.parent in tree.messages}
+        if head is not None:
+            tree.set_head(head)
+            # Every message of the current thread but its head had a child there (the pinned
+            # system messages a trim kept too): they count as parents, as they did live.
+            tree.parents.update(tree.thread[:-1])
+        return tree
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "head": self.head,
+            "seq": self.seq,
+            "trimmed": self.trimmed,
+            "messages": [message.text for message in self.messages.values()],  # in seq order
+            "summary": None if self.summary is None else self.summary._asdict(),
+        }

@@ -1,0 +1,270 @@
+"""The Redis backend's conversations (the contract in :mod:`.conversations`).
+
+Mixed into :class:`~persistent_memory.backends.redis.RedisBackend`: each method is one
+EVALSHA of the backend's script, whose conversation part is ``conversations.lua`` (the
+key layout is described there).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from persistent_memory.backends.conversations import (
+    Appended,
+    ConversationBackend,
+    ConversationInfo,
+    ConversationSnapshot,
+    Enriched,
+    Question,
+    Summary,
+    SummaryBackend,
+    SummarySource,
+    WindowTexts,
+)
+from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.conversations.messages import PreparedMessage
+
+if TYPE_CHECKING:
+    from persistent_memory.backends.base import IdempotencyRecord, RunBinding
+    from persistent_memory.backends.redis import RedisBackend
+
+
+def _limit(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def message_args(messages: list[PreparedMessage]) -> list[str]:
+    """The (id, body, link) triples the script reads."""
+    return [part for message in messages for part in (message.id, message.body, message.link)]
+
+
+def window_texts(reply: list[Any]) -> WindowTexts:
+    """A window from the script's reply: tokens, truncated (1/0), the summary (None: none),
+    its tokens, the summarizers' state (None unless rolling), then the texts."""
+    tokens, truncated, summary, summary_tokens, state = reply[:5]
+    return WindowTexts(
+        reply[5:],  # bytes: the store parses them in one call (see conversations.store)
+        tokens,
+        truncated == 1,
+        None,
+        summary.decode() if summary else None,
+        summary_tokens,
+        state.decode() if state else None,
+    )
+
+
+def _summary(fields: list[Any]) -> Summary | None:
+    if not fields or not fields[0]:
+        return None
+    text, anchor, anchor_seq, tokens, covered = fields[:5]
+    return Summary(text.decode(), anchor.decode(), anchor_seq, tokens, covered)
+
+
+def snapshot_conversations(flat: list[Any]) -> dict[str, ConversationSnapshot]:
+    """Conversations from the snapshot op's flat reply (messages put in seq order)."""
+    conversations: dict[str, ConversationSnapshot] = {}
+    for i in range(0, len(flat), 6):
+        name, head, seq, trimmed, texts, summary = flat[i : i + 6]
+        decoded = sorted((json.loads(text)["seq"], text.decode()) for text in texts)
+        summarized = _summary(summary)
+        conversations[name.decode()] = {
+            "head": head.decode() or None,
+            "seq": seq,
+            "trimmed": trimmed,
+            "messages": [text for _, text in decoded],
+            "summary": None if summarized is None else summarized._asdict(),
+        }
+    return conversations
+
+
+def restore_blob(conversations: dict[str, ConversationSnapshot]) -> str:
+    """The restore op's JSON text of conversations: each with the thread, pinned system
+    messages and parents derived here, as the memory backend's tree derives them."""
+    if not conversations:
+        return ""
+    items = []
+    for name, snapshot in conversations.items():
+        tree = Tree.restore(dict(snapshot))
+        items.append(
+            {
+                "name": name,
+                "head": tree.head,
+                "seq": tree.seq,
+                "trimmed": tree.trimmed,
+                "tokens": tree.tokens,
+                "bytes": tree.size,
+                "thread": tree.thread,
+                "system": [[tree.messages[m].seq, m] for m in tree.system],
+                "parents": sorted(tree.parents),
+                "messages": [[m.id, m.text, m.link, m.seq] for m in tree.messages.values()],
+                "summary": snapshot.get("summary"),
+            }
+        )
+    return json.dumps(items)
+
+
+class RedisConversations(ConversationBackend):
+    """Conversations in Redis, one script call per operation."""
+
+    def add_messages(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        parent_id: str | None,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Appended:
+        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+
+        reply = self._run(
+            "messages",
+            session_id,
+            conversation,
+            parent_id or "",
+            _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
+            *message_args(messages),
+            idempotency=idempotency,
+        )
+        return Appended(reply[0].decode(), [text.decode() for text in reply[1:]])
+
+    def get_messages(
+        self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
+    ) -> tuple[str | None, list[str]]:
+        reply = self._run("read_messages", session_id, conversation, leaf or "", str(limit))
+        return reply[0].decode() or None, [text.decode() for text in reply[1:]]
+
+    def get_context(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        max_tokens: int | None,
+        max_messages: int | None,
+        *,
+        rolling: bool = False,
+        reserve_summary: bool = True,
+    ) -> WindowTexts:
+        flags = ("1" if rolling else "0", "1" if reserve_summary else "0")
+        reply = self._run(
+            "context", session_id, conversation, _limit(max_tokens), _limit(max_messages), *flags
+        )
+        return window_texts(reply)
+
+    def list_conversations(self: RedisBackend, session_id: str) -> list[ConversationInfo]:
+        flat = self._run("conversations", session_id)
+        return [
+            {
+                "conversation": flat[i].decode(),
+                "head": flat[i + 1].decode() or None,
+                "message_count": flat[i + 2],
+                "tokens": flat[i + 3],
+                "branch_count": flat[i + 4],
+                "trimmed": flat[i + 5],
+            }
+            for i in range(0, len(flat), 6)
+        ]
+
+    def set_head(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        message_id: str,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> str:
+        return self._run("head", session_id, conversation, message_id, idempotency=idempotency).decode()
+
+    def clear_messages(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> int:
+        return self._run("clear_messages", session_id, conversation, idempotency=idempotency)
+
+    def enrich_recording(
+        self: RedisBackend,
+        session_id: str,
+        ttl_seconds: float | None,
+        run: RunBinding | None,
+        question: Question,
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Enriched:
+        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+
+        run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
+        reply = self._run(
+            "enrich",
+            session_id,
+            _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
+            *run_args,
+            question.conversation,
+            _limit(question.max_tokens),
+            _limit(question.max_messages),
+            *message_args([question.message]),
+            "1" if question.rolling else "0",
+            "1" if question.reserve_summary else "0",
+            idempotency=idempotency,
+        )
+        return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
+
+
+class RedisSummaries(SummaryBackend):
+    """Rolling summaries in each conversation's hash; marked conversations in
+    ``{prefix}:~summarize`` ("{storage id} {conversation}"), the summarizers' health in
+    ``{prefix}:~summarizer`` (``state``, and the whole record as JSON)."""
+
+    def _marked_key(self: RedisBackend) -> str:
+        return f"{self.key_prefix}:~summarize"
+
+    def pop_unsummarized(self: RedisBackend, count: int) -> list[tuple[str, str]]:
+        with self._errors():
+            items = self.client.spop(self._marked_key(), count) or []
+        return [tuple(item.decode().split(" ", 1)) for item in items]  # type: ignore[misc]
+
+    def mark_unsummarized(self: RedisBackend, items: list[tuple[str, str]]) -> None:
+        if items:
+            with self._errors():
+                self.client.sadd(self._marked_key(), *[f"{sid} {name}" for sid, name in items])
+
+    def unsummarized_count(self: RedisBackend) -> int:
+        with self._errors():
+            return self.client.scard(self._marked_key())
+
+    def summary_source(self: RedisBackend, session_id: str, conversation: str) -> SummarySource:
+        reply = self._run("summary_source", session_id, conversation)
+        return SummarySource(_summary(reply[:5]), [text.decode() for text in reply[5:]])
+
+    def commit_summary(
+        self: RedisBackend, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
+    ) -> bool:
+        reply = self._run(
+            "commit_summary",
+            session_id,
+            conversation,
+            expected_anchor or "",
+            summary.text,
+            summary.anchor,
+            str(summary.anchor_seq),
+            str(summary.tokens),
+            str(summary.covered_tokens),
+        )
+        return reply == 1
+
+    def summarizer_health(self: RedisBackend) -> dict[str, Any]:
+        with self._errors():
+            record = self.client.hget(f"{self.key_prefix}:~summarizer", "record")
+        return json.loads(record) if record else {}
+
+    def set_summarizer_health(self: RedisBackend, health: dict[str, Any]) -> None:
+        with self._errors():
+            self.client.hset(
+                f"{self.key_prefix}:~summarizer",
+                mapping={"state": health.get("state", "healthy"), "record": json.dumps(health)},
+            )

@@ -1,0 +1,306 @@
+"""The conversations service: the store's methods for messages, threads and windows.
+
+:class:`ConversationMethods` is mixed into :class:`~persistent_memory.store.MemoryStore`,
+so ``get_store()`` and ``for_owner(...)`` stores have these methods, scoped to the
+store's owner like every other. Each checks its arguments, then makes one backend call
+(one round trip on Redis).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+from persistent_memory.backends.conversations import Answer, ConversationInfo, Question, WindowTexts
+from persistent_memory.conversations.messages import (
+    DEFAULT_CONVERSATION,
+    chat_message,
+    prepare_messages,
+    validate_conversation,
+    validate_message_id,
+)
+from persistent_memory.conversations.signals import messages_added, send_safely
+from persistent_memory.conversations.summaries import (
+    OVERFLOWS,
+    ROLLING,
+    STRATEGIES,
+    TRUNCATION,
+    rolling_context,
+)
+from persistent_memory.conversations.tokens import text_counter
+from persistent_memory.exceptions import InvalidValue
+from persistent_memory.idempotency import Idempotency
+from persistent_memory.validation import validate_int
+
+if TYPE_CHECKING:
+    from persistent_memory.conf import MemorySettings
+    from persistent_memory.store import MemoryStore
+
+
+@dataclass(frozen=True)
+class ConversationOptions:
+    """The conversation settings a store was built with (see ``conf.DEFAULTS``)."""
+
+    tokenizer: str = "o200k_base"
+    context_max_tokens: int | None = 8000
+    context_max_messages: int | None = 100
+    max_message_bytes: int = 1024 * 1024
+    max_batch: int = 100
+    record: bool = True
+    strategy: str = TRUNCATION
+    overflow: str = "truncate_oldest"
+    summary_max_tokens: int = 1000
+
+    @classmethod
+    def from_settings(cls, conf: MemorySettings) -> ConversationOptions:
+        options = cls(
+            tokenizer=conf.TOKENIZER,
+            context_max_tokens=conf.CONTEXT_MAX_TOKENS,
+            context_max_messages=conf.CONTEXT_MAX_MESSAGES,
+            max_message_bytes=conf.MAX_MESSAGE_BYTES,
+            max_batch=conf.MAX_BATCH,
+            record=conf.RECORD_CONVERSATION,
+            strategy=conf.CONTEXT_STRATEGY,
+            overflow=conf.CONTEXT_OVERFLOW,
+            summary_max_tokens=conf.SUMMARY_MAX_TOKENS,
+        )
+        text_counter(options.tokenizer)  # an unknown tokenizer fails now, not at the first message
+        return options
+
+
+class Context(TypedDict):
+    """What to send to a model now (``get_context``); the summary's fields come with the
+    ``rolling_summary`` strategy (see :mod:`persistent_memory.conversations.summaries`)."""
+
+    conversation: str
+    messages: list[dict[str, Any]]
+    tokens: int
+    truncated: bool
+    summary: NotRequired[str | None]
+    summary_state: NotRequired[str | None]
+
+
+def _limit(value: Any, name: str) -> int | None:
+    return None if value is None else validate_int(value, name=name, minimum=1)
+
+
+def _chats(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
+    # One parse for the window: a call per message costs more than the parsing. Redis's
+    # texts come as bytes, which json reads as they are.
+    if texts and isinstance(texts[0], bytes):
+        whole: str | bytes = b"[" + b", ".join(texts) + b"]"  # type: ignore[arg-type]
+    else:
+        whole = f"[{', '.join(texts)}]"  # type: ignore[arg-type]
+    return [chat_message(stored) for stored in json.loads(whole)]
+
+
+def window_context(
+    conversation: str,
+    window: WindowTexts,
+    *,
+    max_tokens: int | None = None,
+    overflow: str = "truncate_oldest",
+    tokenizer: str = "o200k_base",
+) -> Context:
+    """A backend's window as ``get_context`` answers it (a rolling one when the backend read
+    it so: see :func:`~persistent_memory.conversations.summaries.rolling_context`)."""
+    messages = window.chats if window.chats is not None else _chats(window.messages)
+    if window.summary_state is not None:
+        return rolling_context(  # type: ignore[return-value]
+            conversation, window, messages, max_tokens=max_tokens, overflow=overflow, tokenizer=tokenizer
+        )
+    return {
+        "conversation": conversation,
+        "messages": messages,
+        "tokens": window.tokens,
+        "truncated": window.truncated,
+    }
+
+
+def _choice(value: Any, choices: tuple[str, ...], name: str) -> str:
+    if value not in choices:
+        raise InvalidValue(f"Invalid {name} {value!r}: use one of {', '.join(choices)}.")
+    return value
+
+
+class ConversationMethods:
+    """Messages, threads and windows of a session's named conversations."""
+
+    conversation_options = ConversationOptions()
+
+    def _prepare(self: MemoryStore, messages: Any) -> list[Any]:
+        options = self.conversation_options
+        return prepare_messages(
+            messages,
+            tokenizer=options.tokenizer,
+            max_batch=options.max_batch,
+            max_message_bytes=options.max_message_bytes,
+            max_depth=self.max_json_depth,
+        )
+
+    def add_messages(
+        self: MemoryStore,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        parent_id: str | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> dict[str, Any]:
+        """Append chat messages as a chain after ``parent_id`` (None: the head), creating the
+        session when it does not exist; ``{"conversation", "head", "messages"}`` with the
+        messages as stored. A message re-sent with its id is answered as stored."""
+        conversation = validate_conversation(conversation)
+        if parent_id is not None:
+            validate_message_id(parent_id, what="parent_id")
+        batch = self._prepare(messages)
+        once = self._once(idempotency)
+        appended = self._call(
+            self.backend.add_messages,
+            session_id,
+            conversation,
+            parent_id,
+            batch,
+            self.default_ttl_seconds,
+            **once,
+        )
+        stored = [json.loads(text) for text in appended.messages]
+        if messages_added.receivers:
+            # A re-sent message (a no-op) is stored with its first body, not this batch's.
+            added = [
+                message
+                for message, text, prepared in zip(stored, appended.messages, batch, strict=True)
+                if text.endswith(prepared.body[1:])
+            ]
+            if added:
+                self.messages_added(session_id, conversation, added, "add_messages")
+        return {"conversation": conversation, "head": appended.head, "messages": stored}
+
+    def messages_added(
+        self: MemoryStore, session_id: str, conversation: str, messages: list[dict[str, Any]], source: str
+    ) -> None:
+        """Send ``messages_added`` (best-effort: see :mod:`persistent_memory.conversations.signals`)."""
+        send_safely(
+            messages_added,
+            type(self),
+            session_id=session_id,
+            owner=self.owner,
+            conversation=conversation,
+            messages=messages,
+            source=source,
+        )
+
+    def get_messages(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        leaf: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """The thread ending at ``leaf`` (None: the head), oldest first, its newest ``limit``
+        messages (None: all); ``{"conversation", "head", "messages"}``."""
+        conversation = validate_conversation(conversation)
+        if leaf is not None:
+            validate_message_id(leaf, what="leaf")
+        count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
+        head, texts = self._call(self.backend.get_messages, session_id, conversation, leaf, count)
+        return {"conversation": conversation, "head": head, "messages": [json.loads(text) for text in texts]}
+
+    def get_context(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        max_tokens: int | None = None,
+        max_messages: int | None = None,
+        strategy: str | None = None,
+        overflow: str | None = None,
+    ) -> Context:
+        """What to send to a model now: the pinned system messages and the newest whole turn
+        groups of the current thread within the budgets (None: ``CONTEXT_MAX_TOKENS`` /
+        ``CONTEXT_MAX_MESSAGES``), in the chat format only. With ``strategy="rolling_summary"``
+        (None: ``CONTEXT_STRATEGY``) the summary of what comes before, and the messages after
+        it; ``overflow`` (None: ``CONTEXT_OVERFLOW``) says what gives when both do not fit."""
+        conversation = validate_conversation(conversation)
+        options = self.conversation_options
+        tokens = _limit(options.context_max_tokens if max_tokens is None else max_tokens, "max_tokens")
+        count = _limit(options.context_max_messages if max_messages is None else max_messages, "max_messages")
+        rolling = _choice(strategy or options.strategy, STRATEGIES, "strategy") == ROLLING
+        overflow = _choice(overflow or options.overflow, OVERFLOWS, "overflow")
+        reserve = overflow != "truncate_summary"
+        window = self._call(
+            self.backend.get_context,
+            session_id,
+            conversation,
+            tokens,
+            count,
+            rolling=rolling,
+            reserve_summary=reserve,
+        )
+        return window_context(
+            conversation, window, max_tokens=tokens, overflow=overflow, tokenizer=options.tokenizer
+        )
+
+    def list_conversations(self: MemoryStore, session_id: str) -> list[ConversationInfo]:
+        """Each conversation's name, head, message count, token total, branch count and how
+        many messages were trimmed, by name."""
+        infos = self._call(self.backend.list_conversations, session_id)
+        return sorted(infos, key=lambda info: info["conversation"])
+
+    def set_head(
+        self: MemoryStore,
+        session_id: str,
+        message_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        idempotency: Idempotency | None = None,
+    ) -> str:
+        """Move the head to ``message_id`` (another branch, or back); reads follow it."""
+        conversation = validate_conversation(conversation)
+        validate_message_id(message_id)
+        once = self._once(idempotency)
+        return self._call(self.backend.set_head, session_id, conversation, message_id, **once)
+
+    def clear_messages(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        idempotency: Idempotency | None = None,
+    ) -> int:
+        """Remove a conversation with all its messages; return how many it held."""
+        conversation = validate_conversation(conversation)
+        once = self._once(idempotency)
+        return self._call(self.backend.clear_messages, session_id, conversation, **once)
+
+    # The lanes -------------------------------------------------------------------
+
+    def _lane_message(self: MemoryStore, role: str, text: str) -> Any:
+        """The lane's text as one prepared message, or None when there is no text to record."""
+        if not self.conversation_options.record or not isinstance(text, str) or not text:
+            return None
+        return self._prepare([{"role": role, "content": text}])[0]
+
+    def question(self: MemoryStore, text: Any, conversation: str) -> Question | None:
+        """What the enrich lane records for a question's ``text`` (None: nothing)."""
+        message = self._lane_message("user", text)
+        if message is None:
+            return None
+        options = self.conversation_options
+        return Question(
+            validate_conversation(conversation),
+            message,
+            options.context_max_tokens,
+            options.context_max_messages,
+            options.strategy == ROLLING,
+            options.overflow != "truncate_summary",
+        )
+
+    def answer(self: MemoryStore, text: Any, conversation: str, parent_id: str | None) -> Answer | None:
+        """What the store lane records for an answer's ``text`` (None: nothing)."""
+        message = self._lane_message("assistant", text)
+        if message is None:
+            return None
+        return Answer(validate_conversation(conversation), message, parent_id)

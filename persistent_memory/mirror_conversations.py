@@ -1,0 +1,294 @@
+"""The mirror's conversations: rows from a session snapshot's ``conversations``, and that
+part of a snapshot back from the rows (for the memory backend's restore).
+
+A message never changes once stored, so a sync inserts the messages a conversation
+gained since the last one and deletes those it lost (trimmed beyond ``MAX_MESSAGES``)
+instead of writing them all again. Each conversation row keeps a digest of the set of
+its messages' texts: when the snapshot's messages up to the row's ``seq`` hash to it,
+the rows hold exactly those, and only the newer messages are written (the common case:
+a chat that grows). Otherwise (a trim, a conversation cleared and written again, a
+session replaced by an import) the rows are compared by message id and text digest.
+
+Each message row keeps the store's JSON text whole (``stored``), so a restore gives the
+store back the same bytes; its other columns are copies for the admin to read and
+search, where U+0000 (which PostgreSQL's text and jsonb columns refuse) shows as its
+escape.
+
+Called by :class:`persistent_memory.mirror.Mirror` inside its transaction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import reduce
+from operator import xor
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from persistent_memory.backends.base import SessionSnapshot
+from persistent_memory.backends.conversations import ConversationSnapshot
+from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.mirror import _datetime, _insert
+from persistent_memory.models import MemoryConversation, MemoryMessage
+
+#: The columns a sync writes, in the order :func:`_message_row` gives them.
+MESSAGE_COLUMNS = (
+    "conversation",
+    "message_id",
+    "parent_id",
+    "seq",
+    "role",
+    "content_text",
+    "name",
+    "tool_call_id",
+    "tool_calls",
+    "metadata",
+    "tokens",
+    "tokenizer",
+    "created_at",
+    "stored",
+    "digest",
+)
+CONVERSATION_FIELDS = (
+    "head",
+    "seq",
+    "message_count",
+    "tokens",
+    "branch_count",
+    "trimmed",
+    "summary",
+    "digest",
+)
+NUL_ESCAPE = "\\u0000"
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big")
+
+
+def _hex(digest: int) -> str:
+    return f"{digest:032x}"
+
+
+def _set_digest(digests: list[int]) -> str:
+    """Of a set of messages: the same whatever their order (XOR of their digests)."""
+    return _hex(reduce(xor, digests, 0))
+
+
+@dataclass
+class _Parsed:
+    """One snapshot conversation's messages in seq order: texts, decoded, digests."""
+
+    snapshot: ConversationSnapshot
+    texts: list[str]
+    decoded: list[dict[str, Any]]
+    digests: list[int]
+
+    @classmethod
+    def of(cls, snapshot: ConversationSnapshot) -> _Parsed:
+        pairs = sorted(((json.loads(text), text) for text in snapshot["messages"]), key=lambda p: p[0]["seq"])
+        return cls(
+            snapshot,
+            [text for _, text in pairs],
+            [message for message, _ in pairs],
+            [_digest(text) for _, text in pairs],
+        )
+
+    @property
+    def summary(self) -> str:
+        """The summary as its row holds it (JSON text; empty: none)."""
+        summary = self.snapshot.get("summary")
+        return json.dumps(summary) if summary else ""
+
+    @property
+    def state(self) -> tuple[int, str, str, int, str]:
+        """What its row holds that can change: seq, digest, head, trimmed count and summary."""
+        snapshot = self.snapshot
+        return (
+            snapshot["seq"],
+            _set_digest(self.digests),
+            snapshot["head"] or "",
+            snapshot["trimmed"],
+            self.summary,
+        )
+
+    def row(self, session_pk: int, name: str) -> MemoryConversation:
+        # Counted by the memory backend's own tree, so the row says what list_conversations does.
+        shape = [
+            StoredMessage(
+                m["id"], text, "", m["parent_id"], m["seq"], m.get("tokens", 0), m["role"], (), None, ""
+            )
+            for m, text in zip(self.decoded, self.texts, strict=True)
+        ]
+        snapshot = self.snapshot
+        tree = Tree.assemble(shape, head=snapshot["head"], seq=snapshot["seq"], trimmed=snapshot["trimmed"])
+        return MemoryConversation(
+            session_id=session_pk,
+            name=name,
+            head=snapshot["head"] or "",
+            seq=snapshot["seq"],
+            message_count=len(tree.messages),
+            tokens=tree.tokens,
+            branch_count=tree.branch_count(),
+            trimmed=snapshot["trimmed"],
+            summary=self.summary,
+            digest=_set_digest(self.digests),
+        )
+
+
+def _visible(value: Any) -> Any:
+    """``value`` with U+0000 in its strings (and keys) as its escape, for the display columns."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_ESCAPE)
+    if isinstance(value, dict):
+        return {_visible(key): _visible(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_visible(item) for item in value]
+    return value
+
+
+def content_text(content: Any) -> str:
+    """A message's content as plain text: a string as it is, the texts of content parts
+    one per line (other parts as ``[type]``), nothing for null."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    lines = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "text":
+            lines.append(str(part.get("text", "")))
+        else:
+            lines.append(f"[{part.get('type', 'part') if isinstance(part, dict) else 'part'}]")
+    return "\n".join(lines)
+
+
+def _message_row(conversation_pk: int, message: dict[str, Any], text: str, digest: int, now: datetime):
+    return (
+        conversation_pk,
+        message["id"],
+        message.get("parent_id") or "",
+        message["seq"],
+        message["role"],
+        _visible(content_text(message.get("content"))),
+        message.get("name") or "",
+        message.get("tool_call_id") or "",
+        _visible(message.get("tool_calls")),
+        _visible(message.get("metadata")),
+        message.get("tokens", 0),
+        str(message.get("tokenizer", ""))[:200],
+        _datetime(message.get("created_at"), now),
+        text,
+        _hex(digest),
+    )
+
+
+def write_conversations(pks: dict[str, int], snapshots: dict[str, SessionSnapshot], now: datetime) -> None:
+    """Make the conversation and message rows of these live sessions (``pks``: storage id
+    -> session row pk) equal to their snapshots; the caller holds the transaction."""
+    existing = {
+        (session_pk, name): (pk, seq, digest, head, trimmed, summary)
+        for pk, session_pk, name, seq, digest, head, trimmed, summary in MemoryConversation.objects.filter(
+            session_id__in=pks.values()
+        ).values_list("pk", "session_id", "name", "seq", "digest", "head", "trimmed", "summary")
+    }
+    wanted = {
+        (pks[sid], name): _Parsed.of(conversation)
+        for sid, snapshot in snapshots.items()
+        for name, conversation in (snapshot.get("conversations") or {}).items()
+    }
+    if not existing and not wanted:
+        return  # sessions without conversations: one query
+    # Cleared conversations go, with their messages.
+    MemoryConversation.objects.filter(
+        pk__in=[row[0] for key, row in existing.items() if key not in wanted]
+    ).delete()
+    # Those of a synced session that did not change since are left as they are.
+    wanted = {key: parsed for key, parsed in wanted.items() if existing.get(key, ())[1:] != parsed.state}
+    MemoryConversation.objects.bulk_create(
+        [parsed.row(session_pk, name) for (session_pk, name), parsed in wanted.items()],
+        update_conflicts=True,
+        unique_fields=["session", "name"],
+        update_fields=CONVERSATION_FIELDS,
+    )
+    conversation_pks = {
+        (session_pk, name): pk
+        for pk, session_pk, name in MemoryConversation.objects.filter(
+            session_id__in=pks.values()
+        ).values_list("pk", "session_id", "name")
+    }
+    new: list[tuple[Any, ...]] = []
+    compared: dict[int, _Parsed] = {}
+    for key, parsed in wanted.items():
+        pk = conversation_pks[key]
+        start = 0
+        if key in existing:
+            _, seq, digest, _, _, _ = existing[key]
+            split = bisect.bisect_right([message["seq"] for message in parsed.decoded], seq)
+            if _set_digest(parsed.digests[:split]) != digest:
+                compared[pk] = parsed  # not only grown since: compare message by message
+                continue
+            start = split
+        new.extend(
+            _message_row(pk, message, text, digest, now)
+            for message, text, digest in zip(
+                parsed.decoded[start:], parsed.texts[start:], parsed.digests[start:], strict=True
+            )
+        )
+    if compared:
+        new.extend(_differences(compared, now))
+    _insert(MemoryMessage, MESSAGE_COLUMNS, new)
+
+
+def _differences(compared: dict[int, _Parsed], now: datetime) -> list[tuple[Any, ...]]:
+    """Delete the rows of these conversations that the snapshots no longer hold; return
+    rows for the messages they hold that the rows do not."""
+    held: dict[int, dict[tuple[str, str], int]] = {pk: {} for pk in compared}
+    for row_pk, conversation_pk, message_id, digest in MemoryMessage.objects.filter(
+        conversation_id__in=compared
+    ).values_list("pk", "conversation_id", "message_id", "digest"):
+        held[conversation_pk][message_id, digest] = row_pk
+    wanted = {
+        pk: {
+            (message["id"], _hex(digest))
+            for message, digest in zip(parsed.decoded, parsed.digests, strict=True)
+        }
+        for pk, parsed in compared.items()
+    }
+    stale = [row_pk for pk, rows in held.items() for key, row_pk in rows.items() if key not in wanted[pk]]
+    for start in range(0, len(stale), 500):  # within any database's limit of parameters
+        MemoryMessage.objects.filter(pk__in=stale[start : start + 500]).delete()
+    return [
+        _message_row(pk, message, text, digest, now)
+        for pk, parsed in compared.items()
+        for message, text, digest in zip(parsed.decoded, parsed.texts, parsed.digests, strict=True)
+        if (message["id"], _hex(digest)) not in held[pk]
+    ]
+
+
+# Restoring ------------------------------------------------------------------------
+
+
+def with_conversations(sessions: QuerySet) -> QuerySet:
+    """``sessions`` with their conversations and messages fetched for :func:`snapshot_conversations`."""
+    messages = MemoryMessage.objects.only("conversation_id", "seq", "stored").order_by("seq")
+    return sessions.prefetch_related(Prefetch("conversations__messages", queryset=messages))
+
+
+def snapshot_conversations(session: Any) -> dict[str, ConversationSnapshot]:
+    """A mirrored session's conversations as its snapshot holds them (texts as stored)."""
+    return {
+        conversation.name: {
+            "head": conversation.head or None,
+            "seq": conversation.seq,
+            "trimmed": conversation.trimmed,
+            "messages": [message.stored for message in conversation.messages.all()],
+            "summary": json.loads(conversation.summary) if conversation.summary else None,
+        }
+        for conversation in session.conversations.all()
+    }

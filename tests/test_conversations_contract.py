@@ -1,0 +1,1092 @@
+"""The conversations contract, on both backends, through the store's Python API: messages
+and their store fields, threads and heads, idempotent appends and conflicts, orphan tool
+results, validation, MAX_MESSAGES trimming, windows, listing, clearing, session ends,
+TTL alignment and the sweep on Redis, owner isolation, and one round trip per method."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from persistent_memory import get_store, maintenance
+from persistent_memory.backends.redis import RedisBackend
+from persistent_memory.conversations.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
+from persistent_memory.exceptions import (
+    InvalidMessage,
+    InvalidValue,
+    MessageConflict,
+    MessageNotFound,
+    OrphanToolResult,
+    SessionNotFound,
+)
+from persistent_memory.pipeline import MemoryFilter
+from persistent_memory.store import MemoryStore
+from tests.chat import assistant, calling, ids, result, system, tool_call, user
+from tests.conftest import CountingConnection, memory_settings_for
+
+PREFIX = "rr:memory"
+
+
+def thread(store: MemoryStore, session_id: str = "s1", **options: Any) -> list[dict[str, Any]]:
+    return store.get_messages(session_id, **options)["messages"]
+
+
+def contents(messages: list[dict[str, Any]]) -> list[Any]:
+    return [message["content"] for message in messages]
+
+
+def conversation_info(store: MemoryStore, session_id: str = "s1", name: str = "default") -> dict[str, Any]:
+    (info,) = [info for info in store.list_conversations(session_id) if info["conversation"] == name]
+    return info
+
+
+def state(store: MemoryStore, session_id: str = "s1", conversation: str = "default") -> tuple[Any, ...]:
+    """Everything an append could change in a conversation, to compare before and after."""
+    read = store.get_messages(session_id, conversation=conversation)
+    infos = {info["conversation"]: info for info in store.list_conversations(session_id)}
+    return read["head"], read["messages"], infos, store.get_history(session_id, 0)
+
+
+def assert_no_session(store: MemoryStore, session_id: str) -> None:
+    with pytest.raises(SessionNotFound):
+        store.session_info(session_id)
+
+
+# Messages and their store fields -----------------------------------------------------------
+
+
+def test_add_and_get_messages(store):
+    before = time.time()
+    added = store.add_messages(
+        "s1",
+        [
+            system("Be brief."),
+            user("Hi", name="alice", metadata={"client": "web", "nested": {"n": [1, 2]}}),
+            assistant("Hello!"),
+        ],
+    )
+    stored = added["messages"]
+    assert added["conversation"] == "default"
+    assert added["head"] == stored[-1]["id"]
+    assert [m["seq"] for m in stored] == [1, 2, 3]
+    assert [m["parent_id"] for m in stored] == [None, stored[0]["id"], stored[1]["id"]]
+    assert [m["role"] for m in stored] == ["system", "user", "assistant"]
+    assert contents(stored) == ["Be brief.", "Hi", "Hello!"]
+    assert stored[1]["name"] == "alice"
+    assert stored[1]["metadata"] == {"client": "web", "nested": {"n": [1, 2]}}
+    assert "metadata" not in stored[0] and "name" not in stored[0]
+    for message in stored:
+        assert MESSAGE_ID_PATTERN.fullmatch(message["id"])
+        assert isinstance(message["tokens"], int) and message["tokens"] > 3
+        assert message["tokenizer"] == "o200k_base"
+        assert before <= message["created_at"] <= time.time()
+    read = store.get_messages("s1")
+    assert read == {"conversation": "default", "head": added["head"], "messages": stored}
+    assert store.session_info("s1")["session_id"] == "s1"  # the append created the session
+
+
+def test_tool_calls_are_stored_and_read_back(store):
+    call = tool_call("call_1", "weather", '{"city": "Paris"}')
+    stored = store.add_messages(
+        "s1",
+        [user("Weather?"), assistant(None, tool_calls=[call]), result("call_1", "18C", name="weather")],
+    )["messages"]
+    assert stored[1]["tool_calls"] == [call] and stored[1]["content"] is None
+    assert stored[2]["tool_call_id"] == "call_1" and stored[2]["name"] == "weather"
+    assert thread(store) == stored
+
+
+def test_content_parts_are_kept(store):
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    ]
+    (stored,) = store.add_messages("s1", [user(parts)])["messages"]
+    assert stored["content"] == parts
+    assert store.get_context("s1")["messages"] == [{"role": "user", "content": parts}]
+
+
+def test_seq_strictly_increasing_per_conversation(store):
+    first = store.add_messages("s1", [user("a"), assistant("b")])["messages"]
+    second = store.add_messages("s1", [user("c")])["messages"]
+    branch = store.add_messages("s1", [assistant("b2")], parent_id=first[0]["id"])["messages"]
+    other = store.add_messages("s1", [user("x")], conversation="other")["messages"]
+    assert [m["seq"] for m in first + second + branch] == [1, 2, 3, 4]  # a branch takes the next seq
+    assert [m["seq"] for m in other] == [1]  # each conversation counts its own
+    store.add_messages("s1", [user("d"), user("e")])
+    assert [m["seq"] for m in thread(store)] == [1, 4, 5, 6]
+
+
+def test_generated_ids_are_unique_and_sort_by_creation(store):
+    made = []
+    for i in range(30):
+        made += store.add_messages("s1", [user(f"m{i}")])["messages"]
+    made += store.add_messages("s1", [user(f"batch{i}") for i in range(40)])["messages"]
+    messages = thread(store)
+    assert ids(messages) == ids(made)
+    assert len(set(ids(messages))) == 70
+    assert sorted(ids(messages)) == ids(messages)  # in seq order, within a batch too
+    assert all(MESSAGE_ID_PATTERN.fullmatch(message_id) for message_id in ids(messages))
+
+
+def test_generated_ids_differ_across_sessions_and_conversations(store):
+    made = []
+    for session_id in ("s1", "s2"):
+        for name in ("default", "other"):
+            made += store.add_messages(session_id, [user("same")] * 1, conversation=name)["messages"]
+    assert len(set(ids(made))) == 4
+
+
+def test_caller_ids_are_kept(store):
+    stored = store.add_messages(
+        "s1",
+        [user("q", id="chatcmpl-9aB_c.1:x"), assistant("a", id="0b1c2d3e-aaaa-bbbb-cccc-000000000001")],
+    )["messages"]
+    assert ids(stored) == ["chatcmpl-9aB_c.1:x", "0b1c2d3e-aaaa-bbbb-cccc-000000000001"]
+    assert stored[1]["parent_id"] == "chatcmpl-9aB_c.1:x"
+    assert ids(thread(store)) == ids(stored)
+    # The same caller id may be used in another conversation of the session.
+    other = store.add_messages("s1", [user("q", id="chatcmpl-9aB_c.1:x")], conversation="other")
+    assert other["messages"][0]["seq"] == 1
+
+
+# Threads and heads ----------------------------------------------------------------------
+
+
+def test_default_parent_is_the_head(store):
+    for i in range(4):
+        store.add_messages("s1", [user(f"q{i}") if i % 2 == 0 else assistant(f"a{i}")])
+    messages = thread(store)
+    assert [m["parent_id"] for m in messages] == [None, *ids(messages)[:-1]]
+    assert store.get_messages("s1")["head"] == messages[-1]["id"]
+
+
+def test_a_regenerated_answer_replaces_the_old_one(store):
+    question, old = store.add_messages("s1", [user("Capital of France?"), assistant("Lyon")])["messages"]
+    regenerated = store.add_messages("s1", [assistant("Paris")], parent_id=question["id"])
+    new = regenerated["messages"][0]
+    assert regenerated["head"] == new["id"] and new["parent_id"] == question["id"]
+    assert contents(thread(store)) == ["Capital of France?", "Paris"]
+    assert [m["content"] for m in store.get_context("s1")["messages"]] == ["Capital of France?", "Paris"]
+    # The old answer is kept, readable through its id.
+    assert contents(thread(store, leaf=old["id"])) == ["Capital of France?", "Lyon"]
+    # The chat goes on from the regenerated answer.
+    follow = store.add_messages("s1", [user("And Spain?")])["messages"][0]
+    assert follow["parent_id"] == new["id"]
+    assert contents(thread(store)) == ["Capital of France?", "Paris", "And Spain?"]
+
+
+def test_branching_from_an_older_message(store):
+    stored = store.add_messages("s1", [user("1"), assistant("2"), user("3"), assistant("4")])["messages"]
+    store.add_messages("s1", [user("3b"), assistant("4b")], parent_id=stored[1]["id"])
+    assert contents(thread(store)) == ["1", "2", "3b", "4b"]
+    assert contents(thread(store, leaf=stored[3]["id"])) == ["1", "2", "3", "4"]
+    assert conversation_info(store)["message_count"] == 6
+    assert conversation_info(store)["branch_count"] == 2
+
+
+def test_set_head_moves_reads_to_another_branch(store):
+    question, old = store.add_messages("s1", [user("q"), assistant("old")])["messages"]
+    new = store.add_messages("s1", [assistant("new")], parent_id=question["id"])["messages"][0]
+    assert store.set_head("s1", old["id"]) == old["id"]
+    assert store.get_messages("s1")["head"] == old["id"]
+    assert contents(thread(store)) == ["q", "old"]
+    assert [m["content"] for m in store.get_context("s1")["messages"]] == ["q", "old"]
+    after = store.add_messages("s1", [user("next")])["messages"][0]
+    assert after["parent_id"] == old["id"]
+    # Back to the other branch, and to a message in the middle of a thread.
+    store.set_head("s1", new["id"])
+    assert contents(thread(store)) == ["q", "new"]
+    store.set_head("s1", question["id"])
+    assert contents(thread(store)) == ["q"]
+    assert store.add_messages("s1", [assistant("third")])["messages"][0]["parent_id"] == question["id"]
+
+
+def test_set_head_to_a_missing_message(store):
+    store.add_messages("s1", [user("q")])
+    head = store.get_messages("s1")["head"]
+    with pytest.raises(MessageNotFound):
+        store.set_head("s1", "nope")
+    with pytest.raises(MessageNotFound):
+        store.set_head("s1", head, conversation="other")  # ids are per conversation
+    with pytest.raises(InvalidMessage):
+        store.set_head("s1", "bad id!")
+    with pytest.raises(SessionNotFound):
+        store.set_head("s2", head)
+    assert store.get_messages("s1")["head"] == head
+
+
+def test_get_messages_limit_and_leaf(store):
+    stored = store.add_messages("s1", [user(str(i)) for i in range(6)])["messages"]
+    assert contents(thread(store, limit=2)) == ["4", "5"]
+    assert contents(thread(store, limit=6)) == [str(i) for i in range(6)]
+    assert contents(thread(store, limit=100)) == [str(i) for i in range(6)]
+    assert contents(thread(store, leaf=stored[3]["id"])) == ["0", "1", "2", "3"]
+    assert contents(thread(store, leaf=stored[3]["id"], limit=2)) == ["2", "3"]
+    assert contents(thread(store, leaf=stored[0]["id"], limit=5)) == ["0"]
+    # A read through a leaf does not move the head.
+    assert store.get_messages("s1", leaf=stored[2]["id"])["head"] == stored[-1]["id"]
+    for limit in (0, -1, "2", 1.5, True):
+        with pytest.raises(InvalidValue):
+            store.get_messages("s1", limit=limit)
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf="missing")
+    with pytest.raises(InvalidMessage):
+        store.get_messages("s1", leaf="not valid")
+
+
+def test_reads_of_missing_sessions_and_conversations(store):
+    for read in (
+        lambda: store.get_messages("nobody"),
+        lambda: store.get_context("nobody"),
+        lambda: store.list_conversations("nobody"),
+        lambda: store.clear_messages("nobody"),
+    ):
+        with pytest.raises(SessionNotFound):
+            read()
+    assert_no_session(store, "nobody")  # reads create nothing
+    store.create_session("s1")
+    assert store.get_messages("s1") == {"conversation": "default", "head": None, "messages": []}
+    assert store.get_context("s1") == {
+        "conversation": "default",
+        "messages": [],
+        "tokens": 0,
+        "truncated": False,
+    }
+    assert store.list_conversations("s1") == []
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf="missing")
+
+
+def test_conversation_names_follow_the_key_rules(store):
+    store.add_messages("s1", [user("q")], conversation="node.summarize-1")
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["node.summarize-1"]
+    for name in ("", "a b", "x" * 1000, 5, None):
+        with pytest.raises(InvalidMessage):
+            store.add_messages("s1", [user("q")], conversation=name)
+        with pytest.raises(InvalidMessage):
+            store.get_messages("s1", conversation=name)
+        with pytest.raises(InvalidMessage):
+            store.get_context("s1", conversation=name)
+
+
+# Idempotent appends and conflicts --------------------------------------------------------
+
+
+def test_resending_the_same_message_is_a_no_op(store):
+    first = store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2", metadata={"k": 1})])
+    before = state(store)
+    again = store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2", metadata={"k": 1})])
+    assert again["messages"] == first["messages"]  # the stored messages, seq and created_at included
+    assert again["head"] == first["head"]
+    assert state(store) == before
+    one = store.add_messages("s1", [assistant("a", id="m2", metadata={"k": 1})])
+    assert one["messages"] == first["messages"][1:]
+    assert state(store) == before
+
+
+def test_resending_after_the_chat_went_on_leaves_the_head(store):
+    store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2")])
+    store.add_messages("s1", [user("q2", id="m3")])
+    before = state(store)
+    again = store.add_messages("s1", [user("q", id="m1")])
+    assert again["messages"][0]["seq"] == 1 and again["head"] == "m3"
+    assert state(store) == before
+
+
+def test_a_retried_batch_stores_only_what_is_new(store):
+    store.add_messages("s1", [user("q", id="m1")])
+    retried = store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2")])
+    assert [m["seq"] for m in retried["messages"]] == [1, 2]
+    assert retried["messages"][1]["parent_id"] == "m1"
+    assert ids(thread(store)) == ["m1", "m2"] and retried["head"] == "m2"
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        user("other text", id="m1"),
+        assistant("q", id="m1"),
+        user("q", id="m1", name="bob"),
+        user("q", id="m1", metadata={"k": 2}),
+        user([{"type": "text", "text": "q"}], id="m1"),
+    ],
+    ids=["content", "role", "name", "metadata", "content-parts"],
+)
+def test_the_same_id_with_other_content_is_a_conflict(store, changed):
+    store.add_messages("s1", [user("q", id="m1", metadata={"k": 1})])
+    store.add_messages("s1", [assistant("a", id="m2")])
+    before = state(store)
+    with pytest.raises(MessageConflict) as info:
+        store.add_messages("s1", [changed])
+    assert "m1" in str(info.value)
+    assert state(store) == before
+    # A new message before the conflicting one in the same call is not written either.
+    with pytest.raises(MessageConflict):
+        store.add_messages("s1", [user("new", id="m9"), changed])
+    assert state(store) == before
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf="m9")
+
+
+# Orphan tool results ----------------------------------------------------------------------
+
+
+def test_tool_results_answer_open_calls(store):
+    stored = store.add_messages(
+        "s1", [user("q"), calling("c1", "c2"), result("c2"), result("c1"), assistant("done")]
+    )["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "tool", "assistant"]
+    # Results may also come in later calls, one at a time.
+    store.add_messages("s1", [calling("c3", "c4")])
+    store.add_messages("s1", [result("c3")])
+    store.add_messages("s1", [result("c4")])
+    # And on a branch from the calling message.
+    calling_message = stored[1]
+    store.add_messages("s1", [result("c1", "other")], parent_id=calling_message["id"])
+    assert [m["role"] for m in thread(store)] == ["user", "assistant", "tool"]
+
+
+@pytest.mark.parametrize(
+    "before_messages, batch",
+    [
+        ([], [result("c1")]),
+        ([user("q")], [result("c1")]),
+        ([user("q"), calling("c1"), result("c1")], [result("c1")]),
+        ([user("q"), calling("c1")], [user("more"), result("c1")]),
+        ([user("q"), calling("c1"), user("more")], [result("c1")]),
+        ([user("q"), calling("c1")], [result("c2")]),
+        ([user("q")], [calling("c1"), result("c1"), result("c2")]),
+        ([user("q")], [calling("c1"), result("c1"), result("c1", "twice")]),
+        ([user("q"), calling("c1"), system("note")], [result("c1")]),
+    ],
+    ids=[
+        "new-session",
+        "no-call",
+        "already-answered",
+        "user-between-in-batch",
+        "after-a-user-message",
+        "unknown-call",
+        "batch-unknown-call",
+        "batch-answered-twice",
+        "system-between",
+    ],
+)
+def test_orphan_tool_results_are_refused_with_nothing_written(store, before_messages, batch):
+    if before_messages:
+        store.add_messages("s1", before_messages)
+        before = state(store)
+    with pytest.raises(OrphanToolResult) as info:
+        store.add_messages("s1", batch)
+    assert info.value.code == "orphan_tool_result"
+    if before_messages:
+        assert state(store) == before
+    else:
+        assert_no_session(store, "s1")
+
+
+def test_an_orphan_on_a_branch_is_refused(store):
+    stored = store.add_messages("s1", [user("q"), calling("c1"), result("c1"), assistant("a")])["messages"]
+    before = state(store)
+    with pytest.raises(OrphanToolResult):
+        store.add_messages("s1", [result("c1")], parent_id=stored[0]["id"])  # the call is not on that thread
+    with pytest.raises(OrphanToolResult):
+        store.add_messages("s1", [result("c1")], parent_id=stored[2]["id"])  # already answered there
+    assert state(store) == before
+
+
+# Validation ----------------------------------------------------------------------------------
+
+BAD_BATCHES = {
+    "not-a-list": {"role": "user", "content": "q"},
+    "empty": [],
+    "not-an-object": ["q"],
+    "bad-role": [{"role": "robot", "content": "q"}],
+    "no-role": [{"content": "q"}],
+    "tool-calls-on-user": [user("q", tool_calls=[tool_call("c1")])],
+    "tool-calls-on-tool": [result("c1", tool_calls=[tool_call("c2")])],
+    "empty-tool-calls": [assistant("a", tool_calls=[])],
+    "tool-call-not-function": [assistant(None, tool_calls=[{**tool_call("c1"), "type": "code"}])],
+    "tool-call-extra-field": [assistant(None, tool_calls=[{**tool_call("c1"), "x": 1}])],
+    "tool-call-arguments-not-string": [
+        assistant(
+            None, tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]
+        )
+    ],
+    "tool-call-id-twice": [assistant(None, tool_calls=[tool_call("c1"), tool_call("c1")])],
+    "missing-tool-call-id": [{"role": "tool", "content": "42"}],
+    "tool-call-id-on-user": [user("q", tool_call_id="c1")],
+    "no-content": [{"role": "user"}],
+    "null-content-on-user": [user(None)],
+    "null-content-without-calls": [assistant(None)],
+    "number-content": [user(5)],
+    "empty-parts": [user([])],
+    "part-without-type": [user([{"text": "q"}])],
+    "text-part-without-text": [user([{"type": "text"}])],
+    "image-part-in-tool": [result("c1", [{"type": "image_url", "image_url": {"url": "x"}}])],
+    "unknown-field": [user("q", temperature=0.2)],
+    "bad-name": [user("q", name="with space")],
+    "metadata-not-object": [user("q", metadata=[1])],
+    "bad-id": [user("q", id="has space")],
+    "id-twice-in-call": [user("q", id="m1"), assistant("a", id="m1")],
+    "nan-in-metadata": [user("q", metadata={"x": float("nan")})],
+    "lone-surrogate": [user("\ud800")],
+    "too-many": [user(str(i)) for i in range(101)],
+}
+
+
+@pytest.mark.parametrize("batch", list(BAD_BATCHES.values()), ids=list(BAD_BATCHES))
+def test_invalid_messages_are_refused_with_nothing_written(store, batch):
+    with pytest.raises(InvalidValue):
+        store.add_messages("new", batch)
+    assert_no_session(store, "new")
+    store.add_messages("s1", [user("q", id="m0")])
+    before = state(store)
+    with pytest.raises(InvalidValue) as info:
+        store.add_messages(
+            "s1", [user("first", id="m-first"), *batch] if batch and isinstance(batch, list) else batch
+        )
+    assert isinstance(info.value, InvalidMessage) or info.value.code in ("invalid_unicode", "invalid_value")
+    assert state(store) == before
+
+
+def test_max_batch_is_the_most_messages_per_call(configure):
+    store = configure(MAX_BATCH=5)
+    assert len(store.add_messages("s1", [user(str(i)) for i in range(5)])["messages"]) == 5
+    with pytest.raises(InvalidMessage, match="MAX_BATCH"):
+        store.add_messages("s1", [user(str(i)) for i in range(6)])
+    assert conversation_info(store)["message_count"] == 5
+
+
+def test_max_message_bytes(configure):
+    store = configure(MAX_MESSAGE_BYTES=2000)
+    store.add_messages("s1", [user("x" * 1900)])
+    before = state(store)
+    with pytest.raises(InvalidMessage, match="MAX_MESSAGE_BYTES"):
+        store.add_messages("s1", [user("ok"), user("x" * 2001)])
+    with pytest.raises(InvalidMessage, match="MAX_MESSAGE_BYTES"):
+        store.add_messages("s1", [user("x", metadata={"blob": "y" * 2000})])  # metadata counts too
+    assert state(store) == before
+
+
+def test_a_missing_parent_is_refused(store):
+    store.add_messages("s1", [user("q")])
+    before = state(store)
+    with pytest.raises(MessageNotFound):
+        store.add_messages("s1", [assistant("a")], parent_id="missing")
+    with pytest.raises(InvalidMessage):
+        store.add_messages("s1", [assistant("a")], parent_id="bad parent")
+    assert state(store) == before
+    with pytest.raises(MessageNotFound):
+        store.add_messages("s2", [assistant("a")], parent_id="missing")
+    assert_no_session(store, "s2")
+
+
+# MAX_MESSAGES -------------------------------------------------------------------------------
+
+
+def test_max_messages_trims_the_oldest_of_the_thread_keeping_system_messages(configure):
+    store = configure(MAX_MESSAGES=6)
+    store.add_messages("s1", [system("rules"), user("u0")])
+    assert store.get_context("s1", max_tokens=10_000)["truncated"] is False
+    for i in range(1, 10):
+        store.add_messages("s1", [user(f"u{i}")])
+    messages = thread(store)
+    assert contents(messages) == ["rules", "u5", "u6", "u7", "u8", "u9"]
+    assert [m["seq"] for m in messages] == [1, 7, 8, 9, 10, 11]  # seq is never reused
+    info = conversation_info(store)
+    assert info["message_count"] == 6 and info["trimmed"] == 5
+    assert info["tokens"] == sum(m["tokens"] for m in messages)
+    trims = [entry for entry in store.get_history("s1", 0) if entry["op"] == "trim_messages"]
+    assert sum(entry["removed"] for entry in trims) == 5
+    assert all(entry["conversation"] == "default" and entry["removed"] >= 1 for entry in trims)
+    # Windows that reach back to the trimmed messages say so; the system message stays pinned.
+    window = store.get_context("s1", max_tokens=10_000, max_messages=100)
+    assert [m["content"] for m in window["messages"]] == contents(messages)
+    assert window["truncated"] is True
+
+
+def test_trimming_in_the_same_step_as_a_big_append(configure):
+    store = configure(MAX_MESSAGES=4)
+    added = store.add_messages("s1", [user(str(i)) for i in range(7)])
+    assert len(added["messages"]) == 7  # the append answers what it stored
+    assert contents(thread(store)) == ["3", "4", "5", "6"]
+    (trim,) = [entry for entry in store.get_history("s1", 0) if entry["op"] == "trim_messages"]
+    assert trim["removed"] == 3
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf=added["messages"][0]["id"])
+
+
+def test_trimming_never_leaves_a_tool_result_without_its_call(configure):
+    store = configure(MAX_MESSAGES=4)
+    store.add_messages("s1", [user("u1"), calling("c1", "c2"), result("c1"), result("c2")])
+    store.add_messages("s1", [assistant("a1")])  # removes u1
+    assert [m["role"] for m in thread(store)] == ["assistant", "tool", "tool", "assistant"]
+    store.add_messages("s1", [user("u2")])  # removes the call, so its results too
+    messages = thread(store)
+    assert contents(messages) == ["a1", "u2"]
+    trims = [entry["removed"] for entry in store.get_history("s1", 0) if entry["op"] == "trim_messages"]
+    assert trims == [1, 3]
+    assert conversation_info(store)["trimmed"] == 4
+    window = store.get_context("s1", max_tokens=10_000)
+    assert [m["role"] for m in window["messages"]] == ["assistant", "user"]
+    assert window["truncated"] is True
+
+
+def test_trimming_keeps_the_head_and_its_open_call(configure):
+    store = configure(MAX_MESSAGES=2)
+    store.add_messages("s1", [user("u1"), calling("c1")])
+    store.add_messages("s1", [result("c1")])  # 3 messages: u1 goes, the call stays for its result
+    assert [m["role"] for m in thread(store)] == ["assistant", "tool"]
+    assert [m["role"] for m in store.get_context("s1")["messages"]] == ["assistant", "tool"]
+
+
+def test_trimming_keeps_pinned_system_messages_across_head_moves(configure):
+    store = configure(MAX_MESSAGES=5)
+    store.add_messages("s1", [system("rules"), user("u1"), assistant("a1")])
+    question = store.add_messages("s1", [user("u2")])["messages"][0]
+    first = store.add_messages("s1", [assistant("a2")])["messages"][0]
+    store.add_messages("s1", [assistant("a2 again")], parent_id=question["id"])  # 6 messages: u1 goes
+    assert contents(thread(store)) == ["rules", "a1", "u2", "a2 again"]
+    store.set_head("s1", first["id"])
+    assert contents(thread(store)) == ["rules", "a1", "u2", "a2"]
+    assert contents(thread(store, leaf=first["id"])) == ["rules", "a1", "u2", "a2"]
+    assert store.get_context("s1")["messages"][0] == {"role": "system", "content": "rules"}
+
+
+def test_trimming_keeps_the_call_the_head_waits_for(configure):
+    store = configure(MAX_MESSAGES=4)
+    first = store.add_messages("s1", [user("u0"), user("u1"), user("u2"), user("u3")])["messages"][0]
+    store.add_messages("s1", [user("q")], parent_id=first["id"])  # a branch: the old thread is stale
+    store.add_messages("s1", [calling("c1", "c2")])
+    store.add_messages("s1", [result("c1")])
+    store.add_messages("s1", [result("c2")])
+    window = store.get_context("s1")
+    assert [m["role"] for m in window["messages"]][-3:] == ["assistant", "tool", "tool"]
+
+
+def test_trimming_leaves_no_tool_result_of_another_branch_without_its_call(configure):
+    store = configure(MAX_MESSAGES=5)
+    added = store.add_messages("s1", [user("u0"), calling("c1"), result("c1"), user("w")])["messages"]
+    store.set_head("s1", added[1]["id"])
+    for text in ("x", "y", "z"):  # the last two trim u0, then the call
+        store.add_messages("s1", [user(text)])
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf=added[1]["id"])
+    store.set_head("s1", added[3]["id"])
+    assert [m["role"] for m in store.get_context("s1")["messages"]] == ["user"]  # the window leaves it out
+    assert [m["role"] for m in thread(store)] == ["user"]  # so should the thread
+
+
+def test_conversations_are_trimmed_apart(configure):
+    store = configure(MAX_MESSAGES=3)
+    for i in range(5):
+        store.add_messages("s1", [user(f"a{i}")], conversation="a")
+    store.add_messages("s1", [user("b0"), user("b1")], conversation="b")
+    infos = {info["conversation"]: info for info in store.list_conversations("s1")}
+    assert (infos["a"]["message_count"], infos["a"]["trimmed"]) == (3, 2)
+    assert (infos["b"]["message_count"], infos["b"]["trimmed"]) == (2, 0)
+
+
+# Windows --------------------------------------------------------------------------------
+
+
+def chars_store(configure: Any, **extra: Any) -> MemoryStore:
+    """A store counting 4 characters a token: an 8-character message costs 3 + 2 = 5."""
+    return configure(TOKENIZER="chars", **extra)
+
+
+def window_contents(window: dict[str, Any]) -> list[Any]:
+    return [message["content"] for message in window["messages"]]
+
+
+def test_the_window_holds_the_chat_fields_only(store):
+    store.add_messages(
+        "s1",
+        [
+            user("q", name="alice", metadata={"secret": 1}, id="m1"),
+            calling("c1", content="let me look"),
+            result("c1", name="lookup"),
+        ],
+    )
+    window = store.get_context("s1")
+    for message in window["messages"]:
+        assert set(message) <= set(CHAT_FIELDS)
+    assert window["messages"] == [
+        {"role": "user", "content": "q", "name": "alice"},
+        {"role": "assistant", "content": "let me look", "tool_calls": [tool_call("c1")]},
+        {"role": "tool", "content": "42", "name": "lookup", "tool_call_id": "c1"},
+    ]
+    assert window["tokens"] == sum(m["tokens"] for m in thread(store))
+    assert window["conversation"] == "default" and window["truncated"] is False
+
+
+def test_the_window_keeps_the_newest_within_max_tokens(configure):
+    store = chars_store(configure)
+    store.add_messages("s1", [user(f"message{i}") for i in range(6)])  # 5 tokens each
+    assert {m["tokens"] for m in thread(store)} == {5}
+    window = store.get_context("s1", max_tokens=14)
+    assert window_contents(window) == ["message4", "message5"]
+    assert (window["tokens"], window["truncated"]) == (10, True)
+    window = store.get_context("s1", max_tokens=30)
+    assert (len(window["messages"]), window["tokens"], window["truncated"]) == (6, 30, False)
+    window = store.get_context("s1", max_tokens=4)
+    assert (window["messages"], window["tokens"], window["truncated"]) == ([], 0, True)
+
+
+def test_the_window_keeps_the_newest_within_max_messages(store):
+    store.add_messages("s1", [user(str(i)) for i in range(6)])
+    window = store.get_context("s1", max_messages=3)
+    assert window_contents(window) == ["3", "4", "5"] and window["truncated"] is True
+    assert store.get_context("s1", max_messages=6)["truncated"] is False
+
+
+def test_the_window_defaults_come_from_settings(configure):
+    store = chars_store(configure, CONTEXT_MAX_MESSAGES=3, CONTEXT_MAX_TOKENS=12)
+    store.add_messages("s1", [user(f"message{i}") for i in range(6)])
+    assert window_contents(store.get_context("s1")) == ["message4", "message5"]  # 12 tokens: 2 messages
+    assert window_contents(store.get_context("s1", max_tokens=100)) == ["message3", "message4", "message5"]
+    assert len(store.get_context("s1", max_tokens=100, max_messages=100)["messages"]) == 6
+    store = chars_store(configure, CONTEXT_MAX_MESSAGES=None, CONTEXT_MAX_TOKENS=None)
+    store.add_messages("s2", [user(f"message{i}") for i in range(75)])
+    store.add_messages("s2", [user(f"message{i}") for i in range(75, 150)])
+    window = store.get_context("s2")
+    total = sum(m["tokens"] for m in thread(store, "s2"))
+    assert (len(window["messages"]), window["tokens"], window["truncated"]) == (150, total, False)
+
+
+@pytest.mark.parametrize("bad", [0, -5, "10", 2.5, True])
+def test_bad_budgets_are_refused(store, bad):
+    store.add_messages("s1", [user("q")])
+    with pytest.raises(InvalidValue):
+        store.get_context("s1", max_tokens=bad)
+    with pytest.raises(InvalidValue):
+        store.get_context("s1", max_messages=bad)
+
+
+def test_pinned_system_messages_come_first(configure):
+    store = chars_store(configure)
+    store.add_messages("s1", [system("rules!!!"), user("message0"), assistant("message1")])
+    store.add_messages("s1", [system("late sys"), user("message2"), assistant("message3")])
+    window = store.get_context("s1", max_messages=4)
+    assert window_contents(window) == ["rules!!!", "late sys", "message2", "message3"]
+    assert window["truncated"] is True
+    window = store.get_context("s1", max_tokens=15)
+    assert window_contents(window) == ["rules!!!", "late sys", "message3"]
+    # All of it: the system messages first, the rest in thread order.
+    window = store.get_context("s1")
+    assert window_contents(window) == ["rules!!!", "late sys", "message0", "message1", "message2", "message3"]
+
+
+def test_system_messages_that_do_not_fit_leave_the_window_empty(configure):
+    store = chars_store(configure)
+    store.add_messages("s1", [system("x" * 80), user("message0")])  # 23 + 5 tokens
+    window = store.get_context("s1", max_tokens=10)
+    assert (window["messages"], window["truncated"]) == ([], True)
+
+
+def test_system_messages_of_another_branch_are_not_pinned(store):
+    first = store.add_messages("s1", [user("q")])["messages"][0]
+    store.add_messages("s1", [system("only here"), assistant("a")])
+    store.add_messages("s1", [assistant("b")], parent_id=first["id"])
+    assert window_contents(store.get_context("s1")) == ["q", "b"]
+
+
+def test_the_window_keeps_whole_turn_groups(configure):
+    store = chars_store(configure)
+    store.add_messages(
+        "s1", [user("question"), calling("c1", "c2"), result("c1", "result01"), result("c2", "result02")]
+    )
+    store.add_messages("s1", [assistant("answer!!")])
+    roles = lambda window: [m["role"] for m in window["messages"]]  # noqa: E731
+    # The call and its two results are one group: 3 messages or none.
+    assert roles(store.get_context("s1", max_messages=3)) == ["assistant"]
+    assert roles(store.get_context("s1", max_messages=4)) == ["assistant", "tool", "tool", "assistant"]
+    group_tokens = sum(m["tokens"] for m in thread(store)[1:4])
+    window = store.get_context("s1", max_tokens=group_tokens + 5 - 1)
+    assert roles(window) == ["assistant"] and window["truncated"] is True
+    window = store.get_context("s1", max_tokens=group_tokens + 5)
+    assert roles(window) == ["assistant", "tool", "tool", "assistant"]
+    assert window["tokens"] == group_tokens + 5
+
+
+def test_the_newest_group_may_wait_for_its_results(store):
+    store.add_messages("s1", [user("q"), calling("c1", "c2"), result("c1")])
+    window = store.get_context("s1")
+    assert [m["role"] for m in window["messages"]] == ["user", "assistant", "tool"]
+    assert window["truncated"] is False
+    assert [m["role"] for m in store.get_context("s1", max_messages=2)["messages"]] == ["assistant", "tool"]
+
+
+def test_a_call_whose_results_never_came_is_left_out(store):
+    store.add_messages("s1", [user("q"), calling("c1", "c2"), result("c1"), user("never mind")])
+    window = store.get_context("s1")
+    assert [m["role"] for m in window["messages"]] == ["user", "user"]
+    assert window["tokens"] == sum(m["tokens"] for m in thread(store) if m["role"] == "user")
+
+
+def test_a_window_follows_the_head(store):
+    question = store.add_messages("s1", [user("q")])["messages"][0]
+    old = store.add_messages("s1", [calling("c1")])["messages"][0]
+    store.add_messages("s1", [result("c1")])
+    store.add_messages("s1", [assistant("regenerated")], parent_id=question["id"])
+    assert window_contents(store.get_context("s1")) == ["q", "regenerated"]
+    store.set_head("s1", old["id"])
+    assert [m["role"] for m in store.get_context("s1")["messages"]] == ["user", "assistant"]
+
+
+def test_conversations_have_their_own_windows(store):
+    store.add_messages("s1", [user("a")], conversation="a")
+    store.add_messages("s1", [user("b")], conversation="b")
+    assert window_contents(store.get_context("s1", conversation="a")) == ["a"]
+    assert store.get_context("s1", conversation="b")["conversation"] == "b"
+    assert store.get_context("s1")["messages"] == []
+
+
+# Listing and clearing ------------------------------------------------------------------------
+
+
+def test_list_conversations(store):
+    stored = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    stored += store.add_messages("s1", [assistant("a2")], parent_id=stored[0]["id"])["messages"]
+    stored += store.add_messages("s1", [assistant("a three")], parent_id=stored[0]["id"])["messages"]
+    other = store.add_messages("s1", [user("x")], conversation="another")["messages"]
+    infos = store.list_conversations("s1")
+    assert [info["conversation"] for info in infos] == ["another", "default"]
+    another, default = infos
+    assert another == {
+        "conversation": "another",
+        "head": other[0]["id"],
+        "message_count": 1,
+        "tokens": other[0]["tokens"],
+        "branch_count": 1,
+        "trimmed": 0,
+    }
+    assert default == {
+        "conversation": "default",
+        "head": stored[-1]["id"],
+        "message_count": 4,
+        "tokens": sum(m["tokens"] for m in stored),
+        "branch_count": 3,
+        "trimmed": 0,
+    }
+    store.create_session("s2")
+    assert store.list_conversations("s2") == []
+
+
+def test_list_conversations_counts_tokens_of_every_branch(store):
+    question, first = store.add_messages("s1", [user("q"), assistant("first answer")])["messages"]
+    second = store.add_messages("s1", [assistant("the second, longer answer")], parent_id=question["id"])
+    info = conversation_info(store)
+    assert info["tokens"] == question["tokens"] + first["tokens"] + second["messages"][0]["tokens"]
+    assert (info["message_count"], info["branch_count"]) == (3, 2)
+    store.set_head("s1", question["id"])  # the head on a message with children: still 2 branches
+    assert conversation_info(store)["branch_count"] == 2
+
+
+def test_clear_messages(store):
+    stored = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    store.add_messages("s1", [assistant("b")], parent_id=stored[0]["id"])
+    store.add_messages("s1", [user("keep")], conversation="other")
+    store.put("s1", "k", 1)
+    assert store.clear_messages("s1") == 3  # every branch
+    assert store.get_messages("s1") == {"conversation": "default", "head": None, "messages": []}
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["other"]
+    assert contents(thread(store, conversation="other")) == ["keep"]
+    assert store.get("s1", "k") == 1
+    assert store.clear_messages("s1") == 0
+    assert store.clear_messages("s1", conversation="never") == 0
+    # A cleared conversation starts again from seq 1.
+    assert store.add_messages("s1", [user("again")])["messages"][0]["seq"] == 1
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf=stored[0]["id"])
+
+
+def test_clear_messages_is_recorded_in_the_history(store):
+    store.add_messages("s1", [user("q"), assistant("a")])
+    store.clear_messages("s1")
+    (entry,) = [entry for entry in store.get_history("s1", 0) if entry["op"] == "clear_messages"]
+    assert (entry["conversation"], entry["removed"]) == ("default", 2)
+
+
+# Session ends ---------------------------------------------------------------------------
+
+
+def test_delete_session_removes_its_conversations(store):
+    store.add_messages("s1", [user("q", id="m1")])
+    store.add_messages("s1", [user("q")], conversation="other")
+    store.delete_session("s1")
+    with pytest.raises(SessionNotFound):
+        store.get_messages("s1")
+    fresh = store.add_messages("s1", [user("new", id="m1")])  # no conflict with the deleted m1
+    assert fresh["messages"][0]["seq"] == 1
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["default"]
+    assert contents(thread(store)) == ["new"]
+
+
+def test_expired_sessions_lose_their_conversations(store):
+    store.create_session("s1", ttl_seconds=0.3)
+    store.add_messages("s1", [user("q", id="m1"), assistant("a")])
+    store.add_messages("s1", [user("q")], conversation="other")
+    time.sleep(0.45)
+    for read in (
+        lambda: store.get_messages("s1"),
+        lambda: store.get_context("s1"),
+        lambda: store.list_conversations("s1"),
+    ):
+        with pytest.raises(SessionNotFound):
+            read()
+    fresh = store.add_messages("s1", [user("new", id="m1")])
+    assert fresh["messages"][0]["seq"] == 1
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["default"]
+    assert store.session_info("s1")["ttl_seconds"] is None  # a new session, with the default TTL
+
+
+def test_the_sweep_removes_expired_conversations(store):
+    store.create_session("gone", ttl_seconds=0.1)
+    store.add_messages("gone", [user("q"), assistant("a")])
+    store.add_messages("kept", [user("q")])
+    time.sleep(0.2)
+    report = maintenance.sweep(store=store)
+    assert report.expired_sessions in (0, 1)  # Redis may have expired the keys by itself
+    assert_no_session(store, "gone")
+    assert contents(thread(store, "kept")) == ["q"]
+    with pytest.raises(SessionNotFound):
+        store.get_messages("gone")
+
+
+# Redis: TTL alignment and the sweep ------------------------------------------------------
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def session_keys(client: redis.Redis, storage_id: str) -> dict[str, int]:
+    """PTTL of every key of a session, by name."""
+    return {
+        key.decode(): client.pttl(key)
+        for key in client.scan_iter(match=f"{PREFIX}:{re.escape(storage_id)}:*")
+    }
+
+
+def assert_aligned(client: redis.Redis, storage_id: str, *, conversations: list[str]) -> dict[str, int]:
+    keys = session_keys(client, storage_id)
+    meta = keys.pop(f"{PREFIX}:{storage_id}:__meta__")
+    for name in conversations:
+        assert f"{PREFIX}:{storage_id}:~c:{name}" in keys or any(
+            key.startswith(f"{PREFIX}:{storage_id}:~c:{name}:") for key in keys
+        ), (name, sorted(keys))
+    assert f"{PREFIX}:{storage_id}:~convs" in keys, sorted(keys)
+    for key, pttl in keys.items():
+        if meta == -1:
+            assert pttl == -1, key
+        else:
+            assert pttl > 0 and abs(pttl - meta) <= 50, (key, pttl, meta)
+    return keys
+
+
+def test_every_conversation_key_shares_the_session_ttl(redis_store, redis_client):
+    store = redis_store
+    store.create_session("s1", ttl_seconds=60)
+    time.sleep(0.2)  # appends made later must take the session's remaining TTL, not a fresh 60 s
+    question = store.add_messages("s1", [system("rules"), user("q"), calling("c1"), result("c1")])[
+        "messages"
+    ][1]
+    store.add_messages("s1", [assistant("a")], parent_id=question["id"])
+    store.add_messages("s1", [user("x")], conversation="other")
+    store.set_head("s1", question["id"])
+    keys = assert_aligned(redis_client, "s1", conversations=["default", "other"])
+    assert all(pttl < 59_900 for pttl in keys.values())
+    store.clear_messages("s1", conversation="other")
+    store.add_messages("s1", [user("again")], conversation="other")
+    assert_aligned(redis_client, "s1", conversations=["default", "other"])
+
+
+def test_conversation_keys_without_a_ttl_persist_with_the_session(redis_store, redis_client):
+    redis_store.add_messages("s1", [user("q"), assistant("a")])
+    assert_aligned(redis_client, "s1", conversations=["default"])
+
+
+def test_conversation_keys_take_the_default_ttl_of_a_session_they_create(settings, redis_client, redis_url):
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url, SESSION_TTL_HOURS=1)
+    store = get_store()
+    store.add_messages("s1", [user("q")])
+    keys = assert_aligned(redis_client, "s1", conversations=["default"])
+    assert all(3_590_000 < pttl <= 3_600_000 for pttl in keys.values())
+
+
+def test_owned_conversation_keys_share_the_session_ttl(redis_store, redis_client):
+    alice = redis_store.for_owner("user:1")
+    alice.create_session("s1", ttl_seconds=30)
+    alice.add_messages("s1", [user("q"), calling("c1"), result("c1")])
+    assert_aligned(redis_client, "~o:user:1~s1", conversations=["default"])
+
+
+def test_the_lanes_keep_conversation_keys_aligned(settings, redis_client, redis_url):
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url, SESSION_TTL_HOURS=1)
+    lanes = MemoryFilter(get_store())
+    lanes.enrich({"text": "q", "metadata": {"session_id": "s1"}}, run_id="r1")
+    time.sleep(0.1)
+    lanes.store({"text": "a", "metadata": {}}, run_id="r1")
+    assert_aligned(redis_client, "s1", conversations=["default"])
+    assert [m["role"] for m in thread(get_store())] == ["user", "assistant"]
+
+
+def test_the_sweep_leaves_no_conversation_keys_of_an_expired_session(redis_store, redis_client):
+    store = redis_store
+    store.create_session("gone", ttl_seconds=0.2)
+    store.add_messages("gone", [user("q"), calling("c1"), result("c1")])
+    store.add_messages("gone", [user("q")], conversation="other")
+    store.add_messages("kept", [user("q")])
+    keys = session_keys(redis_client, "gone")
+    assert any(":~c:" in key for key in keys)
+    # A crash could leave conversation keys behind without a TTL: the sweep finds them.
+    leftovers = {key: redis_client.dump(key) for key in keys if ":~c:" in key or key.endswith(":~convs")}
+    time.sleep(0.3)
+    for key, dumped in leftovers.items():
+        redis_client.restore(key, 0, dumped, replace=True)
+    assert session_keys(redis_client, "gone")
+    counts = maintenance.sweep(store=store)
+    assert counts.expired_sessions + counts.leftover_keys >= 1
+    assert session_keys(redis_client, "gone") == {}
+    assert contents(thread(store, "kept")) == ["q"]
+    assert session_keys(redis_client, "kept")
+
+
+# Owners -------------------------------------------------------------------------------------
+
+
+def test_conversations_are_isolated_by_owner(store):
+    alice, bob = store.for_owner("alice"), store.for_owner("bob")
+    mine = alice.add_messages("s1", [user("alice's", id="m1"), assistant("reply")])
+    with pytest.raises(SessionNotFound):
+        bob.get_messages("s1")
+    with pytest.raises(SessionNotFound):
+        store.get_messages("s1")  # nor the unowned namespace
+    theirs = bob.add_messages("s1", [user("bob's", id="m1")])  # same ids, no conflict
+    assert theirs["messages"][0]["seq"] == 1 and theirs["head"] == "m1"
+    assert contents(thread(alice)) == ["alice's", "reply"]
+    assert contents(thread(bob)) == ["bob's"]
+    with pytest.raises(MessageNotFound):
+        bob.set_head("s1", mine["head"])
+    with pytest.raises(MessageNotFound):
+        bob.get_messages("s1", leaf=mine["head"])
+    assert bob.clear_messages("s1") == 1
+    assert contents(thread(alice)) == ["alice's", "reply"]
+    assert [info["message_count"] for info in alice.list_conversations("s1")] == [2]
+    assert bob.list_conversations("s1") == []
+    assert window_contents(alice.get_context("s1")) == ["alice's", "reply"]
+    bob.delete_session("s1")
+    assert contents(thread(alice)) == ["alice's", "reply"]
+
+
+def test_errors_name_the_callers_session_id(store):
+    alice = store.for_owner("alice")
+    with pytest.raises(SessionNotFound) as info:
+        alice.get_messages("s1")
+    assert "'s1'" in str(info.value) and "~o:" not in str(info.value)
+
+
+# The lanes --------------------------------------------------------------------------------
+
+
+def test_the_lanes_record_questions_and_answers(store):
+    lanes = MemoryFilter(store)
+    lanes.open()
+    asked, _ = lanes.enrich({"text": "What is 2+2?", "metadata": {"session_id": "s1"}})
+    assert asked["metadata"]["conversation"] == {"messages": [], "tokens": 0, "truncated": False}
+    lanes.store({"text": "4", "metadata": {"session_id": "s1"}})
+    lanes.open()
+    asked, _ = lanes.enrich({"text": "And 3+3?", "metadata": {"session_id": "s1"}})
+    window = asked["metadata"]["conversation"]
+    assert window["messages"] == [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert window["tokens"] == sum(m["tokens"] for m in thread(store)[:2])
+    messages = thread(store)
+    assert [(m["role"], m["content"]) for m in messages] == [
+        ("user", "What is 2+2?"),
+        ("assistant", "4"),
+        ("user", "And 3+3?"),
+    ]
+    assert messages[1]["parent_id"] == messages[0]["id"]
+
+
+def test_the_lanes_name_a_conversation_and_record_nothing_without_text(store):
+    lanes = MemoryFilter(store)
+    lanes.enrich({"text": "q", "metadata": {"session_id": "s1", "conversation_name": "node-1"}}, run_id="r1")
+    lanes.store({"text": "a", "metadata": {"conversation_name": "node-1"}}, run_id="r1")
+    lanes.enrich({"metadata": {"session_id": "s1"}})  # no text: nothing recorded
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["node-1"]
+    assert contents(thread(store, conversation="node-1")) == ["q", "a"]
+
+
+def test_record_conversation_off_records_nothing(configure):
+    store = configure(RECORD_CONVERSATION=False)
+    lanes = MemoryFilter(store)
+    question, _ = lanes.enrich({"text": "q", "metadata": {"session_id": "s1"}})
+    lanes.store({"text": "a", "metadata": {"session_id": "s1"}})
+    assert "conversation" not in question["metadata"]
+    assert store.list_conversations("s1") == []
+    assert store.get("s1", "last_answer") == "a"
+
+
+# Redis: one round trip per method --------------------------------------------------------
+
+
+def test_every_conversation_method_is_one_round_trip(counting_client):
+    store = MemoryStore(RedisBackend(client=counting_client, max_history=100, auto_summarize=True))
+    lanes = MemoryFilter(store)
+    store.ping()
+    store.create_session("warm")
+    first = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    operations = {
+        "add_messages (1 message)": lambda: store.add_messages("s1", [user("q2")]),
+        "add_messages (a call and its results)": lambda: store.add_messages(
+            "s1", [calling("c1", "c2"), result("c1"), result("c2")]
+        ),
+        "add_messages (branch)": lambda: store.add_messages("s1", [assistant("b")], parent_id=first[0]["id"]),
+        "add_messages (re-sent)": lambda: store.add_messages("s1", [user("q", id="m1")]),
+        "add_messages (new session)": lambda: store.add_messages("s2", [user("q")]),
+        "get_messages": lambda: store.get_messages("s1"),
+        "get_messages (leaf, limit)": lambda: store.get_messages("s1", leaf=first[1]["id"], limit=1),
+        "get_context": lambda: store.get_context("s1"),
+        "get_context (budgets)": lambda: store.get_context("s1", max_tokens=10, max_messages=2),
+        "list_conversations": lambda: store.list_conversations("s1"),
+        "set_head": lambda: store.set_head("s1", first[1]["id"]),
+        "clear_messages": lambda: store.clear_messages("s2"),
+        "enrich lane (recording)": lambda: lanes.enrich({"text": "q3", "metadata": {"session_id": "s1"}}),
+        "store lane (recording)": lambda: lanes.store({"text": "a3", "metadata": {"session_id": "s1"}}),
+        "enrich lane with run_id": lambda: MemoryFilter(store).enrich(
+            {"text": "q4", "metadata": {"session_id": "s3"}}, run_id="r1"
+        ),
+        "store lane through run_id": lambda: MemoryFilter(store).store(
+            {"text": "a4", "metadata": {}}, run_id="r1"
+        ),
+    }
+    trips = {}
+    for name, call in operations.items():
+        if name == "add_messages (re-sent)":
+            store.add_messages("s1", [user("q", id="m1")])
+        CountingConnection.sends = 0
+        call()
+        trips[name] = CountingConnection.sends
+    assert trips == dict.fromkeys(operations, 1)
+    refused = {
+        "orphan tool result": lambda: store.add_messages("s1", [result("nope")]),
+        "conflict": lambda: store.add_messages("s1", [user("other", id="m1")]),
+        "missing parent": lambda: store.add_messages("s1", [user("x")], parent_id="missing"),
+    }
+    for name, call in refused.items():
+        CountingConnection.sends = 0
+        with pytest.raises((OrphanToolResult, MessageConflict, MessageNotFound)):
+            call()
+        trips[name] = CountingConnection.sends
+    assert [trips[name] for name in refused] == [1, 1, 1]
+    store.close()
