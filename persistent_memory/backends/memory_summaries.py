@@ -1,0 +1,78 @@
+"""The memory backend's rolling summaries (the contract in :mod:`.conversations`).
+
+Mixed into :class:`~persistent_memory.backends.memory.MemoryBackend`, with its lock,
+journal and mirror marks; marked conversations are a set of (storage id, conversation).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import TYPE_CHECKING, Any
+
+from persistent_memory.backends.conversations import Summary, SummaryBackend, SummarySource
+
+if TYPE_CHECKING:
+    from persistent_memory.backends.memory import MemoryBackend
+
+
+class MemorySummaries(SummaryBackend):
+    """Summaries kept on each conversation's tree."""
+
+    def pop_unsummarized(self: MemoryBackend, count: int) -> list[tuple[str, str]]:
+        with self._lock:
+            return [self._unsummarized.pop() for _ in range(min(count, len(self._unsummarized)))]
+
+    def mark_unsummarized(self: MemoryBackend, items: list[tuple[str, str]]) -> None:
+        with self._lock:
+            self._unsummarized.update(items)
+
+    def unsummarized_count(self: MemoryBackend) -> int:
+        return len(self._unsummarized)
+
+    def summary_source(self: MemoryBackend, session_id: str, conversation: str) -> SummarySource:
+        with self._lock:
+            tree = self._live(session_id, time.time()).conversations.get(conversation)
+            if tree is None:
+                return SummarySource(None, [])
+            anchor = tree.anchor_position()
+            after = tree.thread if anchor is None else tree.thread[anchor + 1 :]
+            summary = tree.summary if anchor is not None else None
+            return SummarySource(summary, [tree.messages[message_id].text for message_id in after])
+
+    def commit_summary(
+        self: MemoryBackend, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
+    ) -> bool:
+        with self._lock:
+            return self._summary_op(time.time(), session_id, conversation, expected_anchor, summary._asdict())
+
+    def _summary_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        conversation: str,
+        expected_anchor: str | None,
+        summary: dict[str, Any],
+    ) -> bool:
+        if not self._is_live(session_id, now):
+            return False
+        session = self._sessions[session_id]
+        tree = session.conversations.get(conversation)
+        if tree is None or summary["anchor"] not in tree.messages:
+            return False
+        # What summary_source answered: a summary of another branch is none for this thread.
+        current = tree.summary.anchor if tree.anchor_position() is not None else None
+        if current != expected_anchor:
+            return False
+        self._log("summary", session_id, now, conversation, expected_anchor, summary)
+        # What it covers, counted here: a trim between the read and this commit changed it.
+        covered = sum(tree.messages[message_id].tokens for message_id in tree.path(summary["anchor"], 0))
+        tree.summary = Summary(**{**summary, "covered_tokens": covered})
+        self._settle(session_id, session, conversation, tree, now, touch=False)  # not the session's use
+        return True
+
+    def summarizer_health(self: MemoryBackend) -> dict[str, Any]:
+        return copy.deepcopy(self._health)
+
+    def set_summarizer_health(self: MemoryBackend, health: dict[str, Any]) -> None:
+        self._health = copy.deepcopy(health)

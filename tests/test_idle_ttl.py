@@ -1,0 +1,181 @@
+"""Idle expiry: sessions that live while they are used (SESSION_IDLE_TTL_SECONDS), on both backends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from persistent_memory.exceptions import SessionNotFound
+from persistent_memory.maintenance import sweep
+from persistent_memory.pipeline import MemoryFilter
+from tests.conftest import CountingConnection
+
+IDLE = 0.6
+
+
+def live(store, session_id: str) -> bool:
+    try:
+        store.session_info(session_id)
+    except SessionNotFound:
+        return False
+    return True
+
+
+def test_writes_keep_a_session_alive_past_its_idle_ttl_then_it_goes(configure):
+    store = configure(SESSION_IDLE_TTL_SECONDS=IDLE)
+    info = store.create_session("chat")
+    assert info["idle_ttl_seconds"] == IDLE and info["expires_by"] == "idle"
+    started = time.time()
+    for n in range(6):  # 1.5 s of writes, each well within the idle TTL of the last
+        time.sleep(0.25)
+        store.put("chat", "turn", n)
+    assert time.time() - started > 2 * IDLE
+    assert store.get("chat", "turn") == 5
+    expires_at = store.session_info("chat")["expires_at"]
+    assert expires_at == pytest.approx(time.time() + IDLE, abs=0.15)
+    time.sleep(IDLE + 0.2)
+    assert not live(store, "chat")
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_reads_refresh_only_with_the_setting(configure, refresh):
+    store = configure(SESSION_IDLE_TTL_SECONDS=IDLE, IDLE_TTL_REFRESH_ON_READ=refresh)
+    store.create_session("chat")
+    store.put("chat", "k", 1)
+    store.add_messages("chat", [{"role": "user", "content": "hi"}])
+    reads = [
+        lambda: store.get("chat", "k"),
+        lambda: store.get_all("chat"),
+        lambda: store.enrich("chat"),
+        lambda: store.get_messages("chat"),
+        lambda: store.get_context("chat"),
+    ]
+    for n in range(6):
+        time.sleep(0.2)
+        try:
+            reads[n % len(reads)]()
+        except SessionNotFound:
+            assert not refresh, "a read refreshing the idle TTL found the session gone"
+            break
+    assert live(store, "chat") is refresh
+
+
+def session_keys(redis_client, storage_id: str) -> list[bytes]:
+    return list(redis_client.scan_iter(match=f"rr:memory:{storage_id}:*"))
+
+
+def test_every_key_of_a_session_gets_the_same_expiry(redis_store, redis_client, settings):
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "SESSION_IDLE_TTL_SECONDS": 30}
+    from persistent_memory import get_store
+
+    store = get_store()
+    lanes = MemoryFilter(store)
+    lanes.enrich({"text": "Where is Paris?", "metadata": {"session_id": "chat"}}, run_id="run-1")
+    lanes.store({"text": "In France."}, run_id="run-1")
+    store.put("chat", "topic", "geography")
+    store.add_messages("chat", [{"role": "system", "content": "Be brief."}], conversation="other")
+    names = {key.decode().removeprefix("rr:memory:chat:") for key in session_keys(redis_client, "chat")}
+    # Values, the node's own keys, the run index and both conversations' keys.
+    assert {"__meta__", "__keys__", "__history__", "topic", "last_answer", "~runs", "~convs"} <= names
+    assert {"~c:default", "~c:default:m", "~c:other:s"} <= names
+    for _ in range(3):
+        time.sleep(1.2)  # past the refresh step (1% of the idle TTL, at most a second)
+        store.increment("chat", "count")
+        pttls = [redis_client.pttl(key) for key in session_keys(redis_client, "chat")]
+        assert min(pttls) > 29_000
+        assert max(pttls) - min(pttls) <= 50
+
+
+def test_a_fixed_ttl_still_ends_a_busy_session(configure):
+    store = configure()
+    info = store.create_session("chat", ttl_seconds=1.2, idle_ttl_seconds=0.5)
+    assert info["expires_by"] == "idle" and info["ttl_seconds"] == 1.2
+    for n in range(4):
+        time.sleep(0.2)
+        store.put("chat", "n", n)
+    info = store.session_info("chat")  # 0.8 s in: 0.5 s more of idle would pass the deadline
+    assert info["expires_by"] == "ttl"
+    assert info["expires_at"] == pytest.approx(info["created_at"] + 1.2, abs=0.1)
+    time.sleep(0.5)
+    with pytest.raises(SessionNotFound):
+        store.put("chat", "n", 9)
+
+
+def test_idle_ttl_per_session_and_none_at_all(configure):
+    store = configure(SESSION_IDLE_TTL_SECONDS=IDLE)
+    assert store.create_session("no-idle", idle_ttl_seconds=0)["idle_ttl_seconds"] is None
+    assert store.create_session("own", idle_ttl_seconds=5)["idle_ttl_seconds"] == 5
+    time.sleep(IDLE + 0.2)
+    assert live(store, "no-idle") and live(store, "own")
+
+
+def test_the_sweep_removes_idle_sessions(configure):
+    store = configure(SESSION_IDLE_TTL_SECONDS=0.3)
+    store.create_session("idle")
+    store.create_session("busy", idle_ttl_seconds=60)
+    time.sleep(0.5)
+    # On Redis the keys expire by themselves; the sweep drops the id from the indexes.
+    assert sweep(store=store).expired_sessions == 1
+    assert store.list_sessions() == ["busy"]
+
+
+def test_a_restored_session_keeps_its_idle_ttl(configure):
+    store = configure()
+    store.create_session("chat", ttl_seconds=3600, idle_ttl_seconds=120)
+    store.put("chat", "k", 1)
+    snapshot = store.backend.snapshots(["chat"])["chat"]
+    store.delete_session("chat")
+    store.backend.restore_session(snapshot, replace=False)
+    info = store.session_info("chat")
+    assert info["idle_ttl_seconds"] == 120 and info["expires_by"] == "idle"
+    assert info["expires_at"] == pytest.approx(time.time() + 120, abs=2)
+
+
+def test_a_node_session_without_an_idle_ttl_keeps_its_expiry(redis_store, redis_client, settings):
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "SESSION_IDLE_TTL_SECONDS": 30}
+    from persistent_memory import get_store
+
+    store = get_store()
+    # As the original node writes a session: no idle TTL in its meta.
+    meta = {"created_at": str(time.time()), "ttl_seconds": "600"}
+    redis_client.hset("rr:memory:node-1:__meta__", mapping=meta)
+    redis_client.expire("rr:memory:node-1:__meta__", 600)
+    redis_client.sadd("rr:memory:__sessions__", "node-1")
+    before = redis_client.pttl("rr:memory:node-1:__meta__")
+    store.put("node-1", "k", 1)
+    assert store.session_info("node-1")["idle_ttl_seconds"] is None
+    assert redis_client.pttl("rr:memory:node-1:__meta__") <= before
+
+
+def test_one_round_trip_per_operation_with_idle_ttl(redis_url, redis_client, counting_client, settings):
+    from persistent_memory.backends.redis import RedisBackend
+    from persistent_memory.store import MemoryStore
+
+    backend = RedisBackend(
+        client=counting_client,
+        owns_client=False,
+        max_history=100,
+        auto_summarize=True,
+        idle_ttl_seconds=30,
+        refresh_on_read=True,
+    )
+    store = MemoryStore(backend)
+    store.create_session("warm-up")  # the connection's handshake and the script's first load
+    lanes = MemoryFilter(store)
+    calls = [
+        lambda: store.create_session("chat"),
+        lambda: store.put("chat", "k", 1),
+        lambda: store.get("chat", "k"),
+        lambda: store.get_all("chat"),
+        lambda: store.increment("chat", "n"),
+        lambda: store.add_messages("chat", [{"role": "user", "content": "hi"}]),
+        lambda: store.get_messages("chat"),
+        lambda: store.get_context("chat"),
+        lambda: lanes.enrich({"text": "Where?", "metadata": {"session_id": "chat"}}, run_id="r"),
+        lambda: lanes.store({"text": "Here."}, run_id="r"),
+    ]
+    for call in calls:
+        CountingConnection.sends = 0
+        call()
+        assert CountingConnection.sends == 1
