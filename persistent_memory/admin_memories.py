@@ -1,0 +1,96 @@
+"""The admin's long-term memories: the database is their source of truth, so they are
+editable here. Saving goes through the service (the same rules as the API: validated,
+tokens counted, the vector renewed) and marks the memory as the admin's, which an
+extraction then never overwrites. Selected memories export as JSON Lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, StreamingHttpResponse
+from django.utils.text import Truncator
+
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.memories import memories_for, records
+from persistent_memory.memories.jsonl import export_lines
+from persistent_memory.models import LongTermMemory
+from persistent_memory.owners import validate_owner
+
+EDITED = ("session_id", "type", "key", "content", "metadata", "expires_at")
+
+
+class LongTermMemoryForm(forms.ModelForm):
+    """Checks what the service would refuse, so the admin shows it on the form."""
+
+    class Meta:
+        model = LongTermMemory
+        fields = ("owner", *EDITED)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        checks = {
+            "owner": validate_owner,
+            "content": records.validate_content,
+            "key": records.validate_memory_key,
+            "session_id": records.validate_memory_session,
+            "metadata": records.validate_metadata,
+        }
+        for name, check in checks.items():
+            if name in data:
+                try:
+                    data[name] = check(data[name])
+                except PersistentMemoryError as exc:
+                    self.add_error(name, str(exc))
+        owner = self.instance.owner if self.instance.pk else data.get("owner", "")
+        taken = LongTermMemory.objects.filter(owner=owner, key=data.get("key")).exclude(pk=self.instance.pk)
+        if data.get("key") and taken.exists():
+            self.add_error("key", "Another memory of this owner has this key.")
+        return data
+
+
+@admin.register(LongTermMemory)
+class LongTermMemoryAdmin(admin.ModelAdmin):
+    form = LongTermMemoryForm
+    list_display = ("key", "short_content", "owner", "type", "source", "updated_at", "access_count", "tokens")
+    list_filter = ("type", "source", "owner")
+    search_fields = ("content", "key", "owner")
+    date_hierarchy = "updated_at"
+    readonly_fields = (
+        "source",
+        "source_messages",
+        "created_at",
+        "updated_at",
+        "access_count",
+        "last_accessed_at",
+        "tokens",
+    )
+    actions = ("export_jsonl",)
+
+    @admin.display(description="content")
+    def short_content(self, obj: LongTermMemory) -> str:
+        return Truncator(obj.content).chars(80)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: LongTermMemory | None = None) -> tuple[str, ...]:
+        # The owner is chosen on creation; moving a memory to another owner is a new one.
+        return (*self.readonly_fields, "owner") if obj else self.readonly_fields
+
+    def save_model(
+        self, request: HttpRequest, obj: LongTermMemory, form: forms.ModelForm, change: bool
+    ) -> None:
+        fields = {name: form.cleaned_data.get(name) for name in EDITED}
+        if change:
+            saved = memories_for(obj.owner).update(obj.pk, **fields, source="admin")
+        else:
+            content = fields.pop("content")
+            saved = memories_for(obj.owner).add(content, source="admin", **fields)
+        obj.pk = saved["id"]
+        obj.refresh_from_db()
+
+    @admin.action(description="Export selected memories as JSON Lines")
+    def export_jsonl(self, request: HttpRequest, queryset: QuerySet[LongTermMemory]) -> StreamingHttpResponse:
+        response = StreamingHttpResponse(export_lines(queryset), content_type="application/x-ndjson")
+        response["Content-Disposition"] = 'attachment; filename="memories.jsonl"'
+        return response

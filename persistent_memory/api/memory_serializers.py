@@ -1,0 +1,128 @@
+"""Request and response shapes of the long-term memory endpoints.
+
+They check shapes only; what a memory may hold (sizes, JSON rules, key and session id
+patterns) is checked by :mod:`persistent_memory.memories.records`, the same for Python
+callers and the API, and answered as 400 ``invalid_memory``.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from persistent_memory.memories.records import SOURCES, TYPES
+from persistent_memory.memories.search import STRATEGIES
+from persistent_memory.memories.service import MAX_LIMIT
+
+KEY_HELP = (
+    "Stable per owner: writing the same key again updates that memory. 1-256 of letters, "
+    "digits, '_', '.' and '-'; omitted: derived from type and content."
+)
+
+
+TYPE_SCHEMA = {
+    "type": "string",
+    "pattern": f"^({'|'.join(TYPES)})$",
+    "description": f"The kind of memory: {', '.join(TYPES)}.",
+}
+
+
+@extend_schema_field(TYPE_SCHEMA)
+class TypeField(serializers.ChoiceField):
+    """A memory type. In the schema a pattern, not an enum: drf-spectacular names enums by
+    field name, and "type" names other choice sets of the API too (a project would need
+    ENUM_NAME_OVERRIDES to keep the schema free of warnings)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(choices=TYPES, **kwargs)
+
+
+class MemoryFields(serializers.Serializer):
+    content = serializers.CharField(trim_whitespace=False, help_text="The fact, in a sentence or two.")
+    type = TypeField(default="factual")
+    key = serializers.CharField(required=False, allow_null=True, help_text=KEY_HELP)
+    session_id = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    metadata = serializers.JSONField(required=False, allow_null=True, help_text="A JSON object.")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Empty: never.")
+
+
+class MemoryCreate(MemoryFields):
+    """A memory to add (or to update, by its key)."""
+
+
+class MemoryUpdate(MemoryFields):
+    """Some fields of a memory to change."""
+
+    content = serializers.CharField(trim_whitespace=False, required=False)
+    type = TypeField(required=False)
+    key = serializers.CharField(required=False)
+
+
+class MemoryListQuery(serializers.Serializer):
+    type = TypeField(required=False)
+    session_id = serializers.CharField(required=False)
+    source = serializers.ChoiceField(choices=SOURCES, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=50)
+    offset = serializers.IntegerField(min_value=0, max_value=2**31, default=0)
+
+
+class MemorySearch(serializers.Serializer):
+    query = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="Text to look for.")
+    strategy = serializers.ChoiceField(
+        choices=STRATEGIES,
+        default="hybrid",
+        help_text="recent | keyword | semantic (needs an EMBEDDER) | hybrid.",
+    )
+    types = serializers.ListField(child=TypeField(), required=False, max_length=4)
+    session_id = serializers.CharField(required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=10)
+    max_tokens = serializers.IntegerField(
+        min_value=0,
+        max_value=2**31,
+        required=False,
+        allow_null=True,
+        help_text="Results are accepted best first while their tokens fit; at least one when any matched.",
+    )
+
+
+class Memory(serializers.Serializer):
+    id = serializers.IntegerField()
+    owner = serializers.CharField()
+    session_id = serializers.CharField(help_text="Empty: not tied to a session.")
+    type = TypeField()
+    key = serializers.CharField()
+    content = serializers.CharField()
+    metadata = serializers.JSONField()
+    source = serializers.ChoiceField(choices=SOURCES)
+    source_messages = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    access_count = serializers.IntegerField()
+    last_accessed_at = serializers.DateTimeField(allow_null=True)
+    tokens = serializers.IntegerField()
+
+
+class FoundMemory(Memory):
+    score = serializers.FloatField(help_text="The strategy's score: higher is better.")
+
+
+class MemoryPage(serializers.Serializer):
+    count = serializers.IntegerField()
+    results = Memory(many=True)
+
+
+class MemoryResults(serializers.Serializer):
+    results = FoundMemory(many=True)
+
+
+class TypeStats(serializers.Serializer):
+    count = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+
+
+class MemoryStats(serializers.Serializer):
+    count = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    by_type = serializers.DictField(child=TypeStats())
+    by_source = serializers.DictField(child=serializers.IntegerField())

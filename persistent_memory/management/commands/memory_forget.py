@@ -1,0 +1,45 @@
+"""Forget an owner: delete everything the app holds about them."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from persistent_memory.management.base import MemoryCommand
+from persistent_memory.memories.forget import forget_owner
+
+
+class Command(MemoryCommand):
+    help = (
+        "Delete everything held about one owner: sessions (values, history, conversations, "
+        "summaries), idempotency records and run bindings, mirror rows, long-term memories, "
+        "and on the memory backend the journal's segments; prints the counts."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+
+    def run(self, *, owner: str | None, yes: bool, **options: Any) -> dict[str, Any]:
+        if not owner:
+            raise CommandError("--owner is required (e.g. --owner user:42).")
+        if not yes and options.get("interactive", True) and self.stdin_isatty():
+            answer = input(f"Delete everything held about {owner!r}? Type 'yes': ")
+            if answer != "yes":
+                raise CommandError("Nothing deleted.")
+        return forget_owner(owner, store=self.store)
+
+    @staticmethod
+    def stdin_isatty() -> bool:
+        import sys
+
+        return sys.stdin.isatty()
+
+    def summary(self, counts: dict[str, Any]) -> str:
+        return (
+            f"Forgot {counts['owner']}: {counts['sessions']} sessions, {counts['expired_sessions']} "
+            f"expired leftovers, {counts['records']} idempotency records and run bindings, "
+            f"{counts['mirror_rows']} mirror rows, {counts['memories']} memories."
+        )

@@ -1,0 +1,143 @@
+"""One owner's MCP server: conversation and memory tools over the service layer.
+
+Every tool is bound to the owner the server was built for (the stdio command's
+``--owner``, or the token's owner over HTTP): nothing a caller sends picks another.
+The store and the memories service are synchronous (Redis, the ORM), so each call runs
+in Django's sync thread; a store exception becomes a tool error whose text starts with
+its code (``session_not_found: ...``), never a crashed server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import InterfaceError, OperationalError, close_old_connections
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from persistent_memory import get_store
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.memories.service import MemoryService, memories_for
+from persistent_memory.owners import validate_owner
+from persistent_memory.store import MemoryStore
+
+T = TypeVar("T")
+
+logger = logging.getLogger("persistent_memory.mcp")
+
+#: Database errors that mean the database cannot be used now (as the API treats them).
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+INSTRUCTIONS = (
+    "Memory of one owner. Conversations: get_context gives what to send to a model now, "
+    "add_messages appends chat messages ({'role', 'content'}) to a session's conversation, "
+    "list_conversations names a session's conversations. Long-term memories: search_memories "
+    "finds facts by relevance or recency, add_memory stores one (the same key updates it), "
+    "delete_memory removes one by id."
+)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with datetimes and other Django-serializable types as JSON strings."""
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+def _in_request(function: Callable[[], T]) -> T:
+    # As Django does around a request: a connection that broke or aged out is not reused.
+    close_old_connections()
+    try:
+        return function()
+    finally:
+        close_old_connections()
+
+
+async def _call(function: Callable[[], T]) -> T:
+    """``function`` in Django's sync thread; a store error as a tool error with its code,
+    a database that cannot be reached as ``database_unavailable`` (as the API answers)."""
+    try:
+        return await sync_to_async(_in_request)(function)
+    except PersistentMemoryError as error:
+        raise ToolError(f"{error.code}: {error}") from error
+    except DATABASE_UNAVAILABLE as error:
+        logger.warning("persistent_memory: the database is unavailable: %s", error)
+        raise ToolError("database_unavailable: The database is unavailable; try again later.") from error
+
+
+@contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """The SDK's server calls ``logging.basicConfig`` (a handler and INFO on the root logger)
+    when built: the project's LOGGING decides, so the root logger is put back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def build_server(owner: str) -> MCPServer:
+    """An MCP server whose tools act for ``owner`` alone (``""``: the unowned namespace)."""
+    owner = validate_owner(owner)
+    with _root_logging_kept():
+        server: MCPServer = MCPServer(name="persistent-memory", instructions=INSTRUCTIONS)
+
+    def store() -> MemoryStore:
+        # At call time: the process store follows settings changes.
+        return get_store().for_owner(owner)
+
+    def memories() -> MemoryService:
+        return memories_for(owner)
+
+    @server.tool()
+    async def get_context(
+        session_id: str, conversation: str = "default", max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """What to send to a model now from a session's conversation: its pinned system
+        messages and newest turns within ``max_tokens`` (None: the configured budget)."""
+        context = await _call(
+            lambda: store().get_context(session_id, conversation=conversation, max_tokens=max_tokens)
+        )
+        return _plain(context)
+
+    @server.tool()
+    async def add_messages(
+        session_id: str, messages: list[dict[str, Any]], conversation: str = "default"
+    ) -> dict[str, Any]:
+        """Append chat messages (``{"role": "user"|"assistant"|"system"|"tool", "content": ...}``)
+        to a session's conversation, creating the session if needed; the messages as stored."""
+        added = await _call(lambda: store().add_messages(session_id, messages, conversation=conversation))
+        return _plain(added)
+
+    @server.tool()
+    async def list_conversations(session_id: str) -> list[dict[str, Any]]:
+        """A session's conversations: name, head, message and token counts."""
+        return _plain(await _call(lambda: store().list_conversations(session_id)))
+
+    @server.tool()
+    async def search_memories(query: str, strategy: str = "hybrid", limit: int = 10) -> list[dict[str, Any]]:
+        """Long-term memories relevant to ``query``, best first, each with its score.
+        ``strategy``: hybrid, keyword, semantic or recent."""
+        found = await _call(lambda: memories().search(query, strategy=strategy, limit=limit))
+        return _plain(found)
+
+    @server.tool()
+    async def add_memory(content: str, type: str = "factual", key: str | None = None) -> dict[str, Any]:
+        """Store a long-term memory (``type``: factual, episodic, procedural or semantic).
+        Writing the same ``key`` again updates it; without one a key comes from the content."""
+        added = await _call(lambda: memories().add(content, type=type, key=key, source="mcp"))
+        return _plain(added)
+
+    @server.tool()
+    async def delete_memory(memory_id: int) -> dict[str, Any]:
+        """Delete one long-term memory by its id."""
+        await _call(lambda: memories().delete(memory_id))
+        return {"deleted": memory_id}
+
+    return server

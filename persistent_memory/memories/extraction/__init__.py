@@ -1,0 +1,103 @@
+"""Extraction: memories found in conversations by the MEMORY_EXTRACTORS, upserted with
+source "extraction". It only adds or updates: a memory under the same key from another
+source is left as it is (see :meth:`MemoryService.add`), and nothing is ever deleted.
+
+Runs off the hot path, from ``manage.py memory_extract [--watch SECONDS]``, which reads
+each session's recent messages through the store's conversation API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from persistent_memory.conf import memory_settings
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.memories.extraction.candidates import Candidate
+from persistent_memory.memories.service import memories_for
+from persistent_memory.store import MemoryStore
+
+Extractor = Callable[[list[dict[str, Any]]], list[Candidate]]
+
+
+def extractors() -> list[Extractor]:
+    """The MEMORY_EXTRACTORS, imported."""
+    found = []
+    for path in memory_settings.MEMORY_EXTRACTORS or ():
+        try:
+            function = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"PERSISTENT_MEMORY: MEMORY_EXTRACTORS entry {path!r} cannot be imported: {exc}"
+            ) from exc
+        found.append(function)
+    return found
+
+
+@dataclass
+class ExtractionReport:
+    """What a run did."""
+
+    sessions: int = 0
+    messages: int = 0
+    candidates: int = 0
+    written: int = 0
+    refused: int = 0
+
+
+def extract_messages(
+    owner: str, messages: list[dict[str, Any]], *, report: ExtractionReport | None = None
+) -> list[dict[str, Any]]:
+    """Upsert what the extractors find in ``messages`` into ``owner``'s memories; the
+    memories as they now are (a memory of another source under a key: unchanged)."""
+    report = report or ExtractionReport()
+    service = memories_for(owner)
+    written = []
+    for extractor in extractors():
+        for candidate in extractor(messages):
+            report.candidates += 1
+            try:
+                memory = service.add(
+                    candidate.content,
+                    type=candidate.type,
+                    key=candidate.key,
+                    source="extraction",
+                    source_messages=candidate.source_messages,
+                )
+            except PersistentMemoryError:
+                report.refused += 1  # a candidate the rules refuse (too long a key...): skip it
+                continue
+            if memory["source"] == "extraction":
+                report.written += 1
+            written.append(memory)
+    return written
+
+
+def extract_sessions(
+    store: MemoryStore, *, owner: str | None = None, last_messages: int = 50
+) -> ExtractionReport:
+    """Run the extractors over the newest ``last_messages`` of every conversation of every
+    live session (of ``owner`` only, when given)."""
+    report = ExtractionReport()
+    infos: Iterable[dict[str, Any]] = store.list_session_infos(all_owners=True)
+    for info in infos:
+        session_owner = info.get("owner", "")
+        if owner is not None and session_owner != owner:
+            continue
+        scoped = store.for_owner(session_owner)
+        try:
+            conversations = scoped.list_conversations(info["session_id"])
+            report.sessions += 1
+            for conversation in conversations:
+                thread = scoped.get_messages(
+                    info["session_id"], conversation=conversation["conversation"], limit=last_messages
+                )
+                report.messages += len(thread["messages"])
+                extract_messages(session_owner, thread["messages"], report=report)
+        except PersistentMemoryError:
+            continue  # expired or deleted meanwhile
+    return report

@@ -1,0 +1,51 @@
+"""Injection: the memories relevant to a question, attached by the enrich lane as
+``metadata.memories`` (with INJECT_MEMORIES on), and rendered as a chat message."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import DatabaseError
+
+from persistent_memory.conf import memory_settings
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.memories.service import memories_for
+
+logger = logging.getLogger("persistent_memory")
+
+#: Where the enrich lane puts them in the question's metadata.
+MEMORIES = "memories"
+#: What each injected memory carries (JSON-safe: no datetimes).
+INJECTED_FIELDS = ("id", "key", "type", "content", "score", "tokens")
+
+HEADER = "What you know about the user from earlier conversations:"
+
+
+def relevant_memories(owner: str, text: Any) -> list[dict[str, Any]] | None:
+    """The owner's memories relevant to ``text`` within MEMORY_MAX_TOKENS, best first;
+    None when injection is off or there is no text. A database that cannot answer
+    costs the question its memories, never the lane."""
+    if not memory_settings.INJECT_MEMORIES or not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        found = memories_for(owner).search(
+            text[: memory_settings.MEMORY_MAX_CONTENT_CHARS],
+            strategy=memory_settings.MEMORY_SEARCH_STRATEGY,
+            max_tokens=memory_settings.MEMORY_MAX_TOKENS,
+        )
+    except (DatabaseError, PersistentMemoryError) as exc:
+        logger.warning("memory: no memories injected for owner %r: %s", owner, exc)
+        return None
+    return [{name: memory[name] for name in INJECTED_FIELDS} for memory in found]
+
+
+def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> dict[str, str] | None:
+    """One chat message listing ``memories`` (None for none): a system message, or a user
+    message (``role="user"``) for providers that refuse the system role."""
+    if role not in ("system", "user"):
+        raise ValueError(f"role must be 'system' or 'user', not {role!r}.")
+    if not memories:
+        return None
+    lines = "\n".join(f"- {memory['content']}" for memory in memories)
+    return {"role": role, "content": f"{HEADER}\n{lines}"}

@@ -1,0 +1,292 @@
+"""One owner's long-term memories: add (upsert by key), read, change, delete, search.
+
+Every query starts from :meth:`MemoryService._rows`, which filters by the owner and
+leaves out expired memories, so no method reads, finds or changes another owner's.
+Memories are dicts (see :data:`persistent_memory.memories.records.FIELDS`) whose times
+are aware datetimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils import timezone
+
+from persistent_memory.conf import memory_settings
+from persistent_memory.conversations.tokens import text_counter
+from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
+from persistent_memory.memories import records, search
+from persistent_memory.models import LongTermMemory
+from persistent_memory.owners import validate_owner
+from persistent_memory.validation import validate_int
+
+#: The fields :meth:`MemoryService.update` may change.
+UPDATABLE = ("content", "type", "key", "session_id", "metadata", "expires_at", "source", "source_messages")
+MAX_LIMIT = 1000
+
+
+def memories_for(owner: str) -> MemoryService:
+    """The memories of ``owner`` (``""``: the unowned namespace)."""
+    return MemoryService(owner)
+
+
+def expired_filter(now: datetime | None = None) -> Q:
+    """Memories past their ``expires_at`` or, with MEMORY_RETENTION_DAYS, not updated
+    for that long: gone for reads, deleted by ``memory_sweep``."""
+    now = now or timezone.now()
+    condition = Q(expires_at__lte=now)
+    days = memory_settings.MEMORY_RETENTION_DAYS
+    if days:
+        condition |= Q(updated_at__lt=now - timedelta(days=days))
+    return condition
+
+
+def _count_tokens(content: str) -> int:
+    return text_counter(memory_settings.TOKENIZER)(content)
+
+
+def _types(types: Iterable[str] | None) -> list[str] | None:
+    if types is None:
+        return None
+    if isinstance(types, str):
+        types = [types]
+    return [records.validate_choice(t, name="type", choices=records.TYPES) for t in types]
+
+
+class MemoryService:
+    """The long-term memories of one owner."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = validate_owner(owner)
+
+    def _rows(self) -> QuerySet[LongTermMemory]:
+        return LongTermMemory.objects.filter(owner=self.owner).exclude(expired_filter())
+
+    def _row(self, memory_id: Any) -> LongTermMemory:
+        # Out of the id column's range is no memory either (and no database error).
+        if isinstance(memory_id, bool) or not isinstance(memory_id, int) or not 0 < memory_id < 2**63:
+            raise MemoryNotFound(f"No memory {memory_id!r}.")
+        try:
+            return self._rows().get(pk=memory_id)
+        except LongTermMemory.DoesNotExist:
+            raise MemoryNotFound(f"No memory {memory_id}.") from None
+
+    def _filtered(
+        self, *, types: Iterable[str] | None = None, session_id: str | None = None, source: str | None = None
+    ) -> QuerySet[LongTermMemory]:
+        rows = self._rows()
+        type_list = _types(types)
+        if type_list is not None:
+            rows = rows.filter(type__in=type_list)
+        if session_id is not None:
+            rows = rows.filter(session_id=records.validate_memory_session(session_id))
+        if source is not None:
+            rows = rows.filter(source=records.validate_choice(source, name="source", choices=records.SOURCES))
+        return rows
+
+    def add(
+        self,
+        content: str,
+        *,
+        type: str = "factual",  # noqa: A002 - the memory's field name
+        key: str | None = None,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        source: str = "api",
+        source_messages: Iterable[str] = (),
+        expires_at: datetime | None = None,
+    ) -> dict[str, Any]:
+        """Create the memory, or update the owner's memory with the same key (derived from
+        type and content when None). An extraction never changes a memory of another
+        source: that memory comes back unchanged."""
+        content = records.validate_content(content)
+        type_ = records.validate_choice(type, name="type", choices=records.TYPES)
+        key = records.validate_memory_key(key) if key is not None else records.derive_key(type_, content)
+        fields = {
+            "session_id": records.validate_memory_session(session_id),
+            "type": type_,
+            "content": content,
+            "metadata": records.validate_metadata(metadata),
+            "source": records.validate_choice(source, name="source", choices=records.SOURCES),
+            "source_messages": records.validate_source_messages(source_messages),
+            "expires_at": records.validate_expires_at(expires_at),
+            "tokens": _count_tokens(content),
+        }
+        for _attempt in range(2):  # a concurrent insert of the same key: update it instead
+            try:
+                with transaction.atomic():
+                    return records.as_dict(self._upsert(key, fields))
+            except IntegrityError:
+                continue
+        raise InvalidMemory(f"Could not write memory {key!r}: it is being written concurrently.")
+
+    def _upsert(self, key: str, fields: dict[str, Any]) -> LongTermMemory:
+        now = timezone.now()
+        row = LongTermMemory.objects.select_for_update().filter(owner=self.owner, key=key).first()
+        if row is None:
+            row = LongTermMemory(owner=self.owner, key=key, created_at=now, **fields)
+            content_changed = True
+        else:
+            gone = self._gone(row, now)
+            if fields["source"] == "extraction" and row.source != "extraction" and not gone:
+                return row
+            if gone:  # an expired memory under the key: it starts afresh
+                row.created_at, row.access_count, row.last_accessed_at = now, 0, None
+            if not gone and all(getattr(row, name) == value for name, value in fields.items()):
+                return row  # the same again (a re-run extraction): not even updated_at moves
+            content_changed = row.content != fields["content"]
+            for name, value in fields.items():
+                setattr(row, name, value)
+        row.updated_at = now
+        if content_changed or row.embedding is None:
+            vectors = search.embed([row.content])
+            row.embedding = vectors[0] if vectors else None
+        row.save()
+        return row
+
+    @staticmethod
+    def _gone(row: LongTermMemory, now: datetime) -> bool:
+        return LongTermMemory.objects.filter(pk=row.pk).filter(expired_filter(now)).exists()
+
+    def get(self, memory_id: int) -> dict[str, Any]:
+        """One memory; :class:`MemoryNotFound` when the owner has none with this id."""
+        return records.as_dict(self._row(memory_id))
+
+    def get_by_key(self, key: str) -> dict[str, Any] | None:
+        """The owner's memory under ``key``, or None."""
+        row = self._rows().filter(key=records.validate_memory_key(key)).first()
+        return records.as_dict(row) if row else None
+
+    def list(
+        self,
+        *,
+        types: Iterable[str] | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """``(count, page)`` of the owner's memories, newest update first."""
+        limit = validate_int(limit, name="limit", minimum=1)
+        offset = validate_int(offset, name="offset", minimum=0)
+        rows = self._filtered(types=types, session_id=session_id, source=source)
+        page = rows.order_by("-updated_at", "-id")[offset : offset + min(limit, MAX_LIMIT)]
+        return rows.count(), [records.as_dict(row) for row in page]
+
+    def update(self, memory_id: int, **fields: Any) -> dict[str, Any]:
+        """Change some fields of one memory (see :data:`UPDATABLE`)."""
+        unknown = sorted(set(fields) - set(UPDATABLE))
+        if unknown:
+            raise InvalidMemory(f"Invalid fields: {', '.join(unknown)} cannot be changed.")
+        checked: dict[str, Any] = {}
+        if "content" in fields:
+            checked["content"] = records.validate_content(fields["content"])
+            checked["tokens"] = _count_tokens(checked["content"])
+        if "type" in fields:
+            checked["type"] = records.validate_choice(fields["type"], name="type", choices=records.TYPES)
+        if "key" in fields:
+            checked["key"] = records.validate_memory_key(fields["key"])
+        if "session_id" in fields:
+            checked["session_id"] = records.validate_memory_session(fields["session_id"])
+        if "metadata" in fields:
+            checked["metadata"] = records.validate_metadata(fields["metadata"])
+        if "expires_at" in fields:
+            checked["expires_at"] = records.validate_expires_at(fields["expires_at"])
+        if "source" in fields:
+            checked["source"] = records.validate_choice(
+                fields["source"], name="source", choices=records.SOURCES
+            )
+        if "source_messages" in fields:
+            checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
+        with transaction.atomic():
+            row = self._row(memory_id)
+            new_key = checked.get("key", row.key)
+            if new_key != row.key and LongTermMemory.objects.filter(owner=self.owner, key=new_key).exists():
+                raise MemoryKeyExists(f"Another memory has the key {new_key!r}.")
+            if "content" in checked and checked["content"] != row.content:
+                vectors = search.embed([checked["content"]])
+                checked["embedding"] = vectors[0] if vectors else None
+            for name, value in checked.items():
+                setattr(row, name, value)
+            row.updated_at = timezone.now()
+            row.save()
+        return records.as_dict(row)
+
+    def delete(self, memory_id: int) -> None:
+        """Delete one memory; :class:`MemoryNotFound` when the owner has none with this id."""
+        deleted, _ = self._rows().filter(pk=self._row(memory_id).pk).delete()
+        if not deleted:
+            raise MemoryNotFound(f"No memory {memory_id}.")
+
+    def delete_all(self) -> int:
+        """Delete every memory of the owner, expired ones too; the number deleted."""
+        deleted, _ = LongTermMemory.objects.filter(owner=self.owner).delete()
+        return deleted
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and tokens, in all and by type and by source."""
+        rows = self._rows()
+        by_type = {t: {"count": 0, "tokens": 0} for t in records.TYPES}
+        for row in rows.values("type").annotate(count=Count("id"), tokens=Sum("tokens")):
+            by_type[row["type"]] = {"count": row["count"], "tokens": row["tokens"] or 0}
+        by_source = {s: 0 for s in records.SOURCES}
+        for row in rows.values("source").annotate(count=Count("id")):
+            by_source[row["source"]] = row["count"]
+        return {
+            "count": sum(item["count"] for item in by_type.values()),
+            "tokens": sum(item["tokens"] for item in by_type.values()),
+            "by_type": by_type,
+            "by_source": by_source,
+        }
+
+    def search(
+        self,
+        query: str,
+        *,
+        strategy: str = "hybrid",
+        types: Iterable[str] | None = None,
+        session_id: str | None = None,
+        limit: int = 10,
+        max_tokens: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The owner's memories matching ``query``, best first, each with its ``score``.
+
+        At most ``limit``; with ``max_tokens``, accepted in order while their tokens add up
+        within it, but at least one when anything matched. Found memories count an access.
+        """
+        if not isinstance(query, str):
+            raise InvalidMemory("Invalid query: must be a string.")
+        if len(query) > memory_settings.MEMORY_MAX_CONTENT_CHARS:
+            raise InvalidMemory("Invalid query: longer than MEMORY_MAX_CONTENT_CHARS.")
+        strategy = records.validate_choice(strategy, name="strategy", choices=search.STRATEGIES)
+        if strategy == "semantic" and search.embedder() is None:
+            raise InvalidMemory("Invalid strategy 'semantic': no EMBEDDER is configured.")
+        limit = min(validate_int(limit, name="limit", minimum=1), MAX_LIMIT)
+        if max_tokens is not None:
+            max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
+        rows = self._filtered(types=types, session_id=session_id)
+        ranked = search.rank(rows, query, strategy, max(limit, search.CANDIDATES if max_tokens else limit))
+        by_id = {row.pk: row for row in rows.filter(pk__in=[pk for pk, _ in ranked])}
+        found: list[dict[str, Any]] = []
+        used = 0
+        for pk, score in ranked:
+            row = by_id.get(pk)
+            if row is None:
+                continue
+            if len(found) >= limit or (max_tokens is not None and found and used + row.tokens > max_tokens):
+                break
+            used += row.tokens
+            found.append({**records.as_dict(row), "score": round(score, 6)})
+        if found:
+            now = timezone.now()
+            LongTermMemory.objects.filter(pk__in=[m["id"] for m in found]).update(
+                access_count=F("access_count") + 1, last_accessed_at=now
+            )
+            for memory in found:
+                memory["access_count"] += 1
+                memory["last_accessed_at"] = now
+        return found

@@ -1,0 +1,281 @@
+"""Long-term memories in the database: upserts by key, validation, owner isolation,
+expiry, and every search strategy (run on SQLite and on PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
+from persistent_memory.memories import memories_for
+from persistent_memory.models import LongTermMemory
+
+pytestmark = pytest.mark.django_db
+
+
+def fake_embedder(texts: list[str]) -> list[list[float]]:
+    """Vectors counting a few topic words: enough to tell topics apart."""
+    topics = (("coffee", "tea", "espresso", "drink"), ("python", "code", "editor", "vim"), ("dog", "cat"))
+    return [[float(sum(text.lower().count(w) for w in words)) for words in topics] for text in texts]
+
+
+def test_add_upserts_by_key_and_derives_stable_keys() -> None:
+    alice = memories_for("user:alice")
+    first = alice.add("  I prefer   dark mode. ", key="ui.theme", metadata={"confidence": 0.9})
+    again = alice.add("I prefer light mode", key="ui.theme")
+    assert again["id"] == first["id"] and again["content"] == "I prefer light mode"
+    assert first["content"] == "I prefer dark mode."  # whitespace normalized
+    assert again["created_at"] == first["created_at"] and again["updated_at"] >= first["updated_at"]
+    derived = alice.add("Likes green tea", type="semantic")
+    assert derived["key"].startswith("semantic.likes-green-tea.")
+    assert alice.add("likes GREEN tea.", type="semantic")["id"] == derived["id"]
+    assert LongTermMemory.objects.filter(owner="user:alice").count() == 2
+    assert derived["tokens"] > 0 and derived["source"] == "api"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"content": ""}, "empty"),
+        ({"content": 5}, "string"),
+        ({"content": "x" * 5000}, "MEMORY_MAX_CONTENT_CHARS"),
+        ({"content": "a\x00b"}, r"U\+0000"),
+        ({"content": "a\ud800"}, "surrogate"),
+        ({"content": "ok", "type": "dream"}, "type"),
+        ({"content": "ok", "source": "rumour"}, "source"),
+        ({"content": "ok", "key": "has space"}, "key"),
+        ({"content": "ok", "metadata": [1]}, "object"),
+        ({"content": "ok", "metadata": {"x": float("nan")}}, "metadata"),
+        ({"content": "ok", "metadata": {"x": "\x00"}}, r"U\+0000"),
+        ({"content": "ok", "metadata": {"x": "y" * 20000}}, "metadata"),
+        ({"content": "ok", "session_id": "bad id"}, "session_id"),
+        ({"content": "ok", "source_messages": [1]}, "source_messages"),
+        ({"content": "ok", "expires_at": "tomorrow"}, "expires_at"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(kwargs: dict, fragment: str) -> None:
+    content = kwargs.pop("content")
+    with pytest.raises(InvalidMemory, match=fragment):
+        memories_for("user:a").add(content, **kwargs)
+    assert not LongTermMemory.objects.exists()
+
+
+def test_owners_never_see_each_others_memories() -> None:
+    alice, bob = memories_for("user:alice"), memories_for("user:bob")
+    secret = alice.add("Alice's bank is Acme", key="bank")
+    bob_same_key = bob.add("Bob's bank is Bolt", key="bank")
+    assert bob_same_key["id"] != secret["id"]
+    for call in (
+        lambda: bob.get(secret["id"]),
+        lambda: bob.update(secret["id"], content="stolen"),
+        lambda: bob.delete(secret["id"]),
+    ):
+        with pytest.raises(MemoryNotFound):
+            call()
+    for strategy in ("recent", "keyword", "hybrid"):
+        assert [m["id"] for m in bob.search("bank Acme", strategy=strategy)] == [bob_same_key["id"]]
+    assert bob.list()[0] == 1 and bob.stats()["count"] == 1
+    assert alice.get(secret["id"])["content"] == "Alice's bank is Acme"
+    assert memories_for("").list() == (0, [])
+
+
+def test_update_delete_list_stats() -> None:
+    svc = memories_for("user:a")
+    one = svc.add("Deploys on Fridays are banned", type="procedural", session_id="s1")
+    two = svc.add("Met Carol at PyCon", type="episodic")
+    svc.add("Moved to Lisbon", key="home")
+    with pytest.raises(MemoryKeyExists):
+        svc.update(one["id"], key="home")
+    with pytest.raises(InvalidMemory, match="cannot be changed"):
+        svc.update(one["id"], owner="user:b")
+    changed = svc.update(one["id"], content="Deploys on Fridays are fine now", metadata={"v": 2})
+    assert changed["content"].endswith("fine now") and changed["metadata"] == {"v": 2}
+    assert svc.list(types=["procedural"])[1][0]["id"] == one["id"]
+    assert svc.list(session_id="s1")[0] == 1
+    count, page = svc.list(limit=2)
+    assert count == 3 and len(page) == 2 and page[0]["id"] == one["id"]  # newest update first
+    stats = svc.stats()
+    assert stats["count"] == 3 and stats["by_type"]["episodic"]["count"] == 1
+    assert stats["tokens"] == sum(m["tokens"] for m in svc.list()[1])
+    svc.delete(two["id"])
+    with pytest.raises(MemoryNotFound):
+        svc.get(two["id"])
+    with pytest.raises(MemoryNotFound):
+        svc.get("1")
+
+
+def test_expired_memories_are_gone_and_a_new_write_revives_the_key(settings) -> None:
+    svc = memories_for("user:a")
+    past = timezone.now() - timedelta(seconds=1)
+    old = svc.add("Temporary fact", key="tmp", expires_at=past)
+    with pytest.raises(MemoryNotFound):
+        svc.get(old["id"])
+    assert svc.search("Temporary", strategy="keyword") == []
+    fresh = svc.add("Temporary fact again", key="tmp")
+    assert fresh["id"] == old["id"] and fresh["expires_at"] is None
+    settings.PERSISTENT_MEMORY = {"MEMORY_RETENTION_DAYS": 30}
+    LongTermMemory.objects.filter(pk=fresh["id"]).update(updated_at=timezone.now() - timedelta(days=31))
+    assert svc.list() == (0, [])
+
+
+def test_extraction_never_overwrites_a_memory_of_another_source() -> None:
+    svc = memories_for("user:a")
+    mine = svc.add("My editor is Emacs", key="editor", source="admin")
+    kept = svc.add("My editor is vim", key="editor", source="extraction", source_messages=["m1"])
+    assert kept["content"] == "My editor is Emacs" and kept["source"] == "admin"
+    assert svc.get(mine["id"])["source_messages"] == []
+    extracted = svc.add("I like tea", key="likes.tea", source="extraction", source_messages=["m2"])
+    updated = svc.add("I like green tea", key="likes.tea", source="extraction", source_messages=["m3"])
+    assert updated["id"] == extracted["id"] and updated["source_messages"] == ["m3"]
+
+
+def seed(svc):
+    svc.add("I prefer espresso in the morning", key="coffee")
+    svc.add("My favourite editor is vim for Python code", key="editor")
+    svc.add("The dog is called Rex", key="dog")
+    return {m["key"]: m["id"] for m in svc.list()[1]}
+
+
+def test_keyword_search_ranks_by_relevance_with_stemming_and_uses_the_index() -> None:
+    svc = memories_for("user:a")
+    ids = seed(svc)
+    found = svc.search("Which EDITOR do I use for python?", strategy="keyword")
+    assert [m["id"] for m in found] == [ids["editor"]]
+    assert found[0]["score"] > 0 and found[0]["access_count"] == 1
+    assert svc.get(ids["editor"])["access_count"] == 1
+    # English stemming on both databases: "preferred" finds "prefer".
+    assert [m["key"] for m in svc.search("preferred", strategy="keyword")] == ["coffee"]
+    # Words are matched, never parsed as operators.
+    assert svc.search("\" OR * NEAR( AND -- '); DROP", strategy="keyword") == []
+    assert svc.search("", strategy="keyword") == []
+    svc.update(ids["dog"], content="The cat is called Tom")
+    assert [m["key"] for m in svc.search("cat", strategy="keyword")] == ["dog"]
+    assert svc.search("Rex", strategy="keyword") == []
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pm_memory_fts")
+            assert cursor.fetchone()[0] == 3
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET enable_seqscan = off")
+            cursor.execute(
+                "EXPLAIN SELECT id FROM persistent_memory_longtermmemory "
+                "WHERE to_tsvector('english', content) @@ to_tsquery('english', 'cat')"
+            )
+            plan = " ".join(row[0] for row in cursor.fetchall())
+            cursor.execute("SET enable_seqscan = on")
+        assert "pm_memory_content_fts" in plan
+
+
+def test_recent_and_hybrid_without_an_embedder() -> None:
+    svc = memories_for("user:a")
+    ids = seed(svc)
+    assert [m["key"] for m in svc.search("", strategy="recent")] == ["dog", "editor", "coffee"]
+    svc.add("Python 3.13 is what the team code uses", key="python")
+    hybrid = svc.search("python code", strategy="hybrid")
+    # Only matches come back; relevance and recency both count.
+    assert {m["key"] for m in hybrid} == {"python", "editor"}
+    assert all(m["score"] > 0 for m in hybrid)
+    assert ids["dog"] not in [m["id"] for m in hybrid]
+    assert svc.search("", strategy="hybrid")[0]["key"] == "python"  # no words: recency
+
+
+def test_token_budget_keeps_order_and_at_least_one() -> None:
+    svc = memories_for("user:a")
+    for n in range(5):
+        svc.add(f"Fact number {n} about tea " + "padding " * 20, key=f"f{n}")
+    every = svc.search("tea", strategy="keyword")
+    assert len(every) == 5
+    tokens = every[0]["tokens"]
+    two = svc.search("tea", strategy="keyword", max_tokens=tokens * 2 + 1)
+    assert [m["id"] for m in two] == [m["id"] for m in every[:2]]
+    assert len(svc.search("tea", strategy="keyword", max_tokens=1)) == 1
+    assert len(svc.search("tea", strategy="keyword", limit=3)) == 3
+    assert svc.search("coffee", strategy="keyword", max_tokens=1) == []
+    with pytest.raises(InvalidMemory):
+        svc.search("tea", strategy="magic")
+    with pytest.raises(InvalidMemory, match="EMBEDDER"):
+        svc.search("tea", strategy="semantic")
+
+
+def test_semantic_and_hybrid_with_an_embedder(settings) -> None:
+    settings.PERSISTENT_MEMORY = {"EMBEDDER": "tests.test_memories.fake_embedder"}
+    svc = memories_for("user:a")
+    ids = seed(svc)
+    assert LongTermMemory.objects.get(pk=ids["coffee"]).embedding == [1.0, 0.0, 0.0]
+    # No shared word, same topic: only meaning finds it.
+    found = svc.search("a cup of tea", strategy="semantic", limit=1)
+    assert [m["key"] for m in found] == ["coffee"] and found[0]["score"] == pytest.approx(1.0)
+    assert svc.search("tea drink", strategy="keyword") == []
+    hybrid = svc.search("tea drink", strategy="hybrid", limit=1)
+    assert [m["key"] for m in hybrid] == ["coffee"]
+    svc.update(ids["coffee"], content="I own a cat")
+    assert LongTermMemory.objects.get(pk=ids["coffee"]).embedding == [0.0, 0.0, 1.0]
+    assert memories_for("user:b").search("tea", strategy="semantic") == []
+
+
+def test_memory_sweep_deletes_expired_memories(settings) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    svc, other = memories_for("user:a"), memories_for("user:b")
+    past = timezone.now() - timedelta(seconds=1)
+    svc.add("Gone", key="gone", expires_at=past)
+    kept = svc.add("Kept", key="kept", expires_at=timezone.now() + timedelta(days=1))
+    other.add("Also gone", key="gone", expires_at=past)
+    old = svc.add("Old", key="old")
+    LongTermMemory.objects.filter(pk=old["id"]).update(updated_at=timezone.now() - timedelta(days=10))
+
+    def sweep(*args: str) -> dict:
+        out = StringIO()
+        call_command("memory_sweep", "--json", *args, stdout=out, stderr=StringIO())
+        return json.loads(out.getvalue())
+
+    assert sweep("--dry-run", "--owner", "user:a")["memories_deleted"] == 1
+    assert LongTermMemory.objects.count() == 4
+    assert sweep("--owner", "user:a")["memories_deleted"] == 1
+    assert sweep()["memories_deleted"] == 1  # user:b's
+    settings.PERSISTENT_MEMORY = {"MEMORY_RETENTION_DAYS": 7}
+    assert sweep()["memories_deleted"] == 1  # not updated for 10 days
+    assert list(LongTermMemory.objects.values_list("id", flat=True)) == [kept["id"]]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"MEMORY_MAX_CONTENT_CHARS": 0},
+        {"MEMORY_MAX_TOKENS": "many"},
+        {"MEMORY_RETENTION_DAYS": -1},
+        {"INJECT_MEMORIES": "yes"},
+        {"MEMORY_SEARCH_STRATEGY": "magic"},
+        {"MEMORY_SEARCH_STRATEGY": "semantic"},
+        {"EMBEDDER": "no.such.embedder"},
+        {"MEMORY_EXTRACTORS": ["no.such.extractor"]},
+        {"MEMORY_EXTRACTORS": "persistent_memory.memories.extraction.rules.extract"},
+    ],
+)
+def test_checks_report_bad_memory_settings(settings, bad: dict) -> None:
+    from persistent_memory.checks import check_settings
+
+    settings.PERSISTENT_MEMORY = bad
+    ids = {message.id for message in check_settings()}
+    assert ids & {"persistent_memory.E002", "persistent_memory.E012"}, ids
+
+
+def test_checks_accept_the_memory_defaults_and_an_embedder(settings) -> None:
+    from persistent_memory.checks import MEMORY_STRATEGIES, check_settings
+    from persistent_memory.memories.search import STRATEGIES
+
+    assert MEMORY_STRATEGIES == STRATEGIES
+    settings.PERSISTENT_MEMORY = {
+        "EMBEDDER": "tests.test_memories.fake_embedder",
+        "MEMORY_SEARCH_STRATEGY": "semantic",
+        "INJECT_MEMORIES": True,
+        "MEMORY_RETENTION_DAYS": 30,
+    }
+    assert check_settings() == []
