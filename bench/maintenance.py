@@ -6,7 +6,8 @@ Fills a redis-server of its own (or REDIS_URL) with sessions in the node's layou
 some of them expired with leftover keys, then runs `manage.py memory_sweep` and
 `manage.py memory_summarize --all` as separate processes and reports each one's
 wall time and peak memory (max RSS), beside a `manage.py check` for the baseline.
-Figures go to standard output and to bench/results/maintenance.json.
+Figures go to standard output and to bench/results/local/maintenance.json (ignored by
+git) or --output; the README's are in bench/results/2026-11-22-maintenance.json.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--history", type=int, default=30, help="history entries per session")
     parser.add_argument("--expired", type=float, default=0.1, help="share of sessions already expired")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=ROOT / "bench" / "results" / "local" / "maintenance.json",
+        help="where the JSON goes (default: bench/results/local/maintenance.json, which git ignores)",
+    )
     options = parser.parse_args()
 
     with redis_url() as url, tempfile.TemporaryDirectory() as folder:
@@ -113,9 +120,9 @@ def main() -> None:
         print(f"{name:<40} {row['seconds']:>8} {row['peak_rss_mib']:>13}")
         if row["output"]:
             print(f"  {row['output']}")
-    out = ROOT / "bench" / "results" / "maintenance.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {options.output}")
 
 
 if __name__ == "__main__":

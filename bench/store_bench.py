@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from conversation_bench import conversation_operations, lanes_with_idle_ttl, lanes_without_recording
 from timing import timed
 
 from persistent_memory.conf import MemorySettings
@@ -98,14 +99,20 @@ def floor_operations(client: redis.Redis) -> dict[str, Callable[[], Any]]:
 
 
 def build_store(
-    backend: str, url: str, max_sessions: int = 1000, journal_dir: str | None = None
+    backend: str, url: str, max_sessions: int = 1000, journal_dir: str | None = None, **extra: Any
 ) -> MemoryStore:
     """A store as a project configures it: the backend's default mirror mode and TTL
-    (on memory, with a journal in ``journal_dir`` when given)."""
+    (on memory, with a journal in ``journal_dir`` when given), with ``extra`` settings.
+    Conversations keep up to 20,000 messages, for the 10,000-message window."""
     conf: dict[str, Any] = {
         "BACKEND": backend,
         "MAX_SESSIONS": max_sessions,
         "JOURNAL_DIR": journal_dir or False,
+        "MAX_MESSAGES": 20_000,
+        "MAX_SESSION_BYTES": None,
+        # The lanes' window: 20 messages, as a chat sends (the conversations grow while timed).
+        "CONTEXT_MAX_MESSAGES": 20,
+        **extra,
     }
     if backend == "redis":
         conf["REDIS_URL"] = url
@@ -151,6 +158,10 @@ def operations(store: MemoryStore, sessions: int, keys: list[int]) -> dict[str, 
     question, answer = _cycle(questions), _cycle(answers)
     result[f"{ENRICH} ({keys[0]} keys)"] = lambda: lanes.enrich(question())
     result[STORE] = lambda: lanes.store(answer())
+    result.update(conversation_operations(store, sessions))
+    result.update(lanes_without_recording(store, sessions, ENRICH, STORE))
+    values = {f"k{n}": {**VALUE, "n": n} for n in range(keys[0])}
+    result.update(lanes_with_idle_ttl(store, sessions, values, ENRICH, STORE))
     return result
 
 
@@ -184,7 +195,7 @@ def memory_figures(
     from persistent_memory.models import MemorySession
 
     MemorySession.objects.all().delete()  # the bench's own database: start each run empty
-    store = build_store("memory", "", max_sessions=max(1000, 10 * sessions), journal_dir=journal_dir)
+    store = build_store("memory", "", max_sessions=max(1000, 20 * sessions), journal_dir=journal_dir)
     try:
         figures: dict[str, dict[str, Any]] = {}
         ops = operations(store, sessions, keys)

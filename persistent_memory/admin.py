@@ -7,7 +7,7 @@ sessions list or a session first syncs the sessions written since the last sync.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -16,8 +16,9 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
-from django.utils.timesince import timeuntil
+from django.utils.timesince import timesince, timeuntil
 
 from persistent_memory import maintenance
 from persistent_memory.conf import memory_settings
@@ -64,9 +65,11 @@ class TTLFilter(admin.SimpleListFilter):
     parameter_name = "ttl"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "expires"), ("no", "never expires")]
+        return [("yes", "expires"), ("idle", "expires when idle"), ("no", "never expires")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "idle":
+            return queryset.filter(idle_ttl_seconds__isnull=False)
         if self.value() in ("yes", "no"):
             return queryset.filter(expires_at__isnull=self.value() == "no")
         return queryset
@@ -128,6 +131,8 @@ class ValueInline(ReadOnlyMixin, admin.TabularInline):
     fields = ("key", "pretty_value")
     readonly_fields = fields
     extra = 0
+    verbose_name = "value"
+    verbose_name_plural = "values"
 
     @admin.display(description="value")
     def pretty_value(self, obj: MemoryValue) -> str:
@@ -136,11 +141,16 @@ class ValueInline(ReadOnlyMixin, admin.TabularInline):
 
 class HistoryInline(ReadOnlyMixin, admin.TabularInline):
     model = HistoryEntry
-    fields = ("position", "timestamp", "entry")
+    fields = ("position", "time", "entry")
     readonly_fields = fields
     ordering = ("-position",)
     extra = 0
-    verbose_name_plural = "history (newest first)"
+    verbose_name = "history entry"
+    verbose_name_plural = "session history (newest first)"
+
+    @admin.display(description="time")
+    def time(self, obj: HistoryEntry) -> str:
+        return format_date(timezone.localtime(obj.timestamp), "Y-m-d H:i:s")
 
     @admin.display(description="entry")
     def entry(self, obj: HistoryEntry) -> str:
@@ -152,6 +162,18 @@ def _storage_ids(queryset: QuerySet) -> list[str]:
     return [row.storage_id for row in queryset.only("owner", "session_id")]
 
 
+def idle_since(session: MemorySession) -> datetime | None:
+    """When the session was last written, if its idle TTL is what ends it (its expiry is
+    then that write plus the idle TTL, before any fixed deadline); None otherwise."""
+    if session.idle_ttl_seconds is None or session.expires_at is None:
+        return None
+    if session.ttl_seconds is not None:
+        deadline = session.created_at + timedelta(seconds=session.ttl_seconds)
+        if session.expires_at >= deadline - timedelta(milliseconds=1):
+            return None
+    return session.expires_at - timedelta(seconds=session.idle_ttl_seconds)
+
+
 def state_label(session: MemorySession, now: datetime | None = None) -> str:
     """live, expired or gone, as the admin shows it."""
     if session.state == MemorySession.State.DELETED:
@@ -160,17 +182,36 @@ def state_label(session: MemorySession, now: datetime | None = None) -> str:
     return "expired" if session.state == MemorySession.State.EXPIRED or expired else "live"
 
 
+def when(moment: datetime | None) -> str:
+    """A local time to the minute: "2026-11-22 18:43"."""
+    return "—" if moment is None else format_date(timezone.localtime(moment), "Y-m-d H:i")
+
+
+def short_when(moment: datetime) -> str:
+    """A list column's time: "Nov 22, 18:43" this year, "2025-11-22" before."""
+    local = timezone.localtime(moment)
+    return format_date(local, "M j, H:i" if local.year == timezone.localtime().year else "Y-m-d")
+
+
+def duration(seconds: float) -> str:
+    """A time to live as people say it: "1 hour", "1 day, 12 hours"."""
+    now = timezone.now()
+    return timeuntil(now + timedelta(seconds=seconds), now)
+
+
 @admin.register(MemorySession)
 class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    # State second: it is what staff scan for, and it stays in view on narrow screens. The
+    # columns fit a 1,280 px screen beside the navigation and the filters; the creation
+    # time and the exact expiry are on each session's page.
     list_display = (
-        "session_id",
-        "owner_display",
-        "key_count",
-        "history_length",
-        "created_at",
-        "expires",
-        "last_activity",
+        "session",
         "state_display",
+        "owner_display",
+        "keys",
+        "history",
+        "expires",
+        "last_active",
         "synced",
     )
     list_filter = (StateFilter, TTLFilter, OwnerFilter, SyncFilter)
@@ -179,37 +220,152 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     ordering = ("-last_activity",)
     list_per_page = 100
     show_full_result_count = False
-    readonly_fields = ("session_id", "owner", *MemorySession.SYNCED_FIELDS)
+    # The page shows what staff act on; the mirror's bookkeeping (history_digest,
+    # journal_seq) stays out of it.
+    fieldsets = (
+        (None, {"fields": ("session", "owner_name", "state_display")}),
+        (
+            "Lifetime",
+            {
+                "fields": (
+                    "created",
+                    "expires_at_display",
+                    "time_to_live",
+                    "idle_expiry",
+                    "last_activity_display",
+                )
+            },
+        ),
+        ("Contents", {"fields": ("keys", "history_entries")}),
+        ("Mirror", {"fields": ("mirror_sync",)}),
+    )
+    readonly_fields = (
+        "session",
+        "owner_name",
+        "state_display",
+        "created",
+        "expires_at_display",
+        "time_to_live",
+        "idle_expiry",
+        "last_activity_display",
+        "keys",
+        "history_entries",
+        "mirror_sync",
+    )
     inlines = (ValueInline, HistoryInline)
-    actions = ("summarize_now", "export_json", "clear_keys", "delete_from_store")
+    actions = (
+        "summarize_now",
+        "summarize_conversations_now",
+        "export_json",
+        "clear_keys",
+        "delete_from_store",
+    )
+
+    class Media:
+        css = {"all": ("persistent_memory/admin.css",)}
+
+    @admin.display(description="session ID", ordering="session_id")
+    def session(self, obj: MemorySession) -> str:
+        return obj.session_id
 
     @admin.display(description="owner", ordering="owner")
     def owner_display(self, obj: MemorySession) -> str:
         return obj.owner or "—"
 
+    @admin.display(description="owner")
+    def owner_name(self, obj: MemorySession) -> str:
+        return obj.owner or "none: the unowned namespace (the node's)"
+
+    @admin.display(description="keys", ordering="key_count")
+    def keys(self, obj: MemorySession) -> int:
+        return obj.key_count
+
+    @admin.display(description="history", ordering="history_length")
+    def history(self, obj: MemorySession) -> int:
+        return obj.history_length
+
+    @admin.display(description="history entries")
+    def history_entries(self, obj: MemorySession) -> int:
+        return obj.history_length
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: MemorySession) -> str:
+        return when(obj.created_at)
+
+    @admin.display(description="last activity", ordering="last_activity")
+    def last_active(self, obj: MemorySession) -> str:
+        return format_html(
+            '<span title="{}">{}</span>', when(obj.last_activity), short_when(obj.last_activity)
+        )
+
+    @admin.display(description="last activity")
+    def last_activity_display(self, obj: MemorySession) -> str:
+        return when(obj.last_activity)
+
     @admin.display(description="expires", ordering="expires_at")
     def expires(self, obj: MemorySession) -> str:
+        """How long the session has left (the exact time on its page, and on hover); "if
+        idle" when its idle TTL is what ends it."""
         if obj.expires_at is None:
             return "never"
         if obj.expires_at <= timezone.now():
-            return f"{obj.expires_at:%Y-%m-%d %H:%M:%S} (past)"
-        return f"{obj.expires_at:%Y-%m-%d %H:%M:%S} (in {timeuntil(obj.expires_at)})"
+            left = f"{timesince(obj.expires_at, depth=1)} ago"
+        else:
+            left = f"in {timeuntil(obj.expires_at, depth=1)}"
+        if idle_since(obj) is not None:
+            left += " if idle"
+        return format_html('<span title="{}">{}</span>', when(obj.expires_at), left)
+
+    @admin.display(description="idle expiry")
+    def idle_expiry(self, obj: MemorySession) -> str:
+        if obj.idle_ttl_seconds is None:
+            return "none"
+        text = f"{duration(obj.idle_ttl_seconds)} after the last write"
+        last_write = idle_since(obj)
+        if last_write is not None:
+            text += f"; idle for {timesince(last_write)} as of the last sync"
+        else:
+            text += "; the fixed time to live ends it first"
+        return text
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires_at_display(self, obj: MemorySession) -> str:
+        if obj.expires_at is None:
+            return "never"
+        if obj.expires_at <= timezone.now():
+            return f"{when(obj.expires_at)} ({timesince(obj.expires_at)} ago)"
+        return f"{when(obj.expires_at)} (in {timeuntil(obj.expires_at)})"
+
+    @admin.display(description="time to live")
+    def time_to_live(self, obj: MemorySession) -> str:
+        if obj.ttl_seconds is None:
+            return "none: the session never expires"
+        return f"{duration(obj.ttl_seconds)} from creation"
 
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: MemorySession) -> str:
-        return state_label(obj)
+        label = state_label(obj)
+        return f"{label} (since {when(obj.gone_at)})" if label == "gone" and obj.gone_at else label
 
     @admin.display(description="synced", boolean=True, ordering="sync_failed_at")
     def synced(self, obj: MemorySession) -> bool:
         """False while the mirror cannot write the session (the page says why)."""
         return obj.sync_failed_at is None
 
+    @admin.display(description="last sync")
+    def mirror_sync(self, obj: MemorySession) -> str:
+        """When this copy was read from the store, or why the mirror cannot write it."""
+        if obj.sync_failed_at is not None:
+            return f"failing since {when(obj.sync_failed_at)} (retried at every sync): {obj.sync_error}"
+        return f"{when(obj.synced_at)}, ok"
+
     def has_manage_permission(self, request: HttpRequest) -> bool:
         """Acting on the store (delete, clear, summarize) takes the model's delete permission."""
         return request.user.has_perm("persistent_memory.delete_memorysession")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 says where the actions are offered (action_location); 5.2 does not.
+        actions = super().get_actions(request, *(() if action_location is None else (action_location,)))
         actions.pop("delete_selected", None)  # it would delete rows, not sessions
         return actions
 
@@ -305,6 +461,15 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
         self._act(request, queryset, summarize)
 
+    @admin.action(description="Summarize the conversations of selected sessions now", permissions=["manage"])
+    def summarize_conversations_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        def summarize(ids: list[str]) -> str:
+            committed, tried = maintenance.summarize_conversations_now(ids)
+            state = get_store().summarizer_worker.health.state
+            return f"Summarized {committed} of {tried} conversations (summarizers: {state})."
+
+        self._act(request, queryset, summarize)
+
     @admin.action(description="Export selected sessions as JSON", permissions=["view"])
     def export_json(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
         records = list(maintenance.export_sessions(_storage_ids(queryset)))
@@ -333,5 +498,14 @@ class HistoryEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def entry(self, obj: HistoryEntry) -> str:
         return obj.describe()
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
+
+
+# Conversations (their own module): transcripts lead the session page.
+from persistent_memory.admin_conversations import ConversationInline  # noqa: E402
+
+MemorySessionAdmin.inlines = (ConversationInline, *MemorySessionAdmin.inlines)
+
+# Long-term memories (their own module).
+from persistent_memory.admin_memories import LongTermMemoryAdmin  # noqa: E402, F401

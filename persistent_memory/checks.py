@@ -13,6 +13,7 @@ from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
 from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
+from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.debug import SafeExceptionReporterFilter, redis_passwords
 
 
@@ -58,11 +59,19 @@ def _import_string(value: Any) -> bool:
         return False
 
 
+def _tokenizer(value: Any) -> bool:
+    return isinstance(value, str) and (value in (*TIKTOKEN_ENCODINGS, "chars") or _import_string(value))
+
+
 def _rates(value: Any) -> bool:
     return value is None or (
         isinstance(value, dict)
         and all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in value.items())
     )
+
+
+#: The long-term memory search strategies (persistent_memory.memories.search.STRATEGIES).
+MEMORY_STRATEGIES = ("recent", "keyword", "semantic", "hybrid")
 
 
 #: (setting, whether a value is valid, hint, check id)
@@ -77,7 +86,25 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
             "MAX_REQUEST_BYTES",
             "RETRY_AFTER_SECONDS",
             "ADMIN_SYNC_LIMIT",
+            "MAX_MESSAGE_BYTES",
         )
+    ),
+    (
+        "MAX_MESSAGES",
+        lambda v: _is_int(v, 2),
+        "Use an integer of 2 or more (a trim keeps the newest message and what it needs).",
+        "E002",
+    ),
+    *(
+        (name, lambda v: v is None or _is_int(v, 1), "Use a positive integer, or None for no limit.", "E002")
+        for name in ("CONTEXT_MAX_TOKENS", "CONTEXT_MAX_MESSAGES")
+    ),
+    ("RECORD_CONVERSATION", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    (
+        "TOKENIZER",
+        _tokenizer,
+        "Use 'o200k_base', 'cl100k_base', 'chars', or the import string of a callable (text) -> int.",
+        "E011",
     ),
     *(
         (name, lambda v: v is None or _is_int(v, 1), OPTIONAL_POSITIVE_INTEGER, "E002")
@@ -160,13 +187,76 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "Use a folder path, None (beside an SQLite database file) or False (no journal).",
         "E010",
     ),
+    *(
+        (name, lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002")
+        for name in ("MEMORY_MAX_CONTENT_CHARS", "MEMORY_MAX_METADATA_BYTES", "MEMORY_MAX_TOKENS")
+    ),
+    (
+        "MEMORY_RETENTION_DAYS",
+        lambda v: v is None or _is_number(v, positive=True),
+        "Use a positive number of days, or None to keep memories until their own expires_at.",
+        "E002",
+    ),
+    ("INJECT_MEMORIES", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    (
+        "MEMORY_SEARCH_STRATEGY",
+        lambda v: v in MEMORY_STRATEGIES,
+        f"Use one of {', '.join(MEMORY_STRATEGIES)} (semantic needs an EMBEDDER).",
+        "E012",
+    ),
+    (
+        "EMBEDDER",
+        lambda v: v is None or _import_string(v),
+        "Use None, or the import string of a callable (list of texts) -> list of vectors.",
+        "E012",
+    ),
+    (
+        "MEMORY_EXTRACTORS",
+        lambda v: isinstance(v, list | tuple) and all(_import_string(item) for item in v),
+        "Use a list of import strings of callables (messages) -> candidates, such as "
+        "['persistent_memory.memories.extraction.rules.extract'], or [] for none.",
+        "E012",
+    ),
     (
         "MIRROR_MODE",
         lambda v: v is None or v in MIRROR_MODES,
         f"Use one of {', '.join(MIRROR_MODES)}, or None for the backend's default.",
         "E008",
     ),
+    (
+        "SUMMARIZER",
+        lambda v: v is None or _import_string(v),
+        "Use None (the extractive summarizer) or the import string of a summarizer class, such as "
+        "'persistent_memory.conversations.chat_completions.ChatCompletionsSummarizer'.",
+        "E013",
+    ),
+    ("SUMMARIZER_OPTIONS", lambda v: isinstance(v, dict), "Use a dict of keyword arguments.", "E002"),
+    *(
+        (name, lambda v: isinstance(v, bool), "Use True or False.", "E002")
+        for name in ("SUMMARIZER_WORKER", "SUMMARIZER_TASKS")
+    ),
+    ("SUMMARIZER_RETRY_ATTEMPTS", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
+    *(
+        (name, lambda v: _is_number(v, positive=True), "Use a positive number of seconds.", "E002")
+        for name in (
+            "SUMMARIZER_TIMEOUT_SECONDS",
+            "SUMMARIZER_BACKOFF_SECONDS",
+            "SUMMARIZER_DEGRADED_SECONDS",
+        )
+    ),
 ]
+
+
+def _check_memories(conf: MemorySettings) -> list[CheckMessage]:
+    if conf.MEMORY_SEARCH_STRATEGY == "semantic" and not conf.EMBEDDER:
+        return [
+            Error(
+                f"{SETTING_NAME}['MEMORY_SEARCH_STRATEGY'] is 'semantic' but no EMBEDDER is configured.",
+                hint="Configure an EMBEDDER, or use 'hybrid' (keyword and recency without one).",
+                id="persistent_memory.E012",
+            )
+        ]
+    return []
 
 
 def _bad(name: str, value: Any, hint: str, code: str, reason: str = "") -> Error:
@@ -233,7 +323,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         for name, valid, hint, code in RULES
         if not valid(getattr(conf, name))
     ]
-    return values + _check_backend(conf)
+    return values + _check_backend(conf) + _check_memories(conf) + _check_tasks(conf)
+
+
+def _check_tasks(conf: MemorySettings) -> list[CheckMessage]:
+    """SUMMARIZER_TASKS needs a task framework, and a TASKS setting to enqueue on."""
+    if conf.SUMMARIZER_TASKS is not True:
+        return []
+    from persistent_memory.conversations.tasks import task_framework
+
+    if task_framework() is None:
+        reason = ": neither django.tasks (Django 6) nor the django-tasks package is installed"
+    elif not settings.is_overridden("TASKS"):
+        reason = ": the project sets no TASKS (the default backend would run the task inline)"
+    else:
+        return []
+    hint = "Install django-tasks (Django 5.2) and configure TASKS, or set SUMMARIZER_TASKS to False."
+    return [_bad("SUMMARIZER_TASKS", True, hint, "E014", reason)]
 
 
 def _anonymous_let_in() -> bool:

@@ -31,6 +31,11 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_SOCKET_TIMEOUT": 5.0,
     "KEY_PREFIX": "rr:memory",
     "SESSION_TTL_HOURS": 0,
+    # Idle expiry: sessions expire this long after their last write (None/0: off), and
+    # with IDLE_TTL_REFRESH_ON_READ after their last read too; with a fixed TTL as well,
+    # whichever comes first. Sessions created with their own idle_ttl_seconds keep it.
+    "SESSION_IDLE_TTL_SECONDS": None,
+    "IDLE_TTL_REFRESH_ON_READ": False,
     "MAX_HISTORY": 100,
     "AUTO_SUMMARIZE": True,
     "MAX_SESSIONS": 1000,
@@ -65,7 +70,56 @@ DEFAULTS: dict[str, Any] = {
     "API_THROTTLE_RATES": None,
     # Import string of a callable (request) -> owner string, or None to refuse (403).
     "OWNER_RESOLVER": "persistent_memory.resolvers.user_owner",
+    # At most this many entries per process/ call, and messages per append.
     "MAX_BATCH": 100,
+    # Conversations (see persistent_memory.conversations): how tokens are counted
+    # ("o200k_base", "cl100k_base", "chars", or an import string), the default window
+    # (None: no limit of that kind), the messages one conversation keeps, the largest
+    # message (bytes of JSON), and whether the lanes record questions and answers.
+    "TOKENIZER": "o200k_base",
+    "CONTEXT_MAX_TOKENS": 8000,
+    "CONTEXT_MAX_MESSAGES": 100,
+    "MAX_MESSAGES": 1000,
+    "MAX_MESSAGE_BYTES": 1024 * 1024,
+    "RECORD_CONVERSATION": True,
+    # Rolling summaries (persistent_memory.conversations.summaries): the default strategy
+    # of windows ("truncation" or "rolling_summary"), the summary's budget, what to do when
+    # summary and messages do not fit ("truncate_oldest", "truncate_summary", "error"),
+    # the pending tokens that send a conversation to the summarizer, the summarizer (an
+    # import string; None: the extractive one when summaries are on) and its options,
+    # whether a worker thread in this process summarizes, and how long a summary may take.
+    "CONTEXT_STRATEGY": "truncation",
+    "SUMMARY_MAX_TOKENS": 1000,
+    "CONTEXT_OVERFLOW": "truncate_oldest",
+    "SUMMARIZE_AFTER_TOKENS": 4000,
+    "SUMMARIZER": None,
+    "SUMMARIZER_OPTIONS": {},
+    "SUMMARIZER_WORKER": True,
+    "SUMMARIZER_TIMEOUT_SECONDS": 30,
+    # The summarizers' health (persistent_memory.conversations.health): failures in a row
+    # before they are "degraded", the first retry's wait (doubled at each failure), and
+    # how long "degraded" waits before trying again. With SUMMARIZER_TASKS the worker
+    # thread enqueues a task on Django's task framework (TASKS) instead of summarizing.
+    "SUMMARIZER_RETRY_ATTEMPTS": 3,
+    "SUMMARIZER_BACKOFF_SECONDS": 1.0,
+    "SUMMARIZER_DEGRADED_SECONDS": 300,
+    "SUMMARIZER_TASKS": False,
+    # Long-term memories (persistent_memory.memories, in the project's database): the
+    # largest content (characters) and metadata (bytes of JSON); days after its last
+    # update a memory is deleted by memory_sweep (None: kept until its own expires_at);
+    # an import string of a callable (list of texts) -> list of vectors for semantic
+    # search (None: no semantic search; hybrid fuses keyword and recency); the memory
+    # extractors (import strings of callables (messages) -> candidate memories); whether
+    # the enrich lane attaches the memories relevant to the question, within how many
+    # tokens, found by which strategy.
+    "MEMORY_MAX_CONTENT_CHARS": 4000,
+    "MEMORY_MAX_METADATA_BYTES": 16 * 1024,
+    "MEMORY_RETENTION_DAYS": None,
+    "EMBEDDER": None,
+    "MEMORY_EXTRACTORS": ["persistent_memory.memories.extraction.rules.extract"],
+    "INJECT_MEMORIES": False,
+    "MEMORY_MAX_TOKENS": 500,
+    "MEMORY_SEARCH_STRATEGY": "hybrid",
     "MAX_REQUEST_BYTES": 2 * 1024 * 1024 + 64 * 1024,
     "RETRY_AFTER_SECONDS": 5,
 }
@@ -131,6 +185,17 @@ def owner_session_cap(conf: MemorySettings) -> int | None:
         share = max(1, conf.MAX_SESSIONS // 10)
         return share if cap is None else min(cap, conf.MAX_SESSIONS)
     return cap
+
+
+def summaries_on(conf: MemorySettings) -> bool:
+    """Whether conversations get rolling summaries: the strategy asks for them, or a
+    summarizer is configured."""
+    return conf.CONTEXT_STRATEGY == "rolling_summary" or conf.SUMMARIZER is not None
+
+
+def summarize_after_tokens(conf: MemorySettings) -> int | None:
+    """The backend's marking threshold: SUMMARIZE_AFTER_TOKENS when summaries are on."""
+    return conf.SUMMARIZE_AFTER_TOKENS if summaries_on(conf) else None
 
 
 def mirror_mode(conf: MemorySettings) -> str:

@@ -106,6 +106,36 @@ class NotANumber(PersistentMemoryError, ValueError):
     code = "not_a_number"
 
 
+class InvalidMessage(InvalidValue):
+    """A chat message (or a batch of them) breaks the message rules; nothing was written."""
+
+    code = "invalid_message"
+
+
+class OrphanToolResult(InvalidMessage):
+    """A ``tool`` message answers no call open on its thread; nothing was written."""
+
+    code = "orphan_tool_result"
+
+
+class MessageConflict(PersistentMemoryError):
+    """A message id already stored with other content; nothing was written."""
+
+    code = "message_conflict"
+
+
+class MessageNotFound(PersistentMemoryError, LookupError):
+    """No message of the conversation has this id (a parent, a leaf or a new head)."""
+
+    code = "message_not_found"
+
+
+class ContextOverflow(PersistentMemoryError):
+    """A window's summary and messages do not fit its budget and CONTEXT_OVERFLOW is "error"."""
+
+    code = "context_overflow"
+
+
 class CapacityExceeded(PersistentMemoryError):
     """The backend, the owner or the session holds as many sessions (or bytes) as it may."""
 
@@ -120,3 +150,22 @@ class BackendUnavailable(PersistentMemoryError):
     """The backend cannot be reached (Redis down, refused, timed out)."""
 
     code = "backend_unavailable"
+
+
+class InvalidMemory(InvalidValue):
+    """A long-term memory (its content, type, key, metadata, source...) breaks the rules;
+    nothing was written."""
+
+    code = "invalid_memory"
+
+
+class MemoryNotFound(PersistentMemoryError, LookupError):
+    """The owner has no (unexpired) long-term memory with this id."""
+
+    code = "memory_not_found"
+
+
+class MemoryKeyExists(PersistentMemoryError):
+    """An update would give a memory the key another memory of the owner holds."""
+
+    code = "memory_key_exists"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -84,8 +85,46 @@ def mirror_health(store: MemoryStore) -> dict[str, Any]:
     }
 
 
+def _moment(epoch: Any) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(float(epoch), tz=UTC)
+
+
+def summarizer_health(store: MemoryStore) -> dict[str, Any]:
+    """The conversations' summarizers: their health state (see
+    :mod:`persistent_memory.conversations.health`), how many conversations wait for a
+    summary, the last error and success, and where summaries are made.
+
+    Its ``status`` stays "ok" whatever the state: windows never wait for a summarizer
+    (degraded, they keep the last summary and truncate), so the API still works."""
+    worker = store.summarizer_worker
+    part: dict[str, Any] = {"status": OK, "enabled": worker.enabled}
+    if not worker.enabled:
+        return part
+    part["worker"] = "tasks" if worker.use_tasks else ("thread" if worker.running else "off")
+    try:
+        record = worker.health.record()
+        pending = store.backend.unsummarized_count()
+    except BackendUnavailable:
+        return {**part, "state": None, "pending": None}  # the backend part says why
+    return {
+        **part,
+        "state": record["state"],
+        "pending": pending,
+        "failures": int(record.get("failures") or 0),
+        "retry_at": _moment(record.get("retry_at")),
+        "last_error": record.get("last_error"),
+        "last_error_at": _moment(record.get("last_error_at")),
+        "last_success_at": _moment(record.get("last_success_at")),
+    }
+
+
 def health_report(store: MemoryStore) -> dict[str, Any]:
     """Every part's health, and ``status``: "ok" when every part is."""
-    parts = {"backend": backend_health(store), "database": database_health(), "mirror": mirror_health(store)}
+    parts = {
+        "backend": backend_health(store),
+        "database": database_health(),
+        "mirror": mirror_health(store),
+        "summarizer": summarizer_health(store),
+    }
     status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
     return {"status": status, **parts}

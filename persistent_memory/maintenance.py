@@ -22,6 +22,8 @@ from typing import Any
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
+from persistent_memory.conf import DEFAULTS
+from persistent_memory.conversations.records import export_conversations, import_conversations
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError, SessionExists, SessionNotFound
 from persistent_memory.owners import (
     owner_namespace,
@@ -104,6 +106,7 @@ def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
         "ttl_remaining_seconds": remaining_seconds(info),
         "values": {key: json.loads(text) for key, text in sorted(snapshot["values"].items())},
         "history": snapshot["history"],
+        "conversations": export_conversations(snapshot.get("conversations") or {}),
     }
 
 
@@ -155,7 +158,12 @@ def _check_history(history: list[dict[str, Any]], max_json_depth: int) -> None:
 
 
 def parse_record(
-    line: str, *, max_value_bytes: int, max_json_depth: int = DEFAULT_MAX_DEPTH, owner: str | None = None
+    line: str,
+    *,
+    max_value_bytes: int,
+    max_json_depth: int = DEFAULT_MAX_DEPTH,
+    max_message_bytes: int = DEFAULTS["MAX_MESSAGE_BYTES"],
+    owner: str | None = None,
 ) -> SessionSnapshot:
     """One export line as a snapshot ready to restore, or ``InvalidRecord`` saying why not.
 
@@ -186,6 +194,12 @@ def parse_record(
     ):
         raise InvalidRecord("history must be a list of objects with a string op and a numeric timestamp")
     _check_history(history, max_json_depth)
+    try:
+        conversations = import_conversations(
+            record.get("conversations", {}), max_message_bytes=max_message_bytes, max_depth=max_json_depth
+        )
+    except PersistentMemoryError as exc:
+        raise InvalidRecord(str(exc)) from None
     created_at = _number(record, "created_at")
     remaining = _number(record, "ttl_remaining_seconds", nullable=True)
     ttl = _number(record, "ttl_seconds", nullable=True) if "ttl_seconds" in record else remaining
@@ -196,8 +210,11 @@ def parse_record(
         expires_at=None if remaining is None else time.time() + remaining,
         key_count=len(encoded),
         history_length=len(history),
+        idle_ttl_seconds=_number(record, "idle_ttl_seconds", nullable=True)
+        if "idle_ttl_seconds" in record
+        else None,
     )
-    return {"info": info, "values": encoded, "history": history}
+    return {"info": info, "values": encoded, "history": history, "conversations": conversations}
 
 
 @dataclass
@@ -219,7 +236,7 @@ def import_sessions(
     store: MemoryStore | None = None,
     progress: Progress = _noop,
 ) -> ImportReport:
-    """Restore sessions from export lines, values, history and remaining TTL exactly.
+    """Restore sessions from export lines: values, history, conversations and remaining TTL exactly.
 
     Each session goes back to its record's owner, or to ``owner`` when given. Every
     line is checked first (``InvalidRecord`` names the first bad line number),
@@ -238,6 +255,7 @@ def import_sessions(
                     line,
                     max_value_bytes=store.max_value_bytes,
                     max_json_depth=store.max_json_depth,
+                    max_message_bytes=store.conversation_options.max_message_bytes,
                     owner=owner,
                 )
             )
@@ -380,6 +398,23 @@ class SweepReport:
     run_bindings: int = 0
     mirror_marked_gone: int = 0
     mirror_deleted: int = 0
+    #: Long-term memories past their expires_at or MEMORY_RETENTION_DAYS (set by
+    #: memory_sweep, which calls :func:`sweep_memories` too: the store's sweep needs no database).
+    memories_deleted: int = 0
+
+
+def sweep_memories(*, dry_run: bool = False, owner: str | None = None) -> int:
+    """Delete the long-term memories that expired (of ``owner`` only, when given); how many."""
+    from persistent_memory.memories.service import expired_filter
+    from persistent_memory.models import LongTermMemory
+
+    rows = LongTermMemory.objects.filter(expired_filter())
+    if owner is not None:
+        rows = rows.filter(owner=owner)
+    if dry_run:
+        return rows.count()
+    deleted, _ = rows.delete()
+    return deleted
 
 
 def sweep(
@@ -427,3 +462,36 @@ def sweep(
 def as_counts(report: Any) -> dict[str, Any]:
     """A report dataclass as the plain dict the commands print."""
     return asdict(report)
+
+
+def summarize_conversations_now(
+    storage_ids: Iterable[str], *, store: MemoryStore | None = None
+) -> tuple[int, int]:
+    """Fold the older turns of every conversation of these sessions into its rolling summary
+    now, with the configured summarizer; (summaries committed, conversations tried).
+    ``PersistentMemoryError`` when summaries are off or the summarizer fails."""
+    from persistent_memory.conversations.summarizers import SummarizerFailed
+    from persistent_memory.conversations.summarizing import summarize_conversation
+
+    store = store or get_store()
+    worker = store.summarizer_worker
+    if not worker.enabled:
+        raise PersistentMemoryError(
+            "Rolling summaries are off: set CONTEXT_STRATEGY to 'rolling_summary' or a SUMMARIZER."
+        )
+    committed = tried = 0
+    for sid in storage_ids:
+        try:
+            conversations = store.backend.list_conversations(sid)
+        except SessionNotFound:
+            continue
+        for info in conversations:
+            tried += 1
+            try:
+                done = summarize_conversation(
+                    store.backend, sid, info["conversation"], worker.summarizer, worker.options
+                )
+            except SummarizerFailed as exc:
+                raise PersistentMemoryError(f"The summarizer failed: {exc}") from exc
+            committed += done
+    return committed, tried

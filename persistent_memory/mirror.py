@@ -261,6 +261,7 @@ class Mirror:
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
         """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a
         row another process synced from a later read is left alone."""
+        from persistent_memory.mirror_conversations import write_conversations
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
         with transaction.atomic():
@@ -316,6 +317,7 @@ class Mirror:
                     if position >= kept.get(sid, 0)
                 ),
             )
+            write_conversations(pks, live, read_at)
         return SyncResult(synced=len(live), gone=marked)
 
     def _apply_each(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
@@ -391,6 +393,7 @@ class Mirror:
             created_at=created_at,
             expires_at=None if info["expires_at"] is None else _datetime(info["expires_at"], now),
             ttl_seconds=info["ttl_seconds"],
+            idle_ttl_seconds=info.get("idle_ttl_seconds"),
             key_count=info["key_count"],
             history_length=info["history_length"],
             last_activity=_datetime(newest, created_at) if newest is not None else created_at,
@@ -419,10 +422,11 @@ class Mirror:
 
     def restore(self) -> int:
         """Load the mirror's live sessions into an empty memory store; return how many."""
+        from persistent_memory.mirror_conversations import with_conversations
         from persistent_memory.models import MemorySession
 
         now = timezone.now()
-        sessions = (
+        sessions = with_conversations(
             MemorySession.objects.filter(state=MemorySession.State.LIVE)
             .exclude(expires_at__lte=now)
             # A row made only to say why a session could not be mirrored holds none of it.
@@ -469,6 +473,8 @@ class Mirror:
         return restored
 
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
+        from persistent_memory.mirror_conversations import snapshot_conversations
+
         history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
         info = session_info(
             row.storage_id,
@@ -477,11 +483,14 @@ class Mirror:
             expires_at=_epoch(row.expires_at),
             key_count=row.key_count,
             history_length=len(history),
+            idle_ttl_seconds=row.idle_ttl_seconds,
+            deadline=None if row.ttl_seconds is None else row.created_at.timestamp() + row.ttl_seconds,
         )
         return {
             "info": info,
             "values": {v.key: v.value for v in row.values.all()},  # the store's JSON text
             "history": history,
+            "conversations": snapshot_conversations(row),
         }
 
     def _drain_marks(self) -> list[str]:

@@ -21,6 +21,7 @@ class MemorySession(models.Model):
         "created_at",
         "expires_at",
         "ttl_seconds",
+        "idle_ttl_seconds",
         "key_count",
         "history_length",
         "last_activity",
@@ -45,6 +46,9 @@ class MemorySession(models.Model):
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never expires.")
     ttl_seconds = models.FloatField(null=True, blank=True)
+    idle_ttl_seconds = models.FloatField(
+        null=True, blank=True, help_text="Expires this long after its last write; empty: no idle expiry."
+    )
     key_count = models.PositiveIntegerField(default=0)
     history_length = models.PositiveIntegerField(default=0)
     last_activity = models.DateTimeField(db_index=True, help_text="Time of the newest history entry.")
@@ -142,3 +146,127 @@ class HistoryEntry(models.Model):
         ops = ", ".join(f"{op} {n}" for op, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
         keys = ", ".join(self.details.get("keys_touched") or []) or "none"
         return f"summary of {self.details.get('summarized_count', 0)} operations: {ops}; keys: {keys}"
+
+
+class MemoryConversation(models.Model):
+    """One conversation of a session (see :mod:`persistent_memory.conversations`)."""
+
+    session = models.ForeignKey(MemorySession, on_delete=models.CASCADE, related_name="conversations")
+    name = models.CharField(max_length=256)
+    head = models.CharField(
+        max_length=128, blank=True, default="", help_text="The newest message of the current thread."
+    )
+    seq = models.BigIntegerField(default=0, help_text="The last seq given to a message.")
+    message_count = models.PositiveIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0, help_text="Tokens of all its messages, every branch.")
+    branch_count = models.PositiveIntegerField(default=0, help_text="Messages no other one answers.")
+    trimmed = models.BigIntegerField(default=0, help_text="Messages removed beyond MAX_MESSAGES.")
+    #: The rolling summary as JSON text (``Summary._asdict()``; ASCII, so U+0000 fits
+    #: PostgreSQL), exactly as the store holds it; empty: none.
+    summary = models.TextField(blank=True, default="", editable=False)
+    #: Of the mirrored messages' texts, in any order: a sync that finds the same digest
+    #: over the snapshot's older messages writes only the newer ones.
+    digest = models.CharField(max_length=32, blank=True, default="", editable=False)
+
+    class Meta:
+        ordering = ["session", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "name"], name="pm_unique_session_conversation")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class MemoryMessage(models.Model):
+    """One message of a conversation (every branch; see :attr:`MemoryConversation.head`)."""
+
+    conversation = models.ForeignKey(MemoryConversation, on_delete=models.CASCADE, related_name="messages")
+    message_id = models.CharField(max_length=128)
+    parent_id = models.CharField(max_length=128, blank=True, default="", help_text="Empty: a first message.")
+    seq = models.BigIntegerField()
+    role = models.CharField(max_length=16, db_index=True)
+    #: The content as plain text (the parts' texts joined), for reading and searching.
+    content_text = models.TextField(blank=True, default="")
+    name = models.CharField(max_length=64, blank=True, default="")
+    tool_call_id = models.CharField(max_length=256, blank=True, default="")
+    tool_calls = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+    tokens = models.PositiveIntegerField(default=0)
+    tokenizer = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_index=True)
+    #: The message's JSON text exactly as the store holds it: a restore from the mirror
+    #: gives the store these bytes back (the columns above are copies for the admin).
+    stored = models.TextField(help_text="JSON text, as the store holds it.")
+    #: Of ``stored``: tells a message from another one stored under the same id since.
+    digest = models.CharField(max_length=32, editable=False)
+
+    class Meta:
+        ordering = ["conversation", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "message_id"], name="pm_unique_conversation_message"
+            )
+        ]
+        indexes = [models.Index(fields=["conversation", "seq"], name="pm_message_seq")]
+
+    def __str__(self) -> str:
+        return self.message_id
+
+    @property
+    def decoded(self) -> dict[str, Any]:
+        """The message as ``get_messages`` returns it."""
+        return json.loads(self.stored)
+
+
+class LongTermMemory(models.Model):
+    """One long-term memory of an owner: the database is its source of truth (unlike the
+    mirror's rows above). Written only through :mod:`persistent_memory.memories`."""
+
+    class Type(models.TextChoices):
+        FACTUAL = "factual", "factual"
+        EPISODIC = "episodic", "episodic"
+        PROCEDURAL = "procedural", "procedural"
+        SEMANTIC = "semantic", "semantic"
+
+    class Source(models.TextChoices):
+        API = "api", "api"
+        EXTRACTION = "extraction", "extraction"
+        MCP = "mcp", "mcp"
+        ADMIN = "admin", "admin"
+        IMPORT = "import", "import"
+
+    owner = models.CharField(max_length=200, blank=True, default="", help_text="Empty: unowned.")
+    session_id = models.CharField(
+        max_length=128, blank=True, default="", db_index=True, help_text="Empty: not tied to a session."
+    )
+    type = models.CharField(max_length=16, choices=Type.choices, default=Type.FACTUAL)
+    #: Stable per owner: writing the same key again updates the memory.
+    key = models.CharField(max_length=256)
+    content = models.TextField()
+    metadata = models.JSONField(default=dict, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.API, db_index=True)
+    source_messages = models.JSONField(
+        default=list, blank=True, help_text="Ids of the messages it came from."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never.")
+    access_count = models.PositiveIntegerField(default=0)
+    last_accessed_at = models.DateTimeField(null=True, blank=True)
+    tokens = models.PositiveIntegerField(default=0, help_text="Tokens of the content (TOKENIZER).")
+    #: The EMBEDDER's vector of the content (None without an embedder); searched in Python.
+    embedding = models.JSONField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        verbose_name = "long-term memory"
+        verbose_name_plural = "long-term memories"
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="pm_unique_owner_memory_key")]
+        indexes = [
+            models.Index(fields=["owner", "-updated_at"], name="pm_memory_owner_recent"),
+            models.Index(fields=["owner", "type"], name="pm_memory_owner_type"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key

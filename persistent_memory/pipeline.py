@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, TypedDict
 
+from persistent_memory.conversations.messages import DEFAULT_CONVERSATION
 from persistent_memory.exceptions import InvalidSessionId
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.store import MemoryStore, get_store
@@ -19,6 +20,9 @@ from persistent_memory.validation import validate_session_id
 logger = logging.getLogger(__name__)
 
 MEMORY_CONTEXT = "memory_context"
+#: Where enrich attaches the conversation's window, and the entry's conversation name.
+CONVERSATION = "conversation"
+CONVERSATION_NAME = "conversation_name"
 NO_SESSION_ID = "no session_id in metadata"
 
 
@@ -53,12 +57,21 @@ def _session_id_of(entry: dict[str, Any]) -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
+def _conversation_of(entry: dict[str, Any]) -> str:
+    """The conversation an entry names in ``metadata.conversation_name`` (else "default")."""
+    metadata = entry.get("metadata")
+    name = metadata.get(CONVERSATION_NAME) if isinstance(metadata, dict) else None
+    return DEFAULT_CONVERSATION if name is None else name
+
+
 class MemoryFilter:
     """Per-pipeline state of the node: the session of the last question since :meth:`open`."""
 
     def __init__(self, store: MemoryStore | None = None) -> None:
         self._store = store
         self.current_session_id: str | None = None
+        #: The last question recorded since :meth:`open`: (session id, conversation, message id).
+        self.current_question: tuple[str, str, str] | None = None
 
     @property
     def memory_store(self) -> MemoryStore:
@@ -68,6 +81,7 @@ class MemoryFilter:
     def open(self) -> None:
         """Start a new pipeline item: forget the last question's session."""
         self.current_session_id = None
+        self.current_question = None
 
     def enrich(
         self, question: dict[str, Any], *, run_id: str | None = None, idempotency: Idempotency | None = None
@@ -83,7 +97,26 @@ class MemoryFilter:
         if session_id is None:
             return question, {"status": "skipped", "session_id": None, "reason": reason or ""}
         self.current_session_id = session_id
-        context = self.memory_store.enrich(session_id, run_id=run_id, idempotency=idempotency)
+        conversation = _conversation_of(question)
+        context, window, question_id = self.memory_store.enrich_recording(
+            session_id,
+            question.get("text"),
+            conversation=conversation,
+            run_id=run_id,
+            idempotency=idempotency,
+        )
+        if window is not None and question_id is not None:
+            self.current_question = (session_id, conversation, question_id)
+            # The window as get_context answers it, but for the conversation's name.
+            question["metadata"][CONVERSATION] = {
+                key: v for key, v in window.items() if key != "conversation"
+            }
+        # Imported here: the models behind it need Django's apps, the pipeline does not.
+        from persistent_memory.memories.injection import MEMORIES, relevant_memories
+
+        memories = relevant_memories(self.memory_store.owner, question.get("text"))
+        if memories is not None:
+            question["metadata"][MEMORIES] = memories
         if not context:
             return question, {"status": "unchanged", "session_id": session_id, "keys": []}
         question["metadata"][MEMORY_CONTEXT] = context
@@ -100,15 +133,27 @@ class MemoryFilter:
         """
         answer = _copy(answer)
         session_id, reason = _session_id_of(answer)
+        conversation = _conversation_of(answer)
+        text = answer.get("text")
         if session_id is None and reason == NO_SESSION_ID:
             session_id = self.current_session_id
             if session_id is None and run_id is not None:
-                text = answer.get("text")
-                record = self.memory_store.record_answer(None, text, run_id=run_id, idempotency=idempotency)
+                record = self.memory_store.record_answer(
+                    None, text, run_id=run_id, conversation=conversation, idempotency=idempotency
+                )
                 if record is not None:
                     return answer, {"status": "stored", **record._asdict()}
                 reason = f"{NO_SESSION_ID}, and no question was enriched with run_id {run_id!r}"
         if session_id is None:
             return answer, {"status": "skipped", "session_id": None, "reason": reason or ""}
-        record = self.memory_store.record_answer(session_id, answer.get("text"), idempotency=idempotency)
+        asked = self.current_question
+        parent_id = asked[2] if asked and asked[:2] == (session_id, conversation) else None
+        record = self.memory_store.record_answer(
+            session_id,
+            text,
+            run_id=run_id,
+            conversation=conversation,
+            parent_id=parent_id,
+            idempotency=idempotency,
+        )
         return answer, {"status": "stored", **record._asdict()}

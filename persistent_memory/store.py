@@ -21,7 +21,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -35,7 +35,16 @@ from persistent_memory.backends.base import (
     SessionInfo,
 )
 from persistent_memory.backends.memory import MemoryBackend
-from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode
+from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode, summaries_on
+from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, validate_message_id
+from persistent_memory.conversations.signals import messages_added
+from persistent_memory.conversations.store import (
+    Context,
+    ConversationMethods,
+    ConversationOptions,
+    window_context,
+)
+from persistent_memory.conversations.worker import SummarizerWorker
 from persistent_memory.exceptions import (
     BackendUnavailable,
     InvalidSessionId,
@@ -71,8 +80,18 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class MemoryStore:
-    """Cross-session memory keyed by ``session_id`` over one backend."""
+class Enrichment(NamedTuple):
+    """What :meth:`MemoryStore.enrich_recording` returns."""
+
+    values: dict[str, Any]
+    #: The window before the question (None: no question was recorded).
+    context: Context | None
+    question_id: str | None
+
+
+class MemoryStore(ConversationMethods):
+    """Cross-session memory keyed by ``session_id`` over one backend (conversations: see
+    :class:`~persistent_memory.conversations.store.ConversationMethods`)."""
 
     #: The namespace this store reads and writes (``""``: unowned; see :mod:`persistent_memory.owners`).
     owner: str = UNOWNED
@@ -87,8 +106,10 @@ class MemoryStore:
         run_binding_ttl_seconds: float = 3600,
         idempotency_ttl_seconds: float = 86400,
         mirror_mode: str = "off",
+        conversation_options: ConversationOptions | None = None,
     ) -> None:
         self.backend = backend
+        self.conversation_options = conversation_options or ConversationOptions()
         self.default_ttl_seconds = validate_ttl(default_ttl_seconds)
         self.max_value_bytes = max_value_bytes
         self.max_json_depth = max_json_depth
@@ -96,6 +117,8 @@ class MemoryStore:
         self.idempotency_ttl_seconds = validate_ttl(idempotency_ttl_seconds) or 86400
         #: The ORM mirror of this store (see persistent_memory.mirror).
         self.mirror = Mirror(self, mirror_mode)
+        #: What makes the conversations' rolling summaries (see persistent_memory.conversations.worker).
+        self.summarizer_worker = SummarizerWorker(self)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings = memory_settings) -> MemoryStore:
@@ -113,6 +136,7 @@ class MemoryStore:
                 run_binding_ttl_seconds=conf.RUN_BINDING_TTL_SECONDS,
                 idempotency_ttl_seconds=conf.IDEMPOTENCY_TTL_SECONDS,
                 mirror_mode=mirror_mode(conf),
+                conversation_options=ConversationOptions.from_settings(conf),
             )
         except InvalidValue as exc:
             backend.close()
@@ -131,6 +155,9 @@ class MemoryStore:
                         raise ImproperlyConfigured(message) from exc
                 store.mirror.restore_safely()
             store.mirror.start()
+        store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
+        if summaries_on(conf) and conf.SUMMARIZER_WORKER:
+            store.summarizer_worker.start()
         return store
 
     def _ttl(self, ttl_seconds: Any) -> float | None:
@@ -190,12 +217,26 @@ class MemoryStore:
     # Sessions ---------------------------------------------------------------
 
     def create_session(
-        self, session_id: str, ttl_seconds: float | None = None, *, idempotency: Idempotency | None = None
+        self,
+        session_id: str,
+        ttl_seconds: float | None = None,
+        *,
+        idle_ttl_seconds: float | None = None,
+        idempotency: Idempotency | None = None,
     ) -> SessionInfo:
-        """Create a session; ``ttl_seconds=None`` uses ``SESSION_TTL_HOURS``, 0 means never expire."""
+        """Create a session; ``ttl_seconds=None`` uses ``SESSION_TTL_HOURS``, 0 means never expire.
+
+        ``idle_ttl_seconds`` (None: ``SESSION_IDLE_TTL_SECONDS``; 0: none) makes it also expire
+        that long after its last write, whichever comes first."""
         ttl = self._ttl(ttl_seconds)
+        if idle_ttl_seconds is None:
+            idle = self.backend.idle_ttl_seconds
+        else:
+            idle = validate_ttl(idle_ttl_seconds, name="idle_ttl_seconds")
         once = self._once(idempotency)
-        return self._info(self._call(self.backend.create_session, session_id, ttl, **once))
+        return self._info(
+            self._call(self.backend.create_session, session_id, ttl, idle_ttl_seconds=idle, **once)
+        )
 
     def resume_session(self, session_id: str) -> SessionInfo:
         """A live session's info; ``SessionNotFound`` or ``SessionExpired`` otherwise."""
@@ -327,18 +368,60 @@ class MemoryStore:
         values = self._call_valid(self.backend.enrich, session_id, self.default_ttl_seconds, run, **once)
         return _sorted(decode_value(values))
 
+    def enrich_recording(
+        self,
+        session_id: str,
+        text: Any,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        run_id: str | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> Enrichment:
+        """:meth:`enrich`, and with ``RECORD_CONVERSATION`` on and a question ``text``, the
+        window of ``conversation`` before it and the question recorded as a user message
+        (bound to ``run_id``, so its answer follows it), in the same backend call.
+        The window and question id are None when nothing was recorded."""
+        session_id = validate_session_id(session_id)
+        question = self.question(text, conversation)
+        if question is None:
+            return Enrichment(self.enrich(session_id, run_id=run_id, idempotency=idempotency), None, None)
+        run = None
+        if run_id is not None:
+            run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
+        once = self._once(idempotency)
+        enriched = self._call_valid(
+            self.backend.enrich_recording, session_id, self.default_ttl_seconds, run, question, **once
+        )
+        values = _sorted(decode_value(enriched.values))
+        if messages_added.receivers:
+            question_message = {"id": enriched.question_id, "role": "user", "content": text}
+            self.messages_added(session_id, question.conversation, [question_message], "enrich")
+        options = self.conversation_options
+        context = window_context(
+            question.conversation,
+            enriched.window,
+            max_tokens=question.max_tokens,
+            overflow=options.overflow,
+            tokenizer=options.tokenizer,
+        )
+        return Enrichment(values, context, enriched.question_id)
+
     def record_answer(
         self,
         session_id: str | None,
         text: str,
         *,
         run_id: str | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+        parent_id: str | None = None,
         idempotency: Idempotency | None = None,
     ) -> AnswerRecord | None:
         """Resume or create, store ``last_answer``, bump ``answer_count`` (one backend call).
 
         ``session_id=None`` uses the session ``run_id`` was enriched on; returns None,
-        writing nothing, when there is none.
+        writing nothing, when there is none. With ``RECORD_CONVERSATION`` on, the text is
+        also recorded as an assistant message of ``conversation`` after the question of
+        ``run_id`` (else after ``parent_id``, else after the head), in the same call.
         """
         if session_id is None and run_id is None:
             raise InvalidSessionId("record_answer needs a session_id or a run_id.")
@@ -347,18 +430,28 @@ class MemoryStore:
         if not isinstance(text, str):
             raise InvalidValue(f"Invalid answer text {text!r}: must be a string.")
         answer_json = encode_value(text, max_bytes=self.max_value_bytes, max_depth=self.max_json_depth)
+        ref = None if run_id is None else run_ref(self.owner, validate_run_id(run_id))
+        if parent_id is not None:
+            validate_message_id(parent_id, what="parent_id")
+        message = self.answer(text, conversation, parent_id)
         ttl = self.default_ttl_seconds
         once = self._once(idempotency)
         if session_id is not None:
-            record = self._call_valid(self.backend.record_answer, session_id, answer_json, ttl, None, **once)
+            record = self._call_valid(
+                self.backend.record_answer, session_id, answer_json, ttl, ref, message, **once
+            )
         else:
-            ref = run_ref(self.owner, validate_run_id(run_id))
             if self.mirror.restore_pending:
                 self._not_restored()
-            record = self.backend.record_answer(None, answer_json, ttl, ref, **once)
-        if record is None or not self.owner:
+            record = self.backend.record_answer(None, answer_json, ttl, ref, message, **once)
+        if record is None:
             return record
-        return AnswerRecord(split_storage_id(record.session_id)[1], record.answer_count)
+        if self.owner:
+            record = AnswerRecord(split_storage_id(record.session_id)[1], record.answer_count)
+        if message is not None and messages_added.receivers:
+            answer = {"id": message.message.id, "role": "assistant", "content": text}
+            self.messages_added(record.session_id, message.conversation, [answer], "answer")
+        return record
 
     # Health -----------------------------------------------------------------
 
@@ -367,7 +460,9 @@ class MemoryStore:
         self.backend.ping()
 
     def close(self) -> None:
-        """Flush and stop the mirror worker, then release the backend's connections."""
+        """Stop the summarizer's worker, flush and stop the mirror's, then release the
+        backend's connections."""
+        self.summarizer_worker.stop()
         self.mirror.stop()
         self.backend.close()
 

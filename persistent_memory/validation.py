@@ -128,7 +128,7 @@ def decode_value(text: str | bytes) -> Any:
     return json.loads(text)
 
 
-def validate_ttl(ttl_seconds: Any) -> int | float | None:
+def validate_ttl(ttl_seconds: Any, *, name: str = "ttl_seconds") -> int | float | None:
     """A TTL in seconds: a positive finite number, or None/0 for no expiry."""
     if ttl_seconds is None:
         return None
@@ -137,13 +137,13 @@ def validate_ttl(ttl_seconds: Any) -> int | float | None:
         or not isinstance(ttl_seconds, int | float)
         or not math.isfinite(ttl_seconds)
     ):
-        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: use a finite number of seconds.")
+        raise InvalidValue(f"Invalid {name} {ttl_seconds!r}: use a finite number of seconds.")
     if ttl_seconds < 0:
-        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: must not be negative.")
+        raise InvalidValue(f"Invalid {name} {ttl_seconds!r}: must not be negative.")
     if ttl_seconds == 0:
         return None
     if ttl_seconds < 0.001:
-        raise InvalidValue(f"Invalid ttl_seconds {ttl_seconds!r}: the smallest TTL is one millisecond.")
+        raise InvalidValue(f"Invalid {name} {ttl_seconds!r}: the smallest TTL is one millisecond.")
     # 86400.0 and 86400 are the same TTL; store and report them the same way.
     return int(ttl_seconds) if float(ttl_seconds).is_integer() else float(ttl_seconds)
 

@@ -81,7 +81,10 @@ class Server:
             body = json.dumps(body).encode()
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            connection.request(method, path, body=body, headers=headers, **kwargs)
+            # The server may answer and close before it has read the whole body (runserver's
+            # 411 to a chunked one): the sending then fails, and its answer is there to read.
+            with suppress(BrokenPipeError, ConnectionResetError):
+                connection.request(method, path, body=body, headers=headers, **kwargs)
             response = connection.getresponse()
             return Response(response.status, dict(response.getheaders()), response.read())
         finally:
@@ -104,15 +107,29 @@ COMMANDS = {
         f"127.0.0.1:{port}",
         "memory_site.wsgi:application",
     ],
+    # The ASGI entry point: Django and the MCP endpoint at /mcp/.
+    "uvicorn": lambda port: [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "memory_site.asgi:application",
+    ],
 }
 
 
 @contextmanager
-def serve(kind: str, env: dict[str, str], log_path: Path) -> Iterator[Server]:
-    """The demo site under ``kind`` (runserver or gunicorn) until the block ends."""
+def serve(kind: str, env: dict[str, str], log_path: Path, *, cwd: Path = ROOT) -> Iterator[Server]:
+    """The demo site under ``kind`` (runserver, gunicorn or uvicorn) until the block ends.
+
+    ``cwd``: another project's folder, whose ``manage.py`` runserver then serves.
+    """
     port = _free_port()
     with open(log_path, "w") as log:
-        process = subprocess.Popen(COMMANDS[kind](port), cwd=ROOT, env=env, stdout=log, stderr=log)
+        process = subprocess.Popen(COMMANDS[kind](port), cwd=cwd, env=env, stdout=log, stderr=log)
     server = Server(port, log_path, process)
     try:
         deadline = time.monotonic() + 60

@@ -10,7 +10,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.utils import timezone
+from django.utils.text import capfirst
 
+from persistent_memory.admin import MemorySessionAdmin
 from persistent_memory.models import HistoryEntry, MemorySession
 
 CHANGELIST = "/admin/persistent_memory/memorysession/"
@@ -63,7 +66,7 @@ def test_changelist_syncs_and_lists(admin_client, store):
     body = response.content.decode()
     for session_id in ("chat-1", "chat-2", "other"):
         assert session_id in body
-    assert "never" in body and "(in 59" in body  # expiry and time remaining
+    assert "never" in body and ">in 59\xa0minutes</span>" in body  # expiry: the time remaining
     assert store.backend.describe() in body
     # Written after the last load: shown on the next one.
     store.create_session("late")
@@ -110,6 +113,100 @@ def test_session_page_shows_values_and_history(admin_client, store):
     positions = [f.original.position for f in history_inline]
     assert positions == sorted(positions, reverse=True) and positions[-1] == 0  # newest first
     assert 'name="_save"' not in body  # read-only
+
+
+def session_page(client, session_id: str):
+    client.get(CHANGELIST)  # syncs
+    return client.get(f"{CHANGELIST}{session_pk(session_id)}/change/")
+
+
+def readonly_labels(response) -> list[str]:
+    """The labels of the session page's fields, in order, as the page shows them."""
+    return [
+        capfirst(field.field["label"])
+        for fieldset in response.context["adminform"]
+        for line in fieldset
+        for field in line
+    ]
+
+
+def test_session_page_reads_as_a_product(admin_client, store):
+    store.create_session("s1", ttl_seconds=3600)
+    store.put("s1", "topic", "Paris")
+    response = session_page(admin_client, "s1")
+    body = response.content.decode().replace("\xa0", " ")  # Django's durations: "59\xa0minutes"
+    assert readonly_labels(response) == [
+        "Session ID",
+        "Owner",
+        "State",
+        "Created",
+        "Expires",
+        "Time to live",
+        "Idle expiry",
+        "Last activity",
+        "Keys",
+        "History entries",
+        "Last sync",
+    ]
+    for internal in ("Ttl seconds", "History digest", "Journal seq", "journal_seq", "Synced at", "Gone at"):
+        assert internal not in body, internal
+    assert "1 hour from creation" in body
+    assert "(in 59 minutes)" in body
+    assert "none: the unowned namespace" in body
+    assert "persistent_memory/admin.css" in body  # hides the inline rows' repeated labels
+    values_inline, history_inline = response.context["inline_admin_formsets"]
+    assert (values_inline.opts.verbose_name_plural, history_inline.opts.verbose_name_plural) == (
+        "values",
+        "session history (newest first)",
+    )
+
+
+def test_session_page_links_its_own_history_not_djangos_change_log(admin_client, viewer_client, store):
+    store.create_session("s1")
+    for i in range(3):
+        store.put("s1", "k", i)
+    store.create_session("s2")
+    store.put("s2", "k", 0)
+    pk = session_pk_after_sync(admin_client, "s1")
+    body = admin_client.get(f"{CHANGELIST}{pk}/change/").content.decode()
+    assert 'class="historylink"' not in body and f"{CHANGELIST}{pk}/history/" not in body
+    assert 'href="#history-group"' in body and "Session history (3)" in body
+    assert 'id="history-group"' in body  # where that link leads
+    history_list = f"{HISTORY}?session__id__exact={pk}"
+    assert f'href="{history_list}"' in body
+    entries = admin_client.get(history_list).context["cl"].result_list
+    assert [(e.session.session_id, e.op, e.key) for e in entries] == [("s1", "put", "k")] * 3
+    # Without the permission to see the history list, no link to it.
+    viewer = get_user_model().objects.create_user("values-only", password="pw-for-tests", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_memorysession"))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(f"{CHANGELIST}{pk}/change/").content.decode()
+    assert "Session history (3)" in page and history_list not in page
+
+
+def session_pk_after_sync(client, session_id: str) -> int:
+    client.get(CHANGELIST)
+    return session_pk(session_id)
+
+
+def test_session_page_says_why_a_sync_fails_and_when_a_session_went(admin_client, store):
+    store.create_session("s1")
+    store.create_session("s2")
+    pk = session_pk_after_sync(admin_client, "s1")
+    failed_at = timezone.now()
+    MemorySession.objects.filter(pk=pk).update(sync_error="value too long", sync_failed_at=failed_at)
+    body = admin_client.get(f"{CHANGELIST}{pk}/change/").content.decode()
+    assert f"failing since {failed_at:%Y-%m-%d %H:%M} (retried at every sync): value too long" in body
+    listed = admin_client.get(CHANGELIST).context["cl"].result_list
+    assert {row.session_id: MemorySessionAdmin.synced(None, row) for row in listed} == {
+        "s1": False,
+        "s2": True,
+    }
+    store.delete_session("s2")
+    gone = session_page(admin_client, "s2")
+    row = MemorySession.objects.get(session_id="s2")
+    assert f"gone (since {row.gone_at:%Y-%m-%d %H:%M})" in gone.content.decode()
 
 
 def test_history_changelist(admin_client, store):
@@ -230,3 +327,17 @@ def test_no_redis_password_anywhere(admin_client, db, settings):
     assert "hunter2-secret" not in body
     assert "Showing the mirror as last synced" in body
     assert "redis://127.0.0.1:1/0" in body
+
+
+def test_idle_expiry_shows_and_filters(store, admin_client):
+    store.create_session("idle", ttl_seconds=3600, idle_ttl_seconds=600)
+    store.put("idle", "k", 1)
+    store.create_session("fixed", ttl_seconds=3600)
+    listing = admin_client.get(CHANGELIST, {"ttl": "idle"}).content.decode()  # the page load syncs
+    assert ">idle<" in listing and ">fixed<" not in listing
+    assert "if idle" in listing  # its idle TTL ends it before the fixed one
+    page = admin_client.get(f"{CHANGELIST}{session_pk('idle')}/change/").content.decode()
+    assert "10\xa0minutes after the last write" in page or "10 minutes after the last write" in page
+    assert "idle for" in page
+    fixed = admin_client.get(f"{CHANGELIST}{session_pk('fixed')}/change/").content.decode()
+    assert "after the last write" not in fixed

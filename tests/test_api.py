@@ -102,8 +102,10 @@ class TestLanes:
     def test_enrich_then_store_round_trip(self, api, store):
         response = api.post(API + "enrich/", {"question": question("s1", "hi", lang="en")}, format="json")
         assert response.status_code == 200
+        first = question("s1", "hi", lang="en")
+        first["metadata"]["conversation"] = {"messages": [], "tokens": 0, "truncated": False}
         assert response.json() == {
-            "question": question("s1", "hi", lang="en"),
+            "question": first,
             "memory": {"status": "unchanged", "session_id": "s1", "keys": []},
         }
         response = api.post(
@@ -113,11 +115,16 @@ class TestLanes:
         body = api.post(
             API + "enrich/", {"question": question("s1", "again", extra=[1])}, format="json"
         ).json()
+        window = body["question"]["metadata"].pop("conversation")
         assert body["question"]["metadata"] == {
             "session_id": "s1",
             "extra": [1],
             "memory_context": {"answer_count": 1, "last_answer": "hello"},
         }
+        # The conversation so far, before this question (recorded after it is read).
+        said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+        assert window["messages"] == said
+        assert window["tokens"] > 0 and window["truncated"] is False
         assert body["question"]["text"] == "again"
         assert body["memory"] == {
             "status": "enriched",
@@ -133,6 +140,7 @@ class TestLanes:
             "metadata": {"session_id": "s1", "x": 1.5},
         }
         body = api.post(API + "enrich/", {"question": entry}, format="json").json()
+        assert body["question"]["metadata"].pop("conversation")["messages"] == []
         assert body["question"] == entry
 
     def test_store_falls_back_through_run_id(self, api, store):
@@ -279,6 +287,8 @@ class TestSessions:
             "ttl_remaining_seconds",
             "key_count",
             "history_length",
+            "idle_ttl_seconds",
+            "expires_by",
         }
         assert error_of(api.post(API + "sessions/", {"session_id": "s1"}, format="json")) == (
             409,

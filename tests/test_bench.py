@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "run.py"
 
 
 def test_a_short_benchmark_run_reports_every_section(tmp_path):
@@ -23,6 +27,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")
     }
     command = [sys.executable, str(BENCH), "--duration", "0.3", "--sessions", "5", "--keys", "10", "50"]
+    command += ["--long-conversation", "500"]
     command += ["--api-duration", "0.5", "--rounds", "1", "--max-requests", "300", "--output", str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -36,6 +41,16 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     }
     operations = {"put", "get", "get_all (10 keys)", "get_all (50 keys)", "increment"}
     operations |= {"enrich lane (10 keys)", "store lane"}
+    operations |= {
+        "add_messages (1 message)",
+        "get_context (20 of 20 messages, about 10 KB)",
+        "get_context (20 of the short conversation)",
+        "get_context (20 of the long conversation)",
+        "get_context rolling_summary (a summary and the 20 messages after it)",
+        "get_context truncation (the same conversations' newest 20)",
+    }
+    for variant in ("recording off", "idle TTL on"):
+        operations |= {f"enrich lane ({variant})", f"store lane ({variant})"}
     assert set(results["redis"]) == set(results["memory"]) == set(results["memory_journal"]) == operations
     # One round trip per operation, counted on the client; the script's commands on the server.
     for figures in [*results["floor"].values(), *results["redis"].values()]:
@@ -55,7 +70,28 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
 
     assert [check["target"] for check in results["targets"]][0] == "Redis: 1 round trip per operation"
     assert results["targets"][0]["met"] is True
-    assert len(results["targets"]) == 10
+    assert len(results["targets"]) == 24
+    assert results["conversation_sizes"] == {"short": 100, "long": 500}
     assert [t["target"] for t in results["targets"]].count(
-        "Memory with the journal store lane: >= 50,000 ops/s"
+        "Memory with the journal store lane (recording off): >= 50,000 ops/s"
     ) == 1
+
+
+@pytest.mark.parametrize(
+    ("script", "default"), [("run.py", "latest.json"), ("maintenance.py", "maintenance.json")]
+)
+def test_a_run_writes_where_git_does_not_look(script, default):
+    """By default the figures go to bench/results/local/, which git ignores: a run leaves
+    the checkout unmodified. The README's figures stay in files named for their run."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True, check=True
+    )
+    output = f"bench/results/local/{default}"
+    assert output in " ".join(done.stdout.split()), done.stdout
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", output], cwd=ROOT)
+    assert ignored.returncode == 0, f"git does not ignore {output}"
+    tracked = subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True)
+    assert f"bench/results/{default}" not in tracked.stdout.split()  # no file a run would rewrite
+    assert "bench/results/2026-11-22-run.json" in tracked.stdout.split()

@@ -302,7 +302,7 @@ class TestChecks:
     def ids() -> list[str]:
         from django.core.checks import run_checks
 
-        messages = run_checks(include_deployment_checks=True)
+        messages = run_checks(include_deployment_checks=True, databases=[])
         return sorted(m.id for m in messages if m.id.startswith("persistent_"))
 
     def test_a_bad_journal_dir_is_an_error(self, settings):

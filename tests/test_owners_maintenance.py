@@ -512,7 +512,8 @@ def test_deleting_sessions_leaves_no_run_binding_for_the_sweep(store):
     assert u1.record_answer(None, "kept", run_id="r2").session_id == "s2"
 
 
-def test_sweep_of_one_owner_drops_only_its_expired_run_bindings(configure, backend_name):
+def test_sweep_of_one_owner_drops_only_its_expired_run_bindings(configure, backend_name, db):
+    # db: memory_sweep deletes expired long-term memories too.
     store = configure(RUN_BINDING_TTL_SECONDS=SHORT_TTL)
     u1, u2 = store.for_owner("user:1"), store.for_owner("user:2")
     for scoped in (u1, u2, store):

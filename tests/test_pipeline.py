@@ -36,6 +36,8 @@ def test_first_question_creates_session_unchanged(lanes, store):
     original = question("s1")
     out, outcome = lanes.enrich(original)
     assert outcome == {"status": "unchanged", "session_id": "s1", "keys": []}
+    # The window before the first question: empty.
+    assert out["metadata"].pop("conversation") == {"messages": [], "tokens": 0, "truncated": False}
     assert out == original and out is not original
     assert "memory_context" not in out["metadata"]
     assert store.list_sessions() == ["s1"]

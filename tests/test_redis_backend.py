@@ -99,7 +99,9 @@ def test_ttl_aligned_across_every_key(rstore, redis_client):
     rstore.increment("s1", "counter")
     rstore.record_answer("s1", "answer")
     keys = [k for k in redis_client.keys("rr:memory:s1:*")]
-    assert len(keys) == 8  # meta, key set, history and five values
+    # meta, key set, history, five values, and the answer's conversation: its meta,
+    # messages, links, thread, seq order and the session's set of conversation names.
+    assert len(keys) == 14
     pttls = [redis_client.pttl(k) for k in keys]
     assert min(pttls) > 0
     assert max(pttls) - min(pttls) <= 50

@@ -107,6 +107,13 @@ class ProcessResponse(serializers.Serializer):
 class SessionCreate(serializers.Serializer):
     session_id = serializers.CharField(trim_whitespace=False, max_length=128)
     ttl_hours = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=24 * 365 * 100)
+    idle_ttl_seconds = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=3600 * 24 * 365 * 100,
+        help_text="Also expire this long after the last write (null: SESSION_IDLE_TTL_SECONDS; 0: never).",
+    )
 
 
 class SessionInfo(serializers.Serializer):
@@ -118,6 +125,10 @@ class SessionInfo(serializers.Serializer):
     ttl_remaining_seconds = serializers.FloatField(allow_null=True)
     key_count = serializers.IntegerField()
     history_length = serializers.IntegerField()
+    idle_ttl_seconds = serializers.FloatField(allow_null=True, help_text="null: no idle expiry.")
+    expires_by = serializers.ChoiceField(
+        choices=["ttl", "idle"], allow_null=True, help_text="Which expiry applies (null: never expires)."
+    )
 
 
 class SessionPage(serializers.Serializer):
@@ -205,11 +216,31 @@ class MirrorHealth(serializers.Serializer):
     )
 
 
+class SummarizerHealth(serializers.Serializer):
+    status = serializers.CharField(help_text='"ok": windows never wait for a summarizer, whatever its state.')
+    enabled = serializers.BooleanField(help_text="Whether conversations get rolling summaries.")
+    worker = serializers.CharField(
+        required=False, help_text='Where summaries are made here: "thread", "tasks" or "off".'
+    )
+    state = serializers.CharField(
+        required=False, allow_null=True, help_text="healthy, retry, degraded or recovering (null: unknown)."
+    )
+    pending = serializers.IntegerField(
+        required=False, allow_null=True, help_text="Conversations waiting for a summary."
+    )
+    failures = serializers.IntegerField(required=False, help_text="Failures in a row.")
+    retry_at = serializers.DateTimeField(required=False, allow_null=True)
+    last_error = serializers.CharField(required=False, allow_null=True)
+    last_error_at = serializers.DateTimeField(required=False, allow_null=True)
+    last_success_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
 class Health(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"], help_text="ok when every part is.")
     backend = BackendHealth(required=False, help_text="Staff only, as every part.")
     database = DatabaseHealth(required=False, help_text="The default database (users, tokens, the mirror).")
     mirror = MirrorHealth(required=False, help_text="The ORM mirror of the store.")
+    summarizer = SummarizerHealth(required=False, help_text="The conversations' rolling summaries.")
 
 
 class Error(serializers.Serializer):

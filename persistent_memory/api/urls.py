@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from persistent_memory.api import views
+from persistent_memory.api import conversations, memories, views
 
 app_name = "persistent_memory_api"
 
@@ -22,5 +22,17 @@ urlpatterns = [
     ),
     path("sessions/<str:session_id>/history/", views.HistoryView.as_view(), name="history"),
     path("sessions/<str:session_id>/summarize/", views.SummarizeView.as_view(), name="summarize"),
+    path("sessions/<str:session_id>/messages/", conversations.MessagesView.as_view(), name="messages"),
+    path("sessions/<str:session_id>/context/", conversations.ContextView.as_view(), name="context"),
+    path(
+        "sessions/<str:session_id>/conversations/",
+        conversations.ConversationListView.as_view(),
+        name="conversations",
+    ),
+    path("sessions/<str:session_id>/head/", conversations.HeadView.as_view(), name="head"),
+    path("memories/", memories.MemoryListView.as_view(), name="memories"),
+    path("memories/search/", memories.MemorySearchView.as_view(), name="memories-search"),
+    path("memories/stats/", memories.MemoryStatsView.as_view(), name="memories-stats"),
+    path("memories/<str:memory_id>/", memories.MemoryDetailView.as_view(), name="memory-detail"),
     re_path(r"^.*$", views.NotFoundView.as_view(), name="not-found"),
 ]

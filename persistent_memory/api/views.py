@@ -33,6 +33,7 @@ from rest_framework.views import APIView
 from persistent_memory.api import serializers as s
 from persistent_memory.api.bodies import read_unsized_body
 from persistent_memory.api.errors import PayloadTooLarge, exception_handler
+from persistent_memory.api.examples import COUNTER_KEY, KEY, QUESTION, SESSION, SESSION_ID, request_example
 from persistent_memory.api.pagination import SessionPagination
 from persistent_memory.api.parsers import MemoryJSONParser
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
@@ -96,13 +97,23 @@ def as_created(info: SessionInfo) -> dict[str, Any]:
     return {**info, "ttl_remaining_seconds": info["ttl_seconds"]}
 
 
+class EndpointSchema(AutoSchema):
+    """drf-spectacular's schema, describing an operation by its own words only: a view
+    class without a docstring does not inherit its base class's, which is about code."""
+
+    def get_description(self) -> str:
+        if "__doc__" not in vars(type(self.view)) or not type(self.view).__doc__:
+            return ""
+        return super().get_description()
+
+
 class MemoryAPIView(APIView):
     """JSON in and out, the project's auth unless PERSISTENT_MEMORY overrides it."""
 
     renderer_classes = [JSONRenderer]
     # Refuses, before any store call, JSON the store could not hold exactly (see parsers).
     parser_classes = [MemoryJSONParser]
-    schema = AutoSchema()
+    schema = EndpointSchema()
     #: The caller's owner, resolved in :meth:`initial` (before any store call).
     owner: str | None = None
 
@@ -148,13 +159,15 @@ class MemoryAPIView(APIView):
             raise OwnerRequired()
         return get_store().for_owner(self.owner)
 
-    def idempotency(self) -> Idempotency | None:
+    def idempotency(self, *also: Any) -> Idempotency | None:
         """The request's ``Idempotency-Key`` with the fingerprint of what it asks (method,
-        path, body); None without the header. A malformed key is a 400."""
+        path, body, and ``also`` what a write takes from its query string); None without
+        the header. A malformed key is a 400."""
         key = self.request.headers.get(IDEMPOTENCY_HEADER)
         if key is None:
             return None
-        return Idempotency.of(key, self.request.method, self.request.path, self.request.data)
+        request = self.request
+        return Idempotency.of(key, request.method, request.path, request.data, *also)
 
     def validated(self, serializer_class: type[Serializer], data: Any = None) -> dict[str, Any]:
         serializer = serializer_class(data=self.request.data if data is None else data)
@@ -174,6 +187,13 @@ class EnrichView(MemoryAPIView):
     @extend_schema(
         request=s.EnrichRequest,
         parameters=[IDEMPOTENCY_KEY],
+        examples=[
+            request_example(
+                "A question in a session",
+                {"question": QUESTION, "run_id": "run-1"},
+                description="Creates the session on its first question; `run_id` lets `store/` find it.",
+            )
+        ],
         responses={200: s.EnrichResponse, **errors(422, 507)},
         operation_id="enrich",
         summary="Questions lane: attach the session's memory as metadata.memory_context",
@@ -190,6 +210,17 @@ class StoreView(MemoryAPIView):
     @extend_schema(
         request=s.StoreRequest,
         parameters=[IDEMPOTENCY_KEY],
+        examples=[
+            request_example(
+                "The answer to a run",
+                {"answer": {"text": "In Paris."}, "run_id": "run-1"},
+                description="Stored in the session that `enrich/` saw with the same `run_id`.",
+            ),
+            request_example(
+                "An answer in a named session",
+                {"answer": {"text": "In Paris.", "metadata": {"session_id": SESSION}}},
+            ),
+        ],
         responses={200: s.StoreResponse, **errors(422, 507)},
         operation_id="store",
         summary="Answers lane: store the text as last_answer and count it in answer_count",
@@ -206,6 +237,18 @@ class ProcessView(MemoryAPIView):
     @extend_schema(
         request=s.ProcessRequest,
         parameters=[IDEMPOTENCY_KEY],
+        examples=[
+            request_example(
+                "A question and its answer",
+                {
+                    "entries": [
+                        {"lane": "questions", "entry": QUESTION},
+                        {"lane": "answers", "entry": {"text": "In Paris."}},
+                    ]
+                },
+                description="The answer, with no session id, goes to the question's session.",
+            )
+        ],
         responses={200: s.ProcessResponse, **errors(422, 507)},
         operation_id="process",
         summary="Both lanes for a batch of entries, in order, as one pipeline item",
@@ -257,6 +300,13 @@ class SessionListView(MemoryAPIView):
     @extend_schema(
         request=s.SessionCreate,
         parameters=[IDEMPOTENCY_KEY],
+        examples=[
+            request_example(
+                "A session that lives a day",
+                {"session_id": "chat-43", "ttl_hours": 24},
+                description="An id that exists already answers 409.",
+            )
+        ],
         responses={201: s.SessionInfo, **errors(409, 422, 507)},
         operation_id="sessions_create",
         summary="Create a session",
@@ -266,12 +316,15 @@ class SessionListView(MemoryAPIView):
         data = self.validated(s.SessionCreate)
         ttl_hours = data.get("ttl_hours")
         ttl = None if ttl_hours is None else ttl_hours * 3600
-        info = self.store.create_session(data["session_id"], ttl, idempotency=once)
+        info = self.store.create_session(
+            data["session_id"], ttl, idle_ttl_seconds=data.get("idle_ttl_seconds"), idempotency=once
+        )
         return Response(as_created(info), status=status.HTTP_201_CREATED)
 
 
 class SessionDetailView(MemoryAPIView):
     @extend_schema(
+        parameters=[SESSION_ID],
         responses={200: s.SessionInfo, **SESSION_ERRORS},
         operation_id="session_info",
         summary="A session's info",
@@ -280,7 +333,7 @@ class SessionDetailView(MemoryAPIView):
         return Response(with_remaining(self.store.session_info(session_id)))
 
     @extend_schema(
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, IDEMPOTENCY_KEY],
         responses={200: s.Cleared, **WRITE_ERRORS},
         operation_id="session_delete",
         summary="Delete a session and all it holds",
@@ -292,6 +345,7 @@ class SessionDetailView(MemoryAPIView):
 
 class SessionMemoryView(MemoryAPIView):
     @extend_schema(
+        parameters=[SESSION_ID],
         responses={200: s.SessionValues, **SESSION_ERRORS},
         operation_id="memory_get_all",
         summary="Every key and value",
@@ -300,7 +354,7 @@ class SessionMemoryView(MemoryAPIView):
         return Response({"session_id": session_id, "values": self.store.get_all(session_id)})
 
     @extend_schema(
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, IDEMPOTENCY_KEY],
         responses={200: s.Cleared, **WRITE_ERRORS},
         operation_id="memory_clear",
         summary="Clear every key",
@@ -312,14 +366,18 @@ class SessionMemoryView(MemoryAPIView):
 
 class KeyView(MemoryAPIView):
     @extend_schema(
-        responses={200: s.KeyValue, **SESSION_ERRORS}, operation_id="memory_get", summary="One value"
+        parameters=[SESSION_ID, KEY],
+        responses={200: s.KeyValue, **SESSION_ERRORS},
+        operation_id="memory_get",
+        summary="One value",
     )
     def get(self, request: Request, session_id: str, key: str) -> Response:
         return Response({"session_id": session_id, "key": key, "value": self.store.get(session_id, key)})
 
     @extend_schema(
         request=s.ValuePut,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, KEY, IDEMPOTENCY_KEY],
+        examples=[request_example("Any JSON value", {"value": {"city": "Paris", "visits": 2}})],
         responses={200: s.KeyValue, **WRITE_ERRORS},
         operation_id="memory_put",
         summary="Store a value",
@@ -331,7 +389,7 @@ class KeyView(MemoryAPIView):
         return Response({"session_id": session_id, "key": key, "value": value})
 
     @extend_schema(
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, KEY, IDEMPOTENCY_KEY],
         responses={200: s.Cleared, **WRITE_ERRORS},
         operation_id="memory_delete",
         summary="Remove a value",
@@ -345,7 +403,8 @@ class KeyView(MemoryAPIView):
 class IncrementView(MemoryAPIView):
     @extend_schema(
         request=s.IncrementRequest,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, COUNTER_KEY, IDEMPOTENCY_KEY],
+        examples=[request_example("Add one", {"amount": 1})],
         responses={200: s.IncrementResponse, **WRITE_ERRORS},
         operation_id="memory_increment",
         summary="Atomically add to an integer (a missing key counts as 0)",
@@ -358,7 +417,10 @@ class IncrementView(MemoryAPIView):
 
 class HistoryView(MemoryAPIView):
     @extend_schema(
-        parameters=[OpenApiParameter("limit", int, description="Newest N entries, oldest first; 0 for all.")],
+        parameters=[
+            SESSION_ID,
+            OpenApiParameter("limit", int, description="Newest N entries, oldest first; 0 for all."),
+        ],
         responses={200: s.History, **SESSION_ERRORS},
         operation_id="history",
         summary="A session's history",
@@ -371,7 +433,14 @@ class HistoryView(MemoryAPIView):
 class SummarizeView(MemoryAPIView):
     @extend_schema(
         request=s.SummarizeRequest,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[SESSION_ID, IDEMPOTENCY_KEY],
+        examples=[
+            request_example(
+                "Keep the 10 newest entries",
+                {"max_history": 10},
+                description="Folds older entries into one summary entry; `{}` uses MAX_HISTORY.",
+            )
+        ],
         responses={200: s.SummarizeResponse, **WRITE_ERRORS},
         operation_id="summarize",
         summary="Summarize the history now",

@@ -40,6 +40,11 @@ class SessionInfo(TypedDict):
     ttl_seconds: float | None
     key_count: int
     history_length: int
+    #: Idle expiry (None: none): each write (and with IDLE_TTL_REFRESH_ON_READ each read)
+    #: moves ``expires_at`` to now plus this, never past the fixed TTL's deadline.
+    idle_ttl_seconds: float | None
+    #: What ``expires_at`` is from: "ttl" (the fixed TTL), "idle", or None (never expires).
+    expires_by: str | None
     #: Added by the store (backends report storage ids; see persistent_memory.owners).
     owner: NotRequired[str]
 
@@ -52,8 +57,16 @@ def session_info(
     expires_at: float | None,
     key_count: int,
     history_length: int,
+    idle_ttl_seconds: float | None = None,
+    deadline: float | None = None,
 ) -> SessionInfo:
-    """Build a :class:`SessionInfo`."""
+    """Build a :class:`SessionInfo` (``deadline``: when the fixed TTL ends, for ``expires_by``)."""
+    if expires_at is None:
+        expires_by = None
+    elif idle_ttl_seconds is not None and (deadline is None or expires_at < deadline - 0.001):
+        expires_by = "idle"
+    else:
+        expires_by = "ttl"
     return {
         "session_id": session_id,
         "created_at": created_at,
@@ -61,6 +74,8 @@ def session_info(
         "ttl_seconds": ttl_seconds,
         "key_count": key_count,
         "history_length": history_length,
+        "idle_ttl_seconds": idle_ttl_seconds,
+        "expires_by": expires_by,
     }
 
 
@@ -77,6 +92,8 @@ class SessionSnapshot(TypedDict):
     info: SessionInfo
     values: dict[str, str]
     history: list[dict[str, Any]]
+    #: Conversations by name (ConversationSnapshot, see backends.conversations); none: empty.
+    conversations: NotRequired[dict[str, Any]]
     #: The backend's journal position when it was read (memory backend with a journal).
     journal_seq: NotRequired[int]
 
@@ -129,6 +146,10 @@ class BaseBackend(ABC):
         track_dirty: bool = False,
         max_sessions_per_owner: int | None = None,
         max_session_bytes: int | None = None,
+        max_messages: int = 1000,
+        idle_ttl_seconds: float | None = None,
+        refresh_on_read: bool = False,
+        summarize_after_tokens: int | None = None,
     ) -> None:
         self.max_history = max_history
         self.auto_summarize = auto_summarize
@@ -139,6 +160,14 @@ class BaseBackend(ABC):
         #: Bytes of keys plus JSON values one session may hold; None: no cap. A write
         #: that would go over raises ``CapacityExceeded`` and writes nothing.
         self.max_session_bytes = max_session_bytes
+        #: Messages one conversation keeps (MAX_MESSAGES): the oldest of the current thread go.
+        self.max_messages = max_messages
+        #: The idle TTL of sessions the lanes and appends create (None: none).
+        self.idle_ttl_seconds = idle_ttl_seconds
+        #: Whether reads of a session's data refresh its idle expiry (IDLE_TTL_REFRESH_ON_READ).
+        self.refresh_on_read = refresh_on_read
+        #: Pending tokens that mark a conversation for a summarizer (None: summaries are off).
+        self.summarize_after_tokens = summarize_after_tokens
 
     @classmethod
     @abstractmethod
@@ -149,9 +178,15 @@ class BaseBackend(ABC):
 
     @abstractmethod
     def create_session(
-        self, session_id: str, ttl_seconds: float | None, *, idempotency: IdempotencyRecord | None = None
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        *,
+        idle_ttl_seconds: float | None = None,
+        idempotency: IdempotencyRecord | None = None,
     ) -> SessionInfo:
-        """Create a session; ``SessionExists`` if it is live."""
+        """Create a session (expiring ``ttl_seconds`` after now, or ``idle_ttl_seconds`` after
+        its last write, whichever comes first); ``SessionExists`` if it is live."""
 
     @abstractmethod
     def resume_session(self, session_id: str) -> SessionInfo:
@@ -263,13 +298,17 @@ class BaseBackend(ABC):
         answer_json: str,
         ttl_seconds: float | None,
         run_id: str | None = None,
+        message: Any = None,
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> AnswerRecord | None:
-        """Resume or create, put ``last_answer``, increment ``answer_count``.
+        """Resume or create, put ``last_answer``, increment ``answer_count``, and with
+        ``message`` (an :class:`~persistent_memory.backends.conversations.Answer`) record
+        it in the same step.
 
         With ``session_id=None`` the session is the one ``run_id`` is bound to; None
-        when there is no such binding (nothing is written then).
+        when there is no such binding (nothing is written then). With both, ``run_id``
+        only tells the answer's question.
         """
 
     # Whole sessions, for the mirror, export and import -------------------------
@@ -291,6 +330,12 @@ class BaseBackend(ABC):
         ``prefix`` selects as in :meth:`list_session_infos`. Ids may include expired
         sessions not yet swept; an id may come twice.
         """
+
+    def forget_namespace(self, namespace: str) -> int:
+        """Delete the records of an owner namespace (``~o:{owner}~``) that are no session's:
+        idempotency records and run bindings; how many. Its sessions are deleted first, one
+        by one, by the caller (see :mod:`persistent_memory.memories.forget`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot forget an owner's records.")
 
     @abstractmethod
     def existing(self, session_ids: list[str]) -> set[str]:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 import threading
 import time
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from persistent_memory import history
 from persistent_memory.backends.base import (
@@ -28,7 +27,12 @@ from persistent_memory.backends.base import (
     SessionSnapshot,
     session_info,
 )
-from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
+from persistent_memory.backends.conversations import Answer, Enriched
+from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
+from persistent_memory.backends.memory_once import Recorded, idempotent
+from persistent_memory.backends.memory_summaries import MemorySummaries
+from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
 from persistent_memory.exceptions import (
     CapacityExceeded,
     IdempotencyKeyReused,
@@ -60,47 +64,19 @@ class _Session:
     #: expired: pruned when the set has doubled), dropped with it.
     runs: set[str] = field(default_factory=set)
     runs_prune_at: int = 16
+    #: Conversations by name (see persistent_memory.backends.memory_conversations).
+    conversations: dict[str, Tree] = field(default_factory=dict)
+    #: The enrich lane's question per bound run id: (conversation, message id).
+    questions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Idle expiry (None: none) and the fixed TTL's deadline it never passes.
+    idle_ttl_seconds: float | None = None
+    deadline: float | None = None
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
 
-class _Recorded(NamedTuple):
-    """A write's result kept for its idempotency key until ``expires_at``."""
-
-    fingerprint: str
-    result: Any
-    expires_at: float
-
-
-def _idempotent(write: Callable[..., T]) -> Callable[..., T]:
-    """``write`` with an ``idempotency=`` option: under the lock, a repeat of the key gets the
-    recorded result back and writes nothing; otherwise the write runs and its result is
-    recorded in the same critical section (a write that raises records nothing). The
-    write's journal record carries the key, so a replay records it again."""
-
-    @functools.wraps(write)
-    def once(
-        self: MemoryBackend, *args: Any, idempotency: IdempotencyRecord | None = None, **kwargs: Any
-    ) -> T:
-        if idempotency is None:
-            return write(self, *args, **kwargs)
-        with self._lock:  # reentrant: ``write`` takes it again
-            recorded = self._recorded(idempotency)
-            if recorded is not None:
-                return copy.deepcopy(recorded.result)
-            self._idempotency = idempotency
-            try:
-                result = write(self, *args, **kwargs)
-            finally:
-                self._idempotency = None
-            self._remember(idempotency, result, time.time())
-            return result
-
-    return once
-
-
-class MemoryBackend(BaseBackend):
+class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
     """Thread-safe dict of sessions under one lock, at most ``max_sessions`` live."""
 
     name = "memory"
@@ -111,6 +87,9 @@ class MemoryBackend(BaseBackend):
         # Reentrant: an idempotent write holds it around the write's own critical section.
         self._lock = threading.RLock()
         self._sessions: dict[str, _Session] = {}
+        # Conversations marked for a summarizer, and the summarizers' health record.
+        self._unsummarized: set[tuple[str, str]] = set()
+        self._health: dict[str, Any] = {}
         # Live and not yet pruned sessions per owner namespace, for max_sessions_per_owner.
         self._owned: dict[str, int] = {}
         self._dirty: set[str] = set()
@@ -119,7 +98,7 @@ class MemoryBackend(BaseBackend):
         self._runs: dict[str, tuple[str, float]] = {}
         self._runs_prune_at = 1024
         # Idempotency records by ref, pruned the same way; the key of the write under way.
-        self._records: dict[str, _Recorded] = {}
+        self._records: dict[str, Recorded] = {}
         self._records_prune_at = 1024
         self._idempotency: IdempotencyRecord | None = None
         #: The write-ahead journal (see persistent_memory.journal); None: writes live in
@@ -140,6 +119,10 @@ class MemoryBackend(BaseBackend):
             track_dirty=mirror_mode(conf) != "off",
             max_sessions_per_owner=owner_session_cap(conf),
             max_session_bytes=conf.MAX_SESSION_BYTES,
+            max_messages=conf.MAX_MESSAGES,
+            idle_ttl_seconds=conf.SESSION_IDLE_TTL_SECONDS or None,
+            refresh_on_read=conf.IDLE_TTL_REFRESH_ON_READ,
+            summarize_after_tokens=summarize_after_tokens(conf),
         )
 
     def open_journal(self, directory: str | os.PathLike[str]) -> None:
@@ -175,7 +158,7 @@ class MemoryBackend(BaseBackend):
         if self.journal is not None and self.journal.owned:
             self.journal.append(op, session_id, now, self._idempotency, *args)
 
-    def _recorded(self, idempotency: IdempotencyRecord) -> _Recorded | None:
+    def _recorded(self, idempotency: IdempotencyRecord) -> Recorded | None:
         """The live record of ``idempotency``'s key, if any; ``IdempotencyKeyReused`` when it
         was recorded for another request."""
         recorded = self._records.get(idempotency.ref)
@@ -190,7 +173,7 @@ class MemoryBackend(BaseBackend):
         if len(self._records) >= self._records_prune_at:
             self._records = {ref: r for ref, r in self._records.items() if r.expires_at > now}
             self._records_prune_at = max(1024, 2 * len(self._records))
-        self._records[idempotency.ref] = _Recorded(
+        self._records[idempotency.ref] = Recorded(
             idempotency.fingerprint, copy.deepcopy(result), now + idempotency.ttl_seconds
         )
 
@@ -210,8 +193,15 @@ class MemoryBackend(BaseBackend):
             self._mark(session_id)
 
     def _create(
-        self, session_id: str, ttl_seconds: float | None, now: float, *, created_at: float | None = None
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        now: float,
+        *,
+        created_at: float | None = None,
+        idle_ttl_seconds: Any = "default",
     ) -> _Session:
+        """A new session; ``idle_ttl_seconds`` defaults to the backend's (for the lanes)."""
         existing = self._sessions.get(session_id)
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
@@ -231,6 +221,10 @@ class MemoryBackend(BaseBackend):
         expires_at = now + ttl_seconds if ttl_seconds else None
         created_at = now if created_at is None else created_at
         session = self._sessions[session_id] = _Session(created_at, ttl_seconds, expires_at)
+        idle = self.idle_ttl_seconds if idle_ttl_seconds == "default" else idle_ttl_seconds
+        if idle:
+            session.idle_ttl_seconds, session.deadline = idle, expires_at
+            self._touch(session, now)
         if owner:
             self._owned[owner] = self._owned.get(owner, 0) + 1
         insort(self._by_time.setdefault(owner, []), (created_at, session_id))
@@ -238,18 +232,24 @@ class MemoryBackend(BaseBackend):
         self._mark(session_id)
         return session
 
-    def _write(self, session: _Session, changes: dict[str, str]) -> None:
-        """Write values (key -> JSON text) unless the session would go over
-        ``max_session_bytes`` (``QuotaExceeded``; nothing is written then)."""
+    @staticmethod
+    def _size_after(session: _Session, changes: dict[str, str]) -> int:
+        """The session's bytes once ``changes`` (key -> JSON text) are written."""
         size, values = session.size, session.values
         for key, text in changes.items():
             old = values.get(key)
             size += len(key) + len(text) if old is None else len(text) - len(old)
+        return size
+
+    def _write(self, session: _Session, changes: dict[str, str]) -> None:
+        """Write values (key -> JSON text) unless the session would go over
+        ``max_session_bytes`` (``QuotaExceeded``; nothing is written then)."""
+        size = self._size_after(session, changes)
         cap = self.max_session_bytes
         if cap is not None and size > cap:
             raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
         session.size = size
-        values.update(changes)
+        session.values.update(changes)
 
     def _remove_value(self, session: _Session, key: str) -> bool:
         text = session.values.pop(key, None)
@@ -262,12 +262,27 @@ class MemoryBackend(BaseBackend):
         session = self._sessions.get(session_id)
         return session is not None and not session.expired(now)
 
+    @staticmethod
+    def _touch(session: _Session, now: float) -> None:
+        """Move an idle session's expiry to ``now`` plus its idle TTL (never past its deadline)."""
+        if session.idle_ttl_seconds:
+            at = now + session.idle_ttl_seconds
+            session.expires_at = at if session.deadline is None else min(at, session.deadline)
+
+    def _read(self, session_id: str, now: float) -> _Session:
+        """A live session for a read of its data (which refreshes an idle TTL when so configured)."""
+        session = self._live(session_id, now)
+        if self.refresh_on_read:
+            self._touch(session, now)
+        return session
+
     def _record(
         self, session_id: str, session: _Session, now: float, op: str, key: str | None, **extra: Any
     ) -> None:
         session.history.append(history.entry(op, key, now, **extra))
         if self.auto_summarize:
             self._fold(session, self.max_history, now)
+        self._touch(session, now)
         self._mark(session_id)
 
     @staticmethod
@@ -288,6 +303,8 @@ class MemoryBackend(BaseBackend):
             expires_at=session.expires_at,
             key_count=len(session.values),
             history_length=len(session.history),
+            idle_ttl_seconds=session.idle_ttl_seconds,
+            deadline=session.deadline,
         )
 
     @staticmethod
@@ -314,14 +331,19 @@ class MemoryBackend(BaseBackend):
     # method that does it at a given time: the journal replays records through the
     # latter, so a replayed write gives the same state as the original.
 
-    @_idempotent
-    def create_session(self, session_id: str, ttl_seconds: float | None) -> SessionInfo:
+    @idempotent
+    def create_session(
+        self, session_id: str, ttl_seconds: float | None, *, idle_ttl_seconds: float | None = None
+    ) -> SessionInfo:
         with self._lock:
-            return self._create_op(time.time(), session_id, ttl_seconds)
+            return self._create_op(time.time(), session_id, ttl_seconds, idle_ttl_seconds)
 
-    def _create_op(self, now: float, session_id: str, ttl_seconds: float | None) -> SessionInfo:
-        self._log("create", session_id, now, ttl_seconds)
-        return self._info(session_id, self._create(session_id, ttl_seconds, now))
+    def _create_op(
+        self, now: float, session_id: str, ttl_seconds: float | None, idle_ttl_seconds: float | None = None
+    ) -> SessionInfo:
+        self._log("create", session_id, now, ttl_seconds, idle_ttl_seconds)
+        session = self._create(session_id, ttl_seconds, now, idle_ttl_seconds=idle_ttl_seconds)
+        return self._info(session_id, session)
 
     def resume_session(self, session_id: str) -> SessionInfo:
         with self._lock:
@@ -378,7 +400,7 @@ class MemoryBackend(BaseBackend):
         page.append(self._info(session_id, session))
         return True
 
-    @_idempotent
+    @idempotent
     def delete_session(self, session_id: str) -> list[str]:
         with self._lock:
             return self._delete_op(time.time(), session_id)
@@ -392,7 +414,7 @@ class MemoryBackend(BaseBackend):
 
     # Values -----------------------------------------------------------------
 
-    @_idempotent
+    @idempotent
     def put(self, session_id: str, key: str, value_json: str) -> None:
         with self._lock:
             self._put_op(time.time(), session_id, key, value_json)
@@ -406,19 +428,19 @@ class MemoryBackend(BaseBackend):
     def get(self, session_id: str, key: str) -> str:
         with self._lock:
             try:
-                return self._live(session_id, time.time()).values[key]
+                return self._read(session_id, time.time()).values[key]
             except KeyError:
                 raise KeyNotFound(f"Session {session_id!r} has no key {key!r}.") from None
 
     def get_all(self, session_id: str) -> str:
         with self._lock:
-            return self._values_json(self._live(session_id, time.time()))
+            return self._values_json(self._read(session_id, time.time()))
 
     def list_keys(self, session_id: str) -> list[str]:
         with self._lock:
             return sorted(self._live(session_id, time.time()).values)
 
-    @_idempotent
+    @idempotent
     def increment(self, session_id: str, key: str, amount: int) -> int:
         with self._lock:
             return self._increment_op(time.time(), session_id, key, amount)
@@ -431,7 +453,7 @@ class MemoryBackend(BaseBackend):
         self._record(session_id, session, now, "increment", key)
         return result
 
-    @_idempotent
+    @idempotent
     def clear(self, session_id: str, key: str | None) -> list[str]:
         with self._lock:
             return self._clear_op(time.time(), session_id, key)
@@ -456,13 +478,14 @@ class MemoryBackend(BaseBackend):
             entries = self._live(session_id, time.time()).history
             return copy.deepcopy(entries[-limit:] if limit else entries)
 
-    @_idempotent
+    @idempotent
     def summarize(self, session_id: str, max_entries: int) -> int:
         with self._lock:
             return self._summarize_op(time.time(), session_id, max_entries)
 
     def _summarize_op(self, now: float, session_id: str, max_entries: int) -> int:
         session = self._live(session_id, now)
+        self._touch(session, now)
         if len(session.history) <= max_entries:
             return 0
         self._log("summarize", session_id, now, max_entries)
@@ -471,12 +494,12 @@ class MemoryBackend(BaseBackend):
 
     # Lanes ------------------------------------------------------------------
 
-    @_idempotent
+    @idempotent
     def enrich(self, session_id: str, ttl_seconds: float | None, run: RunBinding | None = None) -> str:
         with self._lock:
             now = time.time()
             if run is None and self._is_live(session_id, now):  # a read: nothing to journal
-                return self._values_json(self._sessions[session_id])
+                return self._values_json(self._read(session_id, now))
             run_args = (run.run_id, run.ttl_seconds) if run else (None, None)
             return self._enrich_op(now, session_id, ttl_seconds, *run_args)
 
@@ -487,20 +510,38 @@ class MemoryBackend(BaseBackend):
         ttl_seconds: float | None,
         run_id: str | None,
         run_ttl: float | None,
-    ) -> str:
-        self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl)
-        if self._is_live(session_id, now):
-            session = self._sessions[session_id]
-        else:
-            session = self._create(session_id, ttl_seconds, now)
+        asked: list[Any] | None = None,
+    ) -> Any:
+        """With ``asked`` (a question to record: see enrich_recording), an ``Enriched``."""
+        live = self._sessions[session_id] if self._is_live(session_id, now) else None
+        if asked is not None:  # checked before anything is written
+            tree = (live.conversations.get(asked[0]) if live else None) or Tree()
+            plan = tree.plan(None, [prepared(asked[1])])
+            self._check_room(live, plan)
+        self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl, *([asked] if asked else []))
+        session = live or self._create(session_id, ttl_seconds, now)
+        if self.refresh_on_read:
+            self._touch(session, now)
         if run_id is not None and run_ttl is not None:
             self._bind_op(now, run_id, session_id, now + run_ttl)
-        return self._values_json(session)
+        values = self._values_json(session)
+        if asked is None:
+            return values
+        window = self._window(tree, *asked[2:])
+        self._commit(session_id, session, asked[0], tree, plan, now)
+        if run_id is not None:
+            session.questions[run_id] = (asked[0], plan[0][0].id)
+        return Enriched(values, window, plan[0][0].id)
 
-    def _bind_op(self, now: float, run_id: str, session_id: str, until: float) -> None:
+    def _bind_op(
+        self, now: float, run_id: str, session_id: str, until: float, question: list[str] | None = None
+    ) -> None:
         session = self._sessions.get(session_id)
         if session is None:  # a replayed binding whose session is gone since
             return
+        session.questions.pop(run_id, None)
+        if question is not None:
+            session.questions[run_id] = (question[0], question[1])
         if len(self._runs) >= self._runs_prune_at:
             self._runs = {r: bound for r, bound in self._runs.items() if bound[1] > now}
             self._runs_prune_at = max(1024, 2 * len(self._runs))
@@ -512,16 +553,27 @@ class MemoryBackend(BaseBackend):
             self._prune_session_runs(session_id, session)
 
     def _prune_session_runs(self, session_id: str, session: _Session) -> None:
-        """Keep in ``session.runs`` only the run ids still bound to it."""
+        """Keep in ``session.runs`` (and its questions) only the run ids still bound to it."""
         session.runs = {r for r in session.runs if self._runs.get(r, ("",))[0] == session_id}
+        session.questions = {r: q for r, q in session.questions.items() if r in session.runs}
         session.runs_prune_at = max(16, 2 * len(session.runs))
 
-    @_idempotent
+    @idempotent
     def record_answer(
-        self, session_id: str | None, answer_json: str, ttl_seconds: float | None, run_id: str | None = None
+        self,
+        session_id: str | None,
+        answer_json: str,
+        ttl_seconds: float | None,
+        run_id: str | None = None,
+        message: Answer | None = None,
     ) -> AnswerRecord | None:
         with self._lock:
             now = time.time()
+            answered = (
+                None
+                if message is None
+                else [message.conversation, journaled(message.message), message.parent_id]
+            )
             if session_id is None:
                 bound = self._runs.get(run_id or "")
                 if bound is None or bound[1] <= now:
@@ -532,25 +584,39 @@ class MemoryBackend(BaseBackend):
                     # never recreates the session (or reaches a new one under the same id).
                     del self._runs[run_id or ""]
                     return None
-            return self._answer_op(now, session_id, answer_json, ttl_seconds)
+            return self._answer_op(now, session_id, answer_json, ttl_seconds, answered, run_id)
 
     def _answer_op(
-        self, now: float, session_id: str, answer_json: str, ttl_seconds: float | None
+        self,
+        now: float,
+        session_id: str,
+        answer_json: str,
+        ttl_seconds: float | None,
+        answered: list[Any] | None = None,
+        run_id: str | None = None,
     ) -> AnswerRecord:
-        self._log("answer", session_id, now, answer_json, ttl_seconds)
+        self._log(
+            "answer", session_id, now, answer_json, ttl_seconds, *([answered, run_id] if answered else [])
+        )
         try:
             session, created = self._live(session_id, now), False
         except SessionNotFound:
             session, created = self._create(session_id, ttl_seconds, now), True
-        count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
         try:
-            self._write(session, {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json})
-        except QuotaExceeded:
+            count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
+            changes = {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json}
+            if answered is not None:  # the values and the message fit together, or nothing is written
+                tree, plan = self._answer_plan(session, answered, run_id)
+                self._check_room(session, plan, self._size_after(session, changes) - session.size)
+            self._write(session, changes)
+        except (QuotaExceeded, NotANumber):
             if created:  # nothing of this answer stays, not even its session
                 self._drop(session_id)
             raise
         self._record(session_id, session, now, "put", LAST_ANSWER)
         self._record(session_id, session, now, "increment", ANSWER_COUNT)
+        if answered is not None:
+            self._commit(session_id, session, answered[0], tree, plan, now)
         return AnswerRecord(session_id, count)
 
     # Whole sessions -----------------------------------------------------------
@@ -572,6 +638,7 @@ class MemoryBackend(BaseBackend):
                     "info": self._info(session_id, session),
                     "values": dict(session.values),
                     "history": [dict(entry) for entry in session.history],
+                    "conversations": {name: tree.snapshot() for name, tree in session.conversations.items()},
                     "journal_seq": seq,
                 }
         return result
@@ -584,15 +651,22 @@ class MemoryBackend(BaseBackend):
         if self._is_live(session_id, now) and not replace:
             raise SessionExists(f"Session {session_id!r} already exists.")
         info = snapshot["info"]
-        self._log(
-            "restore", session_id, now, {key: snapshot[key] for key in ("info", "values", "history")}, replace
-        )
+        kept = {
+            key: snapshot[key] for key in ("info", "values", "history", "conversations") if key in snapshot
+        }
+        self._log("restore", session_id, now, kept, replace)
         self._drop(session_id)
         session = self._create(session_id, info["ttl_seconds"], now, created_at=info["created_at"])
         session.expires_at = info["expires_at"]
+        session.idle_ttl_seconds = info.get("idle_ttl_seconds")
+        if session.idle_ttl_seconds and info["ttl_seconds"]:
+            session.deadline = info["created_at"] + info["ttl_seconds"]
         session.values = dict(snapshot["values"])
         session.size = sum(len(key) + len(text) for key, text in session.values.items())
         session.history = copy.deepcopy(snapshot["history"])
+        for name, conversation in snapshot.get("conversations", {}).items():
+            tree = session.conversations[name] = Tree.restore(conversation)
+            session.size += tree.size
 
     # The journal ----------------------------------------------------------------
 
@@ -614,6 +688,10 @@ class MemoryBackend(BaseBackend):
             "answer": self._answer_op,
             "restore": self._restore_op,
             "bind": self._bind_op,
+            "messages": self._messages_op,
+            "head": self._head_op,
+            "clear_messages": self._clear_messages_op,
+            "summary": self._summary_op,
         }
         replayed: dict[str, None] = {}
         with self._lock, self.restoring():
@@ -642,6 +720,17 @@ class MemoryBackend(BaseBackend):
         finally:
             self.journal = journal
 
+    def forget_namespace(self, namespace: str) -> int:
+        mark = f"{namespace}:"
+        with self._lock:
+            records = [ref for ref in self._records if ref.startswith(mark)]
+            runs = [ref for ref in self._runs if ref.startswith(mark)]
+            for ref in records:
+                del self._records[ref]
+            for ref in runs:
+                del self._runs[ref]
+        return len(records) + len(runs)
+
     def checkpoint(self) -> Checkpoint | None:
         with self._lock:
             journal = self.journal
@@ -654,7 +743,9 @@ class MemoryBackend(BaseBackend):
             now = time.time()
             for run_id, (session_id, until) in self._runs.items():
                 if until > now:
-                    journal.append("bind", run_id, now, None, session_id, until)
+                    session = self._sessions.get(session_id)
+                    question = session.questions.get(run_id) if session else None
+                    journal.append("bind", run_id, now, None, session_id, until, question)
             self._rotated_at = journal.seq
             dirty, self._dirty = self._dirty, set()
             return Checkpoint(segments, sorted(dirty))

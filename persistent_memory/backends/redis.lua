@@ -6,9 +6,17 @@
 -- session comes from its run binding, or for operations on no one session), 4 now
 -- (JSON number text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty
 -- ('1'/'0'), 8 sessions per owner ('0': no cap), 9 bytes per session ('0': no cap),
--- 10 the write's idempotency record below the prefix ('' for none), 11 the request's
--- fingerprint, 12 how long the record is kept (ms), then the operation's own
--- arguments, read with arg(i). Keys are built here from the prefix in the node's
+-- 10 messages per conversation (MAX_MESSAGES), 11 the idle TTL of sessions the lanes
+-- and appends create (ms, '0': none), 12 whether reads refresh an idle TTL ('1'/'0'),
+-- 13 the pending tokens that mark a conversation for a summarizer ('0': summaries are
+-- off), 14 the write's idempotency record below the prefix ('' for none), 15 the
+-- request's fingerprint, 16 how long the record is kept (ms), then the operation's own
+-- arguments, read with arg(i).
+--
+-- Idle expiry: a session created with an idle TTL has 'idle_ttl_ms' in its meta (and
+-- 'deadline_ms', its fixed expiry, when it has a TTL too). Every write (and with 12,
+-- every read of its data) pushes the expiry of each of its keys to now plus the idle
+-- TTL, never past the deadline (touch()). Sessions without it (the node's) are as before. Keys are built here from the prefix in the node's
 -- layout; auxiliary keys hold '~', which no session id can.
 -- Errors come back as "PM_<CODE> message" replies.
 --
@@ -26,13 +34,21 @@
 local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
 local owner_cap, byte_cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+local arg_max_messages = ARGV[10]
+local default_idle_ms, refresh_reads = ARGV[11], ARGV[12] == '1'
+local summarize_after = tonumber(ARGV[13])
 local NODE_SESSIONS = prefix .. ':__sessions__'
 local OWNED = prefix .. ':~owned'
 local DIRTY = prefix .. ':~dirty'
 local base, META, KEYSET, HISTORY, RUNS, BY_TIME
+-- Defined by conversations.lua, included below; used by helpers defined before it.
+local drop_conversations, conversation_bytes
+-- Defined once every key of a session can be named (after the include); nil before, so
+-- the fast path below never refreshes (it serves reads and run bindings only).
+local touch
 
 local function arg(i)
-  return ARGV[12 + i]
+  return ARGV[16 + i]
 end
 
 -- Idempotency keys (persistent_memory.idempotency): a write sent again under a key
@@ -41,7 +57,7 @@ end
 -- goes out through remember(), which records it; error replies are not recorded
 -- (nothing was written, so a retry runs again). Checked before anything else, the
 -- fast path below included.
-local IDEMPOTENCY = ARGV[10] ~= '' and prefix .. ':' .. ARGV[10]
+local IDEMPOTENCY = ARGV[14] ~= '' and prefix .. ':' .. ARGV[14]
 
 -- A reply as a JSON-able value that gives it back exactly: cjson would turn integers
 -- into doubles, so strings are kept as 's..', integers as 'i..', nil as 'n'.
@@ -78,16 +94,20 @@ if IDEMPOTENCY then
   local recorded = redis.call('GET', IDEMPOTENCY)
   if recorded then
     recorded = cjson.decode(recorded)
-    if recorded[1] ~= ARGV[11] then
+    if recorded[1] ~= ARGV[15] then
       return redis.error_reply('PM_IDEMPOTENCY_REUSED This idempotency key was used for a different request.')
     end
     return untagged(recorded[2])
   end
 end
 
+-- Every write's success reply goes out through here: its session's idle expiry moves.
 local function remember(reply)
   if IDEMPOTENCY then
-    redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[11], tagged(reply)}), 'PX', ARGV[12])
+    redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[15], tagged(reply)}), 'PX', ARGV[16])
+  end
+  if touch and sid ~= '' then
+    touch()
   end
   return reply
 end
@@ -120,22 +140,32 @@ local function run_key(ref)
   return prefix .. ':' .. ref
 end
 
+-- A binding's value: the session's storage id, then, when the enrich lane recorded the
+-- run's question, the conversation and the question's id (space-separated: none holds one).
+local function binding(value)
+  if not value then return nil end
+  local id, conversation, question = string.match(value, '^(%S+) (%S+) (%S+)$')
+  if id then return id, conversation, question end
+  return value
+end
+
 local function server_ms()
   local clock = redis.call('TIME')
   return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 end
 
--- Bind run reference ``ref`` to the current (live) session for ``ttl_ms``, never past
+-- Bind run reference ``ref`` (with its ``question``: "conversation id") to the current
+-- (live) session for ``ttl_ms``, never past
 -- the session's own expiry, and note it in the session's run index. References whose
 -- binding has expired leave the index here, so it holds no more than the live ones.
-local function bind(ref, ttl_ms)
+local function bind(ref, ttl_ms, question)
   local ttl = tonumber(ttl_ms)
   local remaining = redis.call('PTTL', META)
   if remaining > 0 and remaining < ttl then
     ttl = remaining
   end
   local now_ms = server_ms()
-  redis.call('SET', run_key(ref), sid, 'PX', ttl)
+  redis.call('SET', run_key(ref), question and (sid .. ' ' .. question) or sid, 'PX', ttl)
   redis.call('ZREMRANGEBYSCORE', RUNS, '-inf', now_ms)
   redis.call('ZADD', RUNS, now_ms + ttl, ref)
   if remaining > 0 then
@@ -199,7 +229,8 @@ end
 -- The reads most calls are, answered before the helpers below are built (that
 -- costs a tenth of a small call): a live session's values, for get_all and for
 -- enrich (binding its run first). Anything else goes on to the full path.
-if (op == 'get_all' or op == 'enrich') and redis.call('EXISTS', META) == 1 then
+if (op == 'get_all' or (op == 'enrich' and arg(5) == '')) and not refresh_reads
+  and redis.call('EXISTS', META) == 1 then
   if op == 'enrich' and arg(3) ~= '' then
     bind(arg(3), arg(4))
   end
@@ -261,7 +292,7 @@ end
 -- the same id through a run of the one before.
 local function drop_runs()
   for _, ref in ipairs(redis.call('ZRANGE', RUNS, 0, -1)) do
-    if redis.call('GET', run_key(ref)) == sid then
+    if binding(redis.call('GET', run_key(ref))) == sid then
       redis.call('DEL', run_key(ref))
     end
   end
@@ -276,6 +307,7 @@ local function purge_leftovers()
   end
   redis.call('DEL', KEYSET, HISTORY)
   drop_runs()
+  drop_conversations()
 end
 
 -- nil when the session is live, else the error reply to return.
@@ -291,20 +323,40 @@ local function check_live()
   return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
 end
 
+-- How info() reports an idle TTL: "{idle ms} {fixed deadline, epoch ms, or nothing}".
+local function idle_spec(idle, deadline)
+  return string.format('%d', idle) .. ' ' .. (deadline and string.format('%d', deadline) or '')
+end
+
 -- Returns when the new session expires, in epoch ms (-1: never). The expiry is set
 -- as an absolute time and reported from it, not read back: a 1 ms TTL may be over
--- before the next command of this script runs.
-local function create(created_at, ttl_text, ttl_ms)
+-- before the next command of this script runs. ``idle_ms`` ('0' or nil: none) is the
+-- idle TTL; the session then expires at whichever comes first. Also returns the idle
+-- TTL as info() reports it.
+local function create(created_at, ttl_text, ttl_ms, idle_ms)
   purge_leftovers()
   index(sid, created_at)
   redis.call('HSET', META, 'created_at', created_at, 'ttl_seconds', ttl_text)
   mark_dirty()
+  local at, clock = -1, server_ms()
   if tonumber(ttl_ms) > 0 then
-    local at = server_ms() + tonumber(ttl_ms)
-    redis.call('PEXPIREAT', META, at)
-    return at
+    at = clock + tonumber(ttl_ms)
   end
-  return -1
+  local idle, spec = tonumber(idle_ms) or 0, ''
+  if idle > 0 then
+    redis.call('HSET', META, 'idle_ttl_ms', idle)
+    spec = idle_spec(idle, at > 0 and at or nil)
+    if at > 0 then
+      redis.call('HSET', META, 'deadline_ms', at)
+    end
+    if at < 0 or clock + idle < at then
+      at = clock + idle
+    end
+  end
+  if at > 0 then
+    redis.call('PEXPIREAT', META, at)
+  end
+  return at, spec
 end
 
 -- Whether the owner of the current (owned) session may hold it: an id already in its
@@ -330,13 +382,14 @@ local function no_room()
   return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
 end
 
--- Whether the session's keys and values stay within the byte cap once the values
--- in ``sizes`` (key -> new length) are written: the same count as the memory backend.
-local function fits(sizes)
+-- Whether the session's keys and values, and its conversations' messages, stay within
+-- the byte cap once the values in ``sizes`` (key -> new length) and ``extra`` bytes of
+-- new messages are written: the same count as the memory backend.
+local function fits(sizes, extra)
   if byte_cap <= 0 then
     return true
   end
-  local total = 0
+  local total = (extra or 0) + conversation_bytes()
   for key, size in pairs(sizes) do
     total = total + #key + size
   end
@@ -466,8 +519,9 @@ local function expire_time()
 end
 
 local function info()
-  local meta = redis.call('HMGET', META, 'created_at', 'ttl_seconds')
-  return {meta[1], meta[2], redis.call('SCARD', KEYSET), redis.call('LLEN', HISTORY), expire_time()}
+  local meta = redis.call('HMGET', META, 'created_at', 'ttl_seconds', 'idle_ttl_ms', 'deadline_ms')
+  local idle = meta[3] and idle_spec(tonumber(meta[3]), tonumber(meta[4])) or ''
+  return {meta[1], meta[2], redis.call('SCARD', KEYSET), redis.call('LLEN', HISTORY), expire_time(), idle}
 end
 
 -- Flat key, value pairs.
@@ -495,6 +549,8 @@ local function add(key, amount)
   end
   return result
 end
+
+-- @include conversations.lua
 
 -- Operations on no one session -------------------------------------------------
 
@@ -621,6 +677,9 @@ if op == 'page' then
   local from, to = '[' .. wanted, '(' .. wanted .. '\255'
   local everyone = redis.call('ZCARD', by_time)
   local total = everyone
+  -- Past the end is an empty page; and Lua numbers are doubles, which Redis refuses as
+  -- indexes once they are too large to print as integers.
+  offset, limit = math.min(offset, everyone), math.min(limit, everyone)
   if #wanted > #namespace then
     total = redis.call('ZLEXCOUNT', by_name, from, to)
   end
@@ -752,12 +811,18 @@ if op == 'sweep_keys' then
     local owner, name
     local run_id = string.match(rest, '^~run:([%w_%-]+)$') or string.match(rest, '^~o:[^~]+~:run:([%w_%-]+)$')
     if run_id then
-      owner = redis.call('GET', key)
+      owner = binding(redis.call('GET', key))
     elseif not idempotency_record then
       local id
       id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
       if not id then
         id, name = string.match(rest, '^(.+):(~runs)$')
+      end
+      -- A conversation's keys: '{id}:~convs' and '{id}:~c:{name}' with ':m' and the like.
+      local conversation_of = string.match(rest, '^(~o:[^~]+~[%w_%-]+):~c')
+        or string.match(rest, '^([%w_%-]+):~c')
+      if conversation_of then
+        id, name = conversation_of, '~conversation'
       end
       if id and name ~= '__sessions__'
         and (string.match(id, '^[%w_%-]+$') or string.match(id, '^~o:[^~]+~[%w_%-]+$')) then
@@ -785,24 +850,54 @@ if op == 'create' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
   end
   if not owner_has_room() then return no_room() end
-  local expires = create(now, arg(1), arg(2))
-  return remember({now, arg(1), 0, 0, expires})
+  local expires, idle = create(now, arg(1), arg(2), arg(3))
+  return remember({now, arg(1), 0, 0, expires, idle}) -- as set, not read back (see create)
 end
 
+-- arg(1) ttl text, 2 ttl ms, 3 run reference ('' none), 4 its TTL ms; with a question
+-- to record (conversations.lua): 5 conversation ('' none), 6 max tokens, 7 max messages
+-- ('' no limit), 8-10 the question (id, body, link), 11 '1' for a rolling window, 12 '1'
+-- to reserve its summary's tokens. Replies the values' object, and
+-- with a question: the question's id, the window's tokens, truncated and texts.
 if op == 'enrich' then
+  local name, plan = arg(5), nil
+  if name ~= '' then -- checked before anything is written
+    if redis.call('EXISTS', META) == 0 then
+      purge_leftovers() -- of a session gone: what a new one under this id must not see
+    end
+    local failure
+    plan, failure = plan_append(name, nil, 8, 1)
+    if not plan then return failure end
+    local ok, total = true, new_bytes(plan)
+    if redis.call('EXISTS', META) == 1 then
+      ok, total = fits({}, total)
+    elseif byte_cap > 0 then
+      ok = total <= byte_cap
+    end
+    if not ok then return too_big(total) end
+  end
   if redis.call('EXISTS', META) == 0 then
     if not owner_has_room() then return no_room() end
-    create(now, arg(1), arg(2))
+    create(now, arg(1), arg(2), default_idle_ms)
   end
   if arg(3) ~= '' then
-    bind(arg(3), arg(4))
+    bind(arg(3), arg(4), plan and (name .. ' ' .. arg(8)))
   end
-  return remember(values_object())
+  if not plan then
+    return remember(values_object())
+  end
+  local reply = {values_object(), arg(8)}
+  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1')
+  commit(name, plan)
+  return remember(reply)
 end
 
+-- arg(1) ttl text, 2 ttl ms, 3 the answer's JSON, 4 run reference ('' none); with a
+-- message to record (conversations.lua): 5 conversation ('' none), 6 parent id ('': the
+-- run's question, else the head), 7-9 the message (id, body, link).
 if op == 'answer' then
+  local bound, asked_in, asked = binding(arg(4) ~= '' and redis.call('GET', run_key(arg(4))))
   if sid == '' then
-    local bound = redis.call('GET', run_key(arg(4)))
     if not bound then
       return remember({})
     end
@@ -814,14 +909,37 @@ if op == 'answer' then
       return remember({})
     end
   end
+  local name, plan = arg(5) or '', nil
+  if name ~= '' then -- after the run's question when the binding names one here, else the parent given
+    if redis.call('EXISTS', META) == 0 then
+      purge_leftovers()
+    end
+    local parent = text_or_nil(arg(6) ~= '' and arg(6))
+    local c = conv_key(name)
+    if bound == sid and asked_in == name and redis.call('HEXISTS', c .. ':m', asked) == 1 then
+      parent = asked
+    elseif parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
+      parent = nil
+    end
+    local failure
+    plan, failure = plan_append(name, parent, 7)
+    if not plan then return failure end
+  end
   local created = redis.call('EXISTS', META) == 0
   if created then
     if not owner_has_room() then return no_room() end
-    create(now, arg(1), arg(2))
+    create(now, arg(1), arg(2), default_idle_ms)
   end
   local count, err = add('answer_count', 1)
-  if err then return err end
-  local ok, total = fits({last_answer = #arg(3), answer_count = #tostring(count)})
+  if err then
+    if created then
+      purge_leftovers()
+      redis.call('DEL', META)
+      unindex(sid)
+    end
+    return err
+  end
+  local ok, total = fits({last_answer = #arg(3), answer_count = #tostring(count)}, plan and new_bytes(plan))
   if not ok then -- undo, so that nothing of this call stays
     if count == 1 and redis.call('SISMEMBER', KEYSET, 'answer_count') == 0 then
       redis.call('DEL', base .. 'answer_count')
@@ -840,12 +958,17 @@ if op == 'answer' then
   record(history_entry('put', 'last_answer'))
   record(history_entry('increment', 'answer_count'))
   align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
+  if plan then
+    commit(name, plan)
+  end
   return remember({sid, count})
 end
 
 -- A whole session as exported: arg(1) '1' to replace a live one, 2 created_at,
--- 3 ttl_seconds text, 4 remaining ms ('0': none), 5 number of values, then that
--- many key/JSON pairs, then the history entries.
+-- 3 ttl_seconds text, 4 remaining ms ('0': none), 5 its conversations as one JSON text
+-- (see restore_conversations), 6 its idle TTL in ms and the ms left to its fixed
+-- deadline, space-separated ('' for no idle TTL; the deadline may be left out), 7
+-- number of values, then that many key/JSON pairs, then the history entries.
 if op == 'restore' then
   if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
@@ -853,15 +976,20 @@ if op == 'restore' then
   if not owner_has_room() then return no_room() end
   redis.call('DEL', META)
   local expires = create(arg(2), arg(3), arg(4))
-  local n = tonumber(arg(5))
-  local keys = {}
+  if arg(6) ~= '' then
+    local idle, left = string.match(arg(6), '^(%d+) ?(%d*)$')
+    redis.call('HSET', META, 'idle_ttl_ms', idle)
+    if left ~= '' then redis.call('HSET', META, 'deadline_ms', server_ms() + tonumber(left)) end
+  end
+  local n = tonumber(arg(7))
+  local keys = restore_conversations(arg(5))
   for i = 0, n - 1 do
-    local key = arg(6 + 2 * i)
+    local key = arg(8 + 2 * i)
     keys[#keys + 1] = base .. key
-    redis.call('SET', base .. key, arg(7 + 2 * i))
+    redis.call('SET', base .. key, arg(9 + 2 * i))
     redis.call('SADD', KEYSET, key)
   end
-  local first = 6 + 2 * n
+  local first = 8 + 2 * n
   local i = first
   while arg(i) do
     redis.call('RPUSH', HISTORY, arg(i))
@@ -882,7 +1010,7 @@ if op == 'snapshot' then
   if redis.call('EXISTS', META) == 0 then
     return 0
   end
-  return {info(), all_values(), redis.call('LRANGE', HISTORY, 0, -1)}
+  return {info(), all_values(), redis.call('LRANGE', HISTORY, 0, -1), conversations_snapshot()}
 end
 
 -- Operations on a live session -----------------------------------------------
@@ -909,12 +1037,14 @@ elseif op == 'put' then
   align(base .. key, KEYSET, HISTORY)
   return remember(1)
 elseif op == 'get' then
+  if refresh_reads then touch() end
   local value = redis.call('GET', base .. arg(1))
   if not value then
     return fail('KEY_NOT_FOUND', "Session '" .. sid .. "' has no key '" .. arg(1) .. "'.")
   end
   return value
 elseif op == 'get_all' then
+  if refresh_reads then touch() end
   return values_object()
 elseif op == 'keys' then
   return redis.call('SMEMBERS', KEYSET)

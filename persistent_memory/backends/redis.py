@@ -46,13 +46,24 @@ from persistent_memory.backends.base import (
     remaining_seconds,
     session_info,
 )
-from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap
+from persistent_memory.backends.conversations import Answer
+from persistent_memory.backends.redis_conversations import (
+    RedisConversations,
+    RedisSummaries,
+    message_args,
+    restore_blob,
+    snapshot_conversations,
+)
+from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
     IdempotencyKeyReused,
     KeyNotFound,
+    MessageConflict,
+    MessageNotFound,
     NotANumber,
+    OrphanToolResult,
     PersistentMemoryError,
     QuotaExceeded,
     SessionExists,
@@ -61,7 +72,15 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.owners import namespace_of
 
-SCRIPT = resources.files("persistent_memory.backends").joinpath("redis.lua").read_text()
+
+def _script() -> str:
+    """redis.lua with the files it includes (``-- @include name.lua`` lines) in their place."""
+    files = resources.files("persistent_memory.backends")
+    text = files.joinpath("redis.lua").read_text()
+    return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
+
+
+SCRIPT = _script()
 
 #: Up to this many sessions, listing them is one script; beyond, batches (see redis.lua).
 ONE_STEP_LIST_LIMIT = 2000
@@ -80,9 +99,12 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_NOT_A_NUMBER": NotANumber,
     "PM_QUOTA": QuotaExceeded,
     "PM_IDEMPOTENCY_REUSED": IdempotencyKeyReused,
+    "PM_MESSAGE_NOT_FOUND": MessageNotFound,
+    "PM_MESSAGE_CONFLICT": MessageConflict,
+    "PM_ORPHAN_TOOL_RESULT": OrphanToolResult,
 }
 
-#: ARGV 10-12 of a call without an idempotency key (see redis.lua).
+#: ARGV 14-16 of a call without an idempotency key (see redis.lua).
 _NO_IDEMPOTENCY = ("", "", "0")
 
 
@@ -98,6 +120,14 @@ def _parse_ttl(raw: bytes | None) -> float | None:
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
+def _seconds(ms: str) -> float | int | None:
+    """Milliseconds as the script writes them ('' for none) in seconds."""
+    if not ms:
+        return None
+    seconds = int(ms) / 1000
+    return int(seconds) if seconds.is_integer() else seconds
+
+
 def _ttl_ms(ttl_seconds: float | None) -> str:
     return "0" if ttl_seconds is None else str(max(1, round(ttl_seconds * 1000)))
 
@@ -105,6 +135,17 @@ def _ttl_ms(ttl_seconds: float | None) -> str:
 def _glob_escape(text: str) -> str:
     """``text`` as a literal in a SCAN/SSCAN MATCH pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def _idle_args(info: SessionInfo) -> str:
+    """The restore op's idle TTL: "{idle ms} {ms left to the fixed deadline}" ('' for none)."""
+    idle = info.get("idle_ttl_seconds")
+    if not idle:
+        return ""
+    if info["ttl_seconds"] is None:
+        return _ttl_ms(idle)
+    left = info["created_at"] + info["ttl_seconds"] - time.time()
+    return f"{_ttl_ms(idle)} {max(1, round(left * 1000))}"
 
 
 # Error reports (DEBUG off) hide every local of this call and of the calls it makes
@@ -133,7 +174,7 @@ def _build_client(conf: MemorySettings) -> redis.Redis:
     )
 
 
-class RedisBackend(BaseBackend):
+class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     """Sessions in Redis, shared by every process that points at the same server."""
 
     name = "redis"
@@ -151,13 +192,17 @@ class RedisBackend(BaseBackend):
         self.owns_client = owns_client
         self.key_prefix = key_prefix
         self._dirty_key = f"{key_prefix}:~dirty"
-        # ARGV 5-9 of every call (see redis.lua); 10-12 are the idempotency key's.
+        # ARGV 5-13 of every call (see redis.lua); 14-16 are the idempotency key's.
         self._policy = (
             str(self.max_history),
             "1" if self.auto_summarize else "0",
             "1" if self.track_dirty else "0",
             str(self.max_sessions_per_owner or 0),
             str(self.max_session_bytes or 0),
+            str(self.max_messages),
+            _ttl_ms(self.idle_ttl_seconds),
+            "1" if self.refresh_on_read else "0",
+            str(self.summarize_after_tokens or 0),
         )
         self._script = client.register_script(SCRIPT)
         self._sha = self._script.sha
@@ -173,6 +218,10 @@ class RedisBackend(BaseBackend):
             owns_client=not conf.REDIS_CACHE_ALIAS,
             max_sessions_per_owner=owner_session_cap(conf),
             max_session_bytes=conf.MAX_SESSION_BYTES,
+            max_messages=conf.MAX_MESSAGES,
+            idle_ttl_seconds=conf.SESSION_IDLE_TTL_SECONDS or None,
+            refresh_on_read=conf.IDLE_TTL_REFRESH_ON_READ,
+            summarize_after_tokens=summarize_after_tokens(conf),
         )
 
     def describe(self) -> str:
@@ -245,9 +294,10 @@ class RedisBackend(BaseBackend):
 
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
-        created_at, ttl, key_count, history_length, expire_ms = reply[:5]
+        created_at, ttl, key_count, history_length, expire_ms, idle = reply[:6]
         if created_at is None:  # the meta expired between the script's commands
             raise SessionExpired(f"Session {session_id!r} has expired.")
+        idle_ms, _, deadline_ms = idle.decode().partition(" ")
         return session_info(
             session_id,
             created_at=float(created_at),
@@ -255,6 +305,8 @@ class RedisBackend(BaseBackend):
             expires_at=expire_ms / 1000 if expire_ms >= 0 else None,
             key_count=key_count,
             history_length=history_length,
+            idle_ttl_seconds=_seconds(idle_ms),
+            deadline=_seconds(deadline_ms),
         )
 
     @staticmethod
@@ -264,10 +316,20 @@ class RedisBackend(BaseBackend):
     # Sessions ---------------------------------------------------------------
 
     def create_session(
-        self, session_id: str, ttl_seconds: float | None, *, idempotency: IdempotencyRecord | None = None
+        self,
+        session_id: str,
+        ttl_seconds: float | None,
+        *,
+        idle_ttl_seconds: float | None = None,
+        idempotency: IdempotencyRecord | None = None,
     ) -> SessionInfo:
         reply = self._run(
-            "create", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), idempotency=idempotency
+            "create",
+            session_id,
+            _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
+            _ttl_ms(idle_ttl_seconds),
+            idempotency=idempotency,
         )
         return self._info(session_id, reply)
 
@@ -287,7 +349,7 @@ class RedisBackend(BaseBackend):
             flat = self._run("list_info", "", prefix, str(ONE_STEP_LIST_LIMIT))
         except _TooMany:
             return self._scan_infos(prefix)
-        return [self._info(flat[i].decode(), flat[i + 1 : i + 6]) for i in range(0, len(flat), 6)]
+        return [self._info(flat[i].decode(), flat[i + 1 : i + 7]) for i in range(0, len(flat), 7)]
 
     def _scan_infos(self, prefix: str) -> list[SessionInfo]:
         """Many sessions: SSCAN and one pipelined step per batch, so Redis is never held long."""
@@ -302,7 +364,7 @@ class RedisBackend(BaseBackend):
 
     def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
         flat = self._run("page", "", prefix, str(offset), str(limit))
-        infos = [self._info(flat[i].decode(), flat[i + 1 : i + 6]) for i in range(1, len(flat), 6)]
+        infos = [self._info(flat[i].decode(), flat[i + 1 : i + 7]) for i in range(1, len(flat), 7)]
         return flat[0], infos
 
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
@@ -361,6 +423,7 @@ class RedisBackend(BaseBackend):
             _ttl_text(ttl_seconds),
             _ttl_ms(ttl_seconds),
             *run_args,
+            "",  # no question to record (enrich_recording)
             idempotency=idempotency,
         )
         return reply.decode()
@@ -371,9 +434,13 @@ class RedisBackend(BaseBackend):
         answer_json: str,
         ttl_seconds: float | None,
         run_id: str | None = None,
+        message: Answer | None = None,
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> AnswerRecord | None:
+        recorded = ()
+        if message is not None:
+            recorded = (message.conversation, message.parent_id or "", *message_args([message.message]))
         reply = self._run(
             "answer",
             session_id or "",
@@ -381,6 +448,7 @@ class RedisBackend(BaseBackend):
             _ttl_ms(ttl_seconds),
             answer_json,
             run_id or "",
+            *recorded,
             idempotency=idempotency,
         )
         return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
@@ -395,15 +463,17 @@ class RedisBackend(BaseBackend):
             if not reply:  # 0 from the script: not live
                 result[session_id] = None
                 continue
-            info, values, history = reply
+            info, values, history, conversations = reply
             result[session_id] = {
                 "info": self._info(session_id, info),
                 "values": self._pairs(values),
                 "history": [json.loads(raw) for raw in history],
+                "conversations": snapshot_conversations(conversations),
             }
         return result
 
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
+        # An idle TTL comes back with its fixed deadline, as time left (clocks may differ).
         info = snapshot["info"]
         remaining = remaining_seconds(info)
         values = snapshot["values"]
@@ -414,6 +484,8 @@ class RedisBackend(BaseBackend):
             repr(info["created_at"]),
             _ttl_text(info["ttl_seconds"]),
             _ttl_ms(remaining),
+            restore_blob(snapshot.get("conversations") or {}),
+            _idle_args(info),
             str(len(values)),
             *[part for key, value_json in values.items() for part in (key, value_json)],
             *[json.dumps(entry) for entry in snapshot["history"]],
@@ -484,6 +556,22 @@ class RedisBackend(BaseBackend):
 
     def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
         return self._pipelined("summarize", session_ids, str(max_entries))
+
+    def forget_namespace(self, namespace: str) -> int:
+        # Every per-owner key that is no session's starts with "{namespace}:" (a session id
+        # never starts with ':'); SCAN, never KEYS.
+        pattern = _glob_escape(f"{self.key_prefix}:{namespace}:") + "*"
+        deleted = 0
+        with self._errors():
+            batch: list[bytes] = []
+            for key in self.client.scan_iter(match=pattern, count=500):
+                batch.append(key)
+                if len(batch) >= 500:
+                    deleted += self.client.unlink(*batch)
+                    batch = []
+            if batch:
+                deleted += self.client.unlink(*batch)
+        return deleted
 
     def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
         dry = "1" if dry_run else "0"

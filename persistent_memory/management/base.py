@@ -73,7 +73,11 @@ class MemoryCommand(BaseCommand):
         else:
             self.log(self.summary(counts))
         if counts.get("failed"):
-            raise CommandError(f"{counts['failed']} sessions failed (see the log); run the command again.")
+            raise CommandError(self.failure(counts))
+
+    def failure(self, counts: dict[str, Any]) -> str:
+        """What the error exit says when ``counts["failed"]`` is not 0."""
+        return f"{counts['failed']} sessions failed (see the log); run the command again."
 
     def run(self, **options: Any) -> dict[str, Any]:
         raise NotImplementedError

@@ -15,7 +15,8 @@ from persistent_memory.management.base import MemoryCommand
 
 class Command(MemoryCommand):
     help = (
-        "Export sessions (owner, values, history, remaining TTL) as JSON Lines, to a file or standard output."
+        "Export sessions (owner, values, history, conversations, remaining TTL) as JSON Lines, to a file or "
+        "standard output."
     )
     takes_sessions = True
 

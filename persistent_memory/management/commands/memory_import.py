@@ -15,8 +15,9 @@ from persistent_memory.management.base import MemoryCommand
 
 class Command(MemoryCommand):
     help = (
-        "Import sessions from a memory_export file: values, history and remaining TTL exactly. Every line is "
-        "checked before anything is written; existing sessions are refused unless --replace."
+        "Import sessions from a memory_export file: values, history, conversations and remaining TTL "
+        "exactly. Every line is checked before anything is written; existing sessions are refused unless "
+        "--replace."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:

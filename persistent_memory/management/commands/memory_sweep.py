@@ -1,4 +1,4 @@
-"""The TTL sweep: remove what expired from the store and the mirror."""
+"""The TTL sweep: remove what expired from the store, the mirror and the long-term memories."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from persistent_memory.maintenance import as_counts, sweep
+from persistent_memory.maintenance import as_counts, sweep, sweep_memories
 from persistent_memory.management.base import MemoryCommand
 
 
@@ -50,6 +50,7 @@ class Command(MemoryCommand):
         report = sweep(
             dry_run=dry_run, batch_size=batch_size, mirror_retention_days=mirror_retention_days, owner=owner
         )
+        report.memories_deleted = sweep_memories(dry_run=dry_run, owner=owner)
         return {"dry_run": dry_run, **as_counts(report)}
 
     def summary(self, counts: dict[str, Any]) -> str:
@@ -57,5 +58,6 @@ class Command(MemoryCommand):
         return (
             f"{prefix}: {counts['expired_sessions']} expired sessions, "
             f"{counts['leftover_keys']} leftover keys, {counts['run_bindings']} run bindings; "
-            f"mirror: {counts['mirror_marked_gone']} marked gone, {counts['mirror_deleted']} deleted."
+            f"mirror: {counts['mirror_marked_gone']} marked gone, {counts['mirror_deleted']} deleted; "
+            f"{counts['memories_deleted']} expired memories."
         )
