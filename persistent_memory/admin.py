@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from persistent_memory import maintenance
+from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
@@ -200,7 +201,7 @@ def duration(seconds: float) -> str:
 
 
 @admin.register(MemorySession)
-class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
     # State second: it is what staff scan for, and it stays in view on narrow screens. The
     # columns fit a 1,280 px screen beside the navigation and the filters; the creation
     # time and the exact expiry are on each session's page.
@@ -259,6 +260,7 @@ class MemorySessionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "export_json",
         "clear_keys",
         "delete_from_store",
+        "forget_owners",
     )
 
     class Media:

@@ -1,7 +1,8 @@
 """The admin's long-term memories: the database is their source of truth, so they are
 editable here. Saving goes through the service (the same rules as the API: validated,
 tokens counted, the vector renewed) and marks the memory as the admin's, which an
-extraction then never overwrites. Selected memories export as JSON Lines."""
+extraction then never overwrites. Selected memories export as JSON Lines; "Forget
+everything about the owners of the selected long-term memories" is in admin_forget."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils.text import Truncator
 
+from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories import memories_for, records
 from persistent_memory.memories.jsonl import export_lines
@@ -52,7 +54,7 @@ class LongTermMemoryForm(forms.ModelForm):
 
 
 @admin.register(LongTermMemory)
-class LongTermMemoryAdmin(admin.ModelAdmin):
+class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
     form = LongTermMemoryForm
     list_display = ("key", "short_content", "owner", "type", "source", "updated_at", "access_count", "tokens")
     list_filter = ("type", "source", "owner")
@@ -67,7 +69,7 @@ class LongTermMemoryAdmin(admin.ModelAdmin):
         "last_accessed_at",
         "tokens",
     )
-    actions = ("export_jsonl",)
+    actions = ("export_jsonl", "forget_owners")
 
     @admin.display(description="content")
     def short_content(self, obj: LongTermMemory) -> str:

@@ -11,7 +11,7 @@ request example is sent once with no body, with its path parameters' examples.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -20,20 +20,41 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from persistent_memory import get_store
+from persistent_memory.models import LongTermMemory
 from tests.test_admin_browser import ARTIFACTS, WAIT_SECONDS, browser  # noqa: F401 - a fixture
 
 WRITES = ("post", "put", "patch")
 METHODS = (*WRITES, "get", "delete")
 
 
+#: Path parameters whose example is the id of what an earlier example creates: the id a
+#: fresh database gives (1), which the docs page fills in. A database that has held rows
+#: before gives another (PostgreSQL's sequences are not reset between tests), so the test
+#: sends the id the create example was answered with: (collection created in, parameter).
+CREATED_IDS = {"/api/memory/memories/": "memory_id"}
+
+
 @dataclass
 class Call:
     method: str
-    path: str  # with the path parameters' examples filled in
     template: str  # as in the schema
     example: str | None
     body: Any = None
-    query: dict[str, Any] | None = None
+    query: dict[str, Any] = field(default_factory=dict)
+    path_values: dict[str, Any] = field(default_factory=dict)  # the path parameters' examples
+    headers: dict[str, str] = field(default_factory=dict)  # the header parameters' examples
+
+    @property
+    def path(self) -> str:
+        """The path with the path parameters' examples filled in (as the docs page does)."""
+        return self.path_with({})
+
+    def path_with(self, created: dict[str, Any]) -> str:
+        """The path with the ids in ``created`` instead of those parameters' examples."""
+        path = self.template
+        for name, value in self.path_values.items():
+            path = path.replace("{" + name + "}", str(created.get(name, value)))
+        return path
 
     def order(self) -> tuple[int, int, int]:
         depth = self.template.count("/")
@@ -72,19 +93,17 @@ def calls(schema: dict[str, Any]) -> list[Call]:
     """One call per request example (or one with no body), in the order described above."""
     found = []
     for method, template, operation in operations(schema):
-        path, query = template, {}
+        given: dict[str, dict[str, Any]] = {"path": {}, "query": {}, "header": {}}
         for parameter in operation.get("parameters", []):
             value = example_value(parameter)
-            if parameter["in"] == "path":
-                path = path.replace("{" + parameter["name"] + "}", str(value))
-            elif parameter["in"] == "query" and value is not None:
-                query[parameter["name"]] = value
+            if parameter["in"] == "path" or value is not None:
+                given[parameter["in"]][parameter["name"]] = value
         content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
-        examples = content.get("examples") or {}
-        if not examples:
-            found.append(Call(method, path, template, None, None, query))
+        examples = content.get("examples") or {None: {"value": None}}
         for name, example in examples.items():
-            found.append(Call(method, path, template, name, example["value"], query))
+            found.append(
+                Call(method, template, name, example["value"], given["query"], given["path"], given["header"])
+            )
     return sorted(found, key=Call.order)  # stable: the schema's order within a step
 
 
@@ -106,28 +125,43 @@ def test_every_request_example_answers_2xx(schema, store, db):
     planned = calls(schema)
     examples = sum(1 for call in planned if call.example)
     assert len(planned) >= len(operations(schema)) >= 16 and examples >= 8
+    # Forgetting the owner, the broadest delete, comes last.
+    assert (planned[-1].method, planned[-1].template) == ("delete", "/api/memory/owner/")
     failures = []
+    created: dict[str, Any] = {}
+    answers = {}
     for call in planned:
         data = None if call.body is None else json.dumps(call.body)
-        url = call.path
+        url = call.path_with(created)
         if call.query:
             url += "?" + "&".join(f"{k}={v}" for k, v in call.query.items())
-        response = client.generic(call.method.upper(), url, data or "", content_type="application/json")
+        headers = {"HTTP_" + name.upper().replace("-", "_"): value for name, value in call.headers.items()}
+        response = client.generic(
+            call.method.upper(), url, data or "", content_type="application/json", **headers
+        )
         if not 200 <= response.status_code < 300:
-            failures.append(
-                (call.method.upper(), call.path, call.example, response.status_code, response.content)
-            )
+            failures.append((call.method.upper(), url, call.example, response.status_code, response.content))
+            continue
+        answers[call.method, call.template] = response.json()
+        if call.method == "post" and call.template in CREATED_IDS:
+            created.setdefault(CREATED_IDS[call.template], response.json()["id"])
     assert failures == []
-    # The examples did what they say: one session from the lanes, one created, then deleted.
-    assert get_store().for_owner(f"user:{user.pk}").list_sessions() == ["chat-43"]
+    # The examples did what they say: one session from the lanes, one created, then that
+    # of the lanes deleted; two memories created, one deleted; then the owner forgotten.
+    forgotten = answers["delete", "/api/memory/owner/"]
+    assert (forgotten["owner"], forgotten["sessions"], forgotten["memories"]) == (f"user:{user.pk}", 1, 1)
+    assert get_store().for_owner(f"user:{user.pk}").list_sessions() == []
+    assert not LongTermMemory.objects.filter(owner=f"user:{user.pk}").exists()
 
 
 def test_the_docs_page_sends_each_operations_example(
-    live_server, transactional_db, settings, schema, request
+    live_server, django_db_reset_sequences, settings, schema, request
 ):
     """On /api/docs/, logged in through the admin: each operation's "Try it out", with
-    what Swagger UI fills in (the first example, the path parameters' examples), then
-    "Execute", answers 2xx, in the same order as above."""
+    what Swagger UI fills in (the first example, the path and header parameters'
+    examples), then "Execute", answers 2xx, in the same order as above. The database's
+    sequences start again, as in a fresh database, so the memory the create example
+    makes has the id the detail examples name, on PostgreSQL too."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -177,4 +211,6 @@ def test_the_docs_page_sends_each_operations_example(
         raise
     assert len(statuses) == len(operations(schema))
     assert {key: status for key, status in statuses.items() if not status.startswith("2")} == {}
-    assert get_store().for_owner(f"user:{user.pk}").list_sessions() == ["chat-43"]
+    # The last one forgot the owner.
+    assert get_store().for_owner(f"user:{user.pk}").list_sessions() == []
+    assert not LongTermMemory.objects.filter(owner=f"user:{user.pk}").exists()

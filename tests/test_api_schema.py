@@ -39,6 +39,8 @@ ENDPOINTS = {
     ("/api/memory/memories/{memory_id}/", "delete"),
     ("/api/memory/memories/search/", "post"),
     ("/api/memory/memories/stats/", "get"),
+    ("/api/memory/owner/", "get"),
+    ("/api/memory/owner/", "delete"),
 }
 
 
@@ -111,6 +113,9 @@ def test_writes_document_the_idempotency_key(schema):
         if (path, method) in WRITES:
             assert headers == {"Idempotency-Key"}, (path, method)
             assert "422" in operation["responses"], (path, method)
+        elif (path, method) == ("/api/memory/owner/", "delete"):
+            # Idempotent as it is; what it needs is a confirmation.
+            assert headers == {"Confirm-Forget"}, (path, method)
         else:
             assert not headers, (path, method)
 

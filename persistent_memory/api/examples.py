@@ -2,11 +2,13 @@
 are when sent from the docs page (Swagger UI fills them in on "Try it out").
 
 ``tests/test_api_examples.py`` sends every request example the schema holds, with the
-path parameters' examples, in the order a person trying the API would: writes first
-(shortest path first: a resource before what is inside it), then reads, then deletes
-(longest path first), and expects a 2xx for each. So examples of one resource use the
-same ids (the session ``chat-42``, its key ``topic``), a write's example leaves what a
-later read needs, and each endpoint's path parameters carry an example.
+path and header parameters' examples, in the order a person trying the API would: writes
+first (shortest path first: a resource before what is inside it), then reads, then
+deletes (longest path first, so forgetting the owner, ``owner/``, comes last), and
+expects a 2xx for each. So examples of one resource use the same ids (the session
+``chat-42``, its key ``topic``, the memory 1 that the create example makes in a fresh
+database), a write's example leaves what a later read needs, and each endpoint's path
+parameters carry an example.
 """
 
 from __future__ import annotations

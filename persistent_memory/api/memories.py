@@ -5,8 +5,9 @@ Every call works on the caller's owner: another owner's memory answers 404
 ``memory_not_found``, exactly as one that does not exist. Times are ISO 8601.
 
 The request examples work as they are, in the order the examples test sends them: the
-create example writes the memory ``ui.theme`` (the first memory of a new owner, id 1,
-which the detail examples use), the search example finds it.
+create example writes the memory ``ui.theme`` (id 1 in a fresh database, which the
+detail examples use; where the database has held memories before, its id is another,
+and the examples test sends that one), the search example finds it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from persistent_memory.api import conversations, memories, views
+from persistent_memory.api import conversations, memories, owner, views
 
 app_name = "persistent_memory_api"
 
@@ -34,5 +34,6 @@ urlpatterns = [
     path("memories/search/", memories.MemorySearchView.as_view(), name="memories-search"),
     path("memories/stats/", memories.MemoryStatsView.as_view(), name="memories-stats"),
     path("memories/<str:memory_id>/", memories.MemoryDetailView.as_view(), name="memory-detail"),
+    path("owner/", owner.OwnerView.as_view(), name="owner"),
     re_path(r"^.*$", views.NotFoundView.as_view(), name="not-found"),
 ]

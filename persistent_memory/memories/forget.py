@@ -19,12 +19,33 @@ from persistent_memory.owners import owner_namespace, storage_id, validate_owner
 from persistent_memory.store import MemoryStore, get_store
 
 
+def _forgettable(owner: str) -> str:
+    if validate_owner(owner) == "":
+        raise InvalidOwner("Forgetting needs an owner: the unowned namespace is everyone's.")
+    return owner
+
+
+def owner_holdings(owner: str, *, store: MemoryStore | None = None) -> dict[str, Any]:
+    """What :func:`forget_owner` would delete about ``owner``, counted: live sessions in the
+    store, rows in the admin's mirror, long-term memories (expired ones too). Idempotency
+    records and run bindings are not counted (they are found only by deleting them)."""
+    from persistent_memory.models import LongTermMemory, MemorySession
+
+    _forgettable(owner)
+    store = store or get_store()
+    return {
+        "owner": owner,
+        "sessions": len(store.for_owner(owner).list_sessions()),
+        "mirror_rows": MemorySession.objects.filter(owner=owner).count(),
+        "memories": LongTermMemory.objects.filter(owner=owner).count(),
+    }
+
+
 def forget_owner(owner: str, *, store: MemoryStore | None = None) -> dict[str, Any]:
     """Delete everything held about ``owner`` (never ``""``, the unowned namespace); the counts."""
     from persistent_memory.models import MemorySession
 
-    if validate_owner(owner) == "":
-        raise InvalidOwner("Forgetting needs an owner: the unowned namespace is everyone's.")
+    _forgettable(owner)
     store = store or get_store()
     scoped = store.for_owner(owner)
     session_ids = scoped.list_sessions()
