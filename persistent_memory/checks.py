@@ -198,6 +198,13 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "E002",
     ),
     ("INJECT_MEMORIES", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    ("MCP_MAX_SERVERS", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
+    (
+        "MCP_SERVER_IDLE_SECONDS",
+        lambda v: v is None or _is_number(v, positive=True),
+        "Use a positive number of seconds, or None to evict only by MCP_MAX_SERVERS.",
+        "E002",
+    ),
     (
         "MEMORY_SEARCH_STRATEGY",
         lambda v: v in MEMORY_STRATEGIES,

@@ -120,6 +120,11 @@ DEFAULTS: dict[str, Any] = {
     "INJECT_MEMORIES": False,
     "MEMORY_MAX_TOKENS": 500,
     "MEMORY_SEARCH_STRATEGY": "hybrid",
+    # The MCP endpoint over streamable HTTP (persistent_memory.mcp.http) keeps one server
+    # per owner: at most this many (a new owner evicts the least recently used), each
+    # evicted after this many seconds unused (None: only the bound evicts).
+    "MCP_MAX_SERVERS": 100,
+    "MCP_SERVER_IDLE_SECONDS": 900,
     "MAX_REQUEST_BYTES": 2 * 1024 * 1024 + 64 * 1024,
     "RETRY_AFTER_SECONDS": 5,
 }

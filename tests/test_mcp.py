@@ -408,3 +408,124 @@ def test_stdio_database_errors_are_tool_errors_and_the_server_goes_on(env: dict[
     failed, added = over_stdio(env, "user:1", body)
     assert "database_unavailable" in error_text(failed)
     assert payload(added)["messages"][0]["content"] == "hi"
+
+
+# Bounded servers: at most MCP_MAX_SERVERS owners' servers, least recently used evicted --
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_endpoint_evicts_the_least_recently_used_and_lets_busy_servers_finish(settings: Any) -> None:
+    from persistent_memory.mcp.http import MCPEndpoint, Refused
+
+    settings.PERSISTENT_MEMORY = {"MCP_MAX_SERVERS": 2, "MCP_SERVER_IDLE_SECONDS": None}
+    endpoint = MCPEndpoint()
+
+    async def main() -> None:
+        with pytest.raises(Refused):  # no lifespan, no servers
+            async with endpoint.serving("user:a"):
+                pass
+        async with endpoint.serve():
+            async with endpoint.serving("user:a") as a:
+                pass
+            async with endpoint.serving("user:b") as b:
+                async with endpoint.serving("user:a") as again:
+                    assert again is a  # kept, now the most recently used
+                async with endpoint.serving("user:c") as c:
+                    # b was the least recently used (a was used since): evicted, though busy,
+                    # it answers its request to the end.
+                    assert endpoint.owners == ["user:a", "user:c"]
+                    assert b.evicted and not b.stop.is_set() and endpoint.running == 3
+            # Its last request done, b stops.
+            await b.stopped.wait()
+            assert endpoint.running == 2 and not a.stopped.is_set() and not c.stopped.is_set()
+            async with endpoint.serving("user:d"):
+                # a was the least recently used and idle: stopped before d started.
+                assert a.stopped.is_set() and endpoint.owners == ["user:c", "user:d"]
+                assert endpoint.running == 2
+            async with endpoint.serving("user:b") as b2:
+                assert b2 is not b and endpoint.owners == ["user:d", "user:b"] and endpoint.running == 2
+        assert endpoint.running == 0
+
+    anyio.run(main)
+
+
+def test_endpoint_evicts_idle_servers(settings: Any) -> None:
+    from persistent_memory.mcp.http import MCPEndpoint
+
+    settings.PERSISTENT_MEMORY = {"MCP_MAX_SERVERS": 10, "MCP_SERVER_IDLE_SECONDS": 600}
+    clock = Clock()
+    endpoint = MCPEndpoint(clock=clock)
+    endpoint.reap_every = 0.01  # the reaper looks often; the clock says who is idle
+
+    async def main() -> None:
+        async with endpoint.serve():
+            async with endpoint.serving("user:a") as a:
+                pass
+            clock.now += 300
+            async with endpoint.serving("user:b") as b:
+                clock.now += 301  # a idle for 601 s; b busy all along
+                with anyio.fail_after(10):
+                    await a.stopped.wait()
+                assert endpoint.owners == ["user:b"] and not b.evicted
+            clock.now += 599
+            assert await endpoint.evict_idle() == 0
+            clock.now += 1
+            assert await endpoint.evict_idle() == 1 and endpoint.owners == [] and endpoint.running == 0
+
+    anyio.run(main)
+
+
+#: Migrates the database of ``DATABASE_URL`` and prints the API tokens of users ``{names}``.
+USERS = """
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from rest_framework.authtoken.models import Token
+call_command("migrate", verbosity=0)
+for name in {names!r}:
+    user = get_user_model().objects.create_user(name, password="pw-for-tests")
+    print(name, Token.objects.create(user=user).key)
+"""
+
+
+def test_http_serves_more_owners_than_it_keeps_servers_for(env: dict[str, str], tmp_path: Path) -> None:
+    """Five owners through a server that keeps two owners' servers (tests/settings_mcp.py):
+    every answer is the caller's own, an evicted owner comes back to their memories, and
+    at no time do more than two session managers run (the endpoint's debug log says)."""
+    names = ["ann", "ben", "cat", "dan", "eve"]
+    env = {**env, "DJANGO_SETTINGS_MODULE": "tests.settings_mcp", "MEMORY_LOG_LEVEL": "DEBUG"}
+    lines = manage(env, "shell", "--no-imports", "-c", USERS.format(names=names))
+    tokens = dict(line.split() for line in lines.splitlines() if line.strip())
+    assert set(tokens) == set(names)
+
+    async def note(session: ClientSession, name: str) -> Any:
+        payload(await session.call_tool("add_memory", {"content": f"The name is {name}.", "key": "name"}))
+        return await memories_seen(session)
+
+    with serve("uvicorn", env, tmp_path / "uvicorn.log") as server:
+        url = f"http://127.0.0.1:{server.port}/mcp/"
+        for name in names:
+            seen = over_http(url, tokens[name], lambda session, name=name: note(session, name))
+            assert [m["content"] for m in seen] == [f"The name is {name}."]
+        # The first owners' servers were evicted: they are built again, and see their own.
+        for name in names[:2]:
+            seen = over_http(url, tokens[name], memories_seen)
+            assert [m["content"] for m in seen] == [f"The name is {name}."]
+        log = server.log
+    events = [
+        (line.split("MCP server of ")[1].split()[0], line.split()[-3], int(line.split("(")[-1].split()[0]))
+        for line in log.splitlines()
+        if "MCP server of " in line and (" started (" in line or " stopped (" in line)
+    ]
+    started = [owner for owner, what, _ in events if what == "started"]
+    assert len(started) == 7, log  # five owners, then two of them again
+    assert max(running for _, _, running in events) == 2, events
+    assert sum(1 for _, what, _ in events if what == "stopped") >= 5

@@ -166,6 +166,9 @@ class TestChecks:
             ({"MAX_JSON_DEPTH": 0}, "persistent_memory.E002"),
             ({"MAX_JSON_DEPTH": 990}, "persistent_memory.E002"),
             ({"MAX_JSON_DEPTH": 10.0}, "persistent_memory.E002"),
+            ({"MCP_MAX_SERVERS": 0}, "persistent_memory.E002"),
+            ({"MCP_MAX_SERVERS": "100"}, "persistent_memory.E002"),
+            ({"MCP_SERVER_IDLE_SECONDS": 0}, "persistent_memory.E002"),
         ],
     )
     def test_bad_configuration_is_an_error(self, settings, conf, expected):

@@ -3,8 +3,10 @@
 :func:`with_mcp` wraps the project's ASGI application: requests under ``path`` (``/mcp/``)
 are authenticated with the REST API's tokens (``Authorization: Token <key>``, DRF's
 ``TokenAuthentication``), their owner is resolved by ``OWNER_RESOLVER`` exactly as for
-the API, and the request goes to that owner's own server (built once per owner by
-:func:`~persistent_memory.mcp.server.build_server`); everything else goes to Django.
+the API, and the request goes to that owner's own server (built on the owner's first
+request by :func:`~persistent_memory.mcp.server.build_server`, kept for the next ones
+within ``MCP_MAX_SERVERS`` and ``MCP_SERVER_IDLE_SECONDS``); everything else goes to
+Django.
 
 The servers run stateless (every POST stands alone, answered as JSON): no MCP session
 lives in one process, so a request can reach any worker, and a session id of one owner
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -28,8 +34,11 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
 from mcp.server.transport_security import TransportSecuritySettings
 
+from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner
 from persistent_memory.mcp.server import build_server
+
+logger = logging.getLogger("persistent_memory.mcp")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -96,67 +105,164 @@ async def _refuse(send: Send, refused: Refused) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class MCPEndpoint:
-    """The ``/mcp/`` endpoint: token authentication, then the token owner's MCP server."""
+@dataclass(eq=False)
+class OwnerServer:
+    """One owner's MCP server as the endpoint runs it: the SDK's ASGI app, whether its
+    session manager should stop and has stopped, and the requests it is answering."""
 
-    def __init__(self, path: str = "/mcp/") -> None:
+    owner: str
+    app: ASGIApp
+    last_used: float
+    in_flight: int = 0
+    evicted: bool = False
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+
+class MCPEndpoint:
+    """The ``/mcp/`` endpoint: token authentication, then the token owner's MCP server.
+
+    Owners' servers are built on their first request and kept for the next ones, at most
+    ``MCP_MAX_SERVERS`` of them: a new owner beyond that evicts the least recently used
+    one, and a server unused for ``MCP_SERVER_IDLE_SECONDS`` is evicted too. An evicted
+    server's session manager stops cleanly once the requests it is answering are done;
+    the owner's next request builds a new one (the servers are stateless, so nothing of
+    the owner's is lost).
+    """
+
+    #: How often (seconds) idle servers are looked for, at most.
+    reap_every: float = 60.0
+
+    def __init__(self, path: str = "/mcp/", *, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self._apps: dict[str, ASGIApp] = {}
+        self.clock = clock
+        # Least recently used first.
+        self._servers: OrderedDict[str, OwnerServer] = OrderedDict()
+        # Servers whose session manager runs: the kept ones, and evicted ones finishing requests.
+        self._running: set[OwnerServer] = set()
         self._lock = anyio.Lock()
         self._task_group: TaskGroup | None = None
 
+    @property
+    def owners(self) -> list[str]:
+        """The owners whose servers are kept, least recently used first."""
+        return list(self._servers)
+
+    @property
+    def running(self) -> int:
+        """Session managers running: the kept servers', and evicted ones' still answering."""
+        return len(self._running)
+
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    async def serve(self) -> AsyncIterator[None]:
         """Serve while the block runs (the ASGI lifespan): the owners' session managers live here."""
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
+            task_group.start_soon(self._reap)
             try:
                 yield
             finally:
                 task_group.cancel_scope.cancel()
                 self._task_group = None
-                self._apps.clear()
+                self._servers.clear()
 
-    async def _app_for(self, owner: str) -> ASGIApp:
-        async with self._lock:
-            app = self._apps.get(owner)
-            if app is None:
-                app = await self._start(owner)
-                self._apps[owner] = app
-            return app
+    @asynccontextmanager
+    async def serving(self, owner: str) -> AsyncIterator[OwnerServer]:
+        """``owner``'s server (started if need be) for one request; it is not stopped while
+        the block runs, even if evicted meanwhile."""
+        server = await self._acquire(owner)
+        try:
+            yield server
+        finally:
+            server.in_flight -= 1
+            server.last_used = self.clock()
+            if server.evicted and server.in_flight == 0:
+                server.stop.set()
 
-    async def _start(self, owner: str) -> ASGIApp:
+    async def _acquire(self, owner: str) -> OwnerServer:
         if self._task_group is None:
-            raise Refused(
-                503, "mcp_not_running", "The MCP endpoint needs an ASGI server that runs the lifespan."
-            )
-        server = build_server(owner)
-        app = server.streamable_http_app(
+            raise Refused(503, "mcp_not_running", NOT_RUNNING)
+        async with self._lock:
+            server = self._servers.get(owner)
+            if server is None:
+                bound = memory_settings.MCP_MAX_SERVERS
+                while len(self._servers) >= bound:
+                    await self._evict(next(iter(self._servers.values())), "least recently used")
+                server = await self._start(owner)
+                self._servers[owner] = server
+            else:
+                self._servers.move_to_end(owner)
+            server.in_flight += 1
+            server.last_used = self.clock()
+            return server
+
+    async def _evict(self, server: OwnerServer, why: str) -> None:
+        """Forget ``server``; its session manager stops now, or when its last request ends."""
+        del self._servers[server.owner]
+        server.evicted = True
+        logger.debug("persistent_memory: MCP server of %s evicted (%s)", server.owner, why)
+        if server.in_flight == 0:
+            server.stop.set()
+            # Stopped before another starts: at most MCP_MAX_SERVERS run while none is busy.
+            await server.stopped.wait()
+
+    async def evict_idle(self) -> int:
+        """Evict the servers unused for ``MCP_SERVER_IDLE_SECONDS``; how many."""
+        idle = memory_settings.MCP_SERVER_IDLE_SECONDS
+        if not idle:
+            return 0
+        async with self._lock:
+            now = self.clock()
+            gone = [s for s in self._servers.values() if s.in_flight == 0 and now - s.last_used >= idle]
+            for server in gone:
+                await self._evict(server, f"idle for {now - server.last_used:.0f} s")
+            return len(gone)
+
+    async def _reap(self) -> None:
+        while True:
+            idle = memory_settings.MCP_SERVER_IDLE_SECONDS
+            await anyio.sleep(min(self.reap_every, idle or self.reap_every))
+            await self.evict_idle()
+
+    async def _start(self, owner: str) -> OwnerServer:
+        assert self._task_group is not None  # noqa: S101 - _acquire checked it
+        mcp_server = build_server(owner)
+        app = mcp_server.streamable_http_app(
             streamable_http_path=self.path,
             stateless_http=True,
             json_response=True,
             # The Host header was checked against ALLOWED_HOSTS already.
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
-        manager = server.session_manager
+        manager = mcp_server.session_manager
+        server = OwnerServer(owner, app, last_used=self.clock())
 
         async def run(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-            async with manager.run():
-                task_status.started()
-                await anyio.sleep_forever()
+            try:
+                async with manager.run():
+                    self._running.add(server)
+                    logger.debug(
+                        "persistent_memory: MCP server of %s started (%d running)", owner, len(self._running)
+                    )
+                    task_status.started()
+                    await server.stop.wait()
+            finally:
+                self._running.discard(server)
+                server.stopped.set()
+                running = len(self._running)
+                logger.debug("persistent_memory: MCP server of %s stopped (%d running)", owner, running)
 
         await self._task_group.start(run)
-        return app
+        return server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             owner = await sync_to_async(_authenticate)(scope)
-            app = await self._app_for(owner)
-        except Refused as refused:
+            async with self.serving(owner) as server:
+                # The SDK's app routes its one path: both spellings of ours reach it.
+                await server.app({**scope, "path": self.path, "raw_path": self.path.encode()}, receive, send)
+        except Refused as refused:  # raised before the app is called: nothing was sent yet
             await _refuse(send, refused)
-            return
-        # The SDK's app routes its one path: both spellings of ours reach it.
-        await app({**scope, "path": self.path, "raw_path": self.path.encode()}, receive, send)
 
 
 def with_mcp(application: ASGIApp, *, path: str = "/mcp/") -> ASGIApp:
@@ -168,7 +274,7 @@ def with_mcp(application: ASGIApp, *, path: str = "/mcp/") -> ASGIApp:
     async def lifespan(receive: Receive, send: Send) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"  # noqa: S101 - the ASGI protocol's order
-        async with endpoint.running():
+        async with endpoint.serve():
             await send({"type": "lifespan.startup.complete"})
             message = await receive()
         await send({"type": "lifespan.shutdown.complete"})
@@ -181,4 +287,5 @@ def with_mcp(application: ASGIApp, *, path: str = "/mcp/") -> ASGIApp:
         else:
             await application(scope, receive, send)
 
+    router.endpoint = endpoint  # type: ignore[attr-defined] - for a look at its servers
     return router
