@@ -199,3 +199,12 @@ def counting_client(redis_url: str, redis_client: redis.Redis) -> Iterator[redis
     CountingConnection.sends = 0
     yield client
     pool.disconnect()
+
+
+def pttls(client: redis.Redis, keys: list[Any]) -> list[int]:
+    """PTTL of each key, read in one MULTI so that all are read at the same moment (reads
+    one by one drift apart by however long the test waits for the CPU between them)."""
+    pipe = client.pipeline(transaction=True)
+    for key in keys:
+        pipe.pttl(key)
+    return pipe.execute()

@@ -26,7 +26,7 @@ from persistent_memory.exceptions import (
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, ids, result, system, tool_call, user
-from tests.conftest import CountingConnection, memory_settings_for
+from tests.conftest import CountingConnection, memory_settings_for, pttls
 
 PREFIX = "rr:memory"
 
@@ -868,10 +868,8 @@ def glob_escape(text: str) -> str:
 
 def session_keys(client: redis.Redis, storage_id: str) -> dict[str, int]:
     """PTTL of every key of a session, by name."""
-    return {
-        key.decode(): client.pttl(key)
-        for key in client.scan_iter(match=f"{PREFIX}:{re.escape(storage_id)}:*")
-    }
+    keys = list(client.scan_iter(match=f"{PREFIX}:{re.escape(storage_id)}:*"))
+    return {key.decode(): ttl for key, ttl in zip(keys, pttls(client, keys), strict=True)}
 
 
 def assert_aligned(client: redis.Redis, storage_id: str, *, conversations: list[str]) -> dict[str, int]:

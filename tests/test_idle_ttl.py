@@ -9,7 +9,7 @@ import pytest
 from persistent_memory.exceptions import SessionNotFound
 from persistent_memory.maintenance import sweep
 from persistent_memory.pipeline import MemoryFilter
-from tests.conftest import CountingConnection
+from tests.conftest import CountingConnection, pttls
 
 IDLE = 0.6
 
@@ -82,9 +82,9 @@ def test_every_key_of_a_session_gets_the_same_expiry(redis_store, redis_client, 
     for _ in range(3):
         time.sleep(1.2)  # past the refresh step (1% of the idle TTL, at most a second)
         store.increment("chat", "count")
-        pttls = [redis_client.pttl(key) for key in session_keys(redis_client, "chat")]
-        assert min(pttls) > 29_000
-        assert max(pttls) - min(pttls) <= 50
+        ttls = pttls(redis_client, session_keys(redis_client, "chat"))
+        assert min(ttls) > 29_000
+        assert max(ttls) - min(ttls) <= 50
 
 
 def test_a_fixed_ttl_still_ends_a_busy_session(configure):

@@ -415,12 +415,24 @@ local function too_big(total)
     .. ' bytes, over MAX_SESSION_BYTES (' .. string.format('%d', byte_cap) .. ').')
 end
 
--- Every key of a session expires with its meta: later keys inherit what is left.
+-- Every key of a session expires with its meta: later keys inherit what is left, as
+-- META's absolute expiry (PEXPIRETIME, Redis 7). Copying the relative PTTL left keys of
+-- one session hundreds of ms apart on a loaded machine: Redis 7.0 reads PTTL and sets
+-- PEXPIRE against clocks that drift apart while a script waits for the CPU.
 local function align(...)
-  local remaining = redis.call('PTTL', META)
-  if remaining > 0 then
+  local at = redis.pcall('PEXPIRETIME', META)
+  if type(at) ~= 'number' then -- Redis 6: relative, as close as it gets
+    local remaining = redis.call('PTTL', META)
+    if remaining > 0 then
+      for _, key in ipairs({...}) do
+        redis.call('PEXPIRE', key, remaining)
+      end
+    end
+    return
+  end
+  if at > 0 then
     for _, key in ipairs({...}) do
-      redis.call('PEXPIRE', key, remaining)
+      redis.call('PEXPIREAT', key, at)
     end
   end
 end
