@@ -1,6 +1,7 @@
 """Benchmark of the maintenance commands on Redis at scale.
 
     python bench/maintenance.py [--sessions 100000] [--history 30] [--expired 0.1]
+    python bench/maintenance.py --memories [options of bench/memories_bench.py]
 
 Fills a redis-server of its own (or REDIS_URL) with sessions in the node's layout,
 some of them expired with leftover keys, then runs `manage.py memory_sweep` and
@@ -8,6 +9,10 @@ some of them expired with leftover keys, then runs `manage.py memory_sweep` and
 wall time and peak memory (max RSS), beside a `manage.py check` for the baseline.
 Figures go to standard output and to bench/results/local/maintenance.json (ignored by
 git) or --output; the README's are in bench/results/2026-11-22-maintenance.json.
+
+With --memories it runs the long-term memories at scale instead (search at 10,000 and
+100,000 memories on SQLite and PostgreSQL, injection, extraction): bench/memories_bench.py,
+whose options follow (``--memories --help`` lists them).
 """
 
 from __future__ import annotations
@@ -76,9 +81,18 @@ def measure(env: dict[str, str], *args: str) -> dict:
     return {"seconds": round(seconds, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "output": text}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--memories" in argv:
+        from memories_bench import main as memories
+
+        memories([arg for arg in argv if arg != "--memories"])
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--memories", action="store_true", help="run bench/memories_bench.py instead, with the options after"
     )
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--history", type=int, default=30, help="history entries per session")
@@ -89,7 +103,7 @@ def main() -> None:
         default=ROOT / "bench" / "results" / "local" / "maintenance.json",
         help="where the JSON goes (default: bench/results/local/maintenance.json, which git ignores)",
     )
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
 
     with redis_url() as url, tempfile.TemporaryDirectory() as folder:
         env = {

@@ -78,7 +78,12 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("script", "default"), [("run.py", "latest.json"), ("maintenance.py", "maintenance.json")]
+    ("script", "default"),
+    [
+        ("run.py", "latest.json"),
+        ("maintenance.py", "maintenance.json"),
+        ("memories_bench.py", "memories.json"),
+    ],
 )
 def test_a_run_writes_where_git_does_not_look(script, default):
     """By default the figures go to bench/results/local/, which git ignores: a run leaves
@@ -95,3 +100,62 @@ def test_a_run_writes_where_git_does_not_look(script, default):
     tracked = subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True)
     assert f"bench/results/{default}" not in tracked.stdout.split()  # no file a run would rewrite
     assert "bench/results/2026-11-22-run.json" in tracked.stdout.split()
+
+
+def test_a_short_memories_run_reports_search_injection_and_extraction(tmp_path):
+    """bench/maintenance.py --memories (bench/memories_bench.py) with small counts: every
+    figure is there and positive. SQLite always; PostgreSQL too when the suite runs on it
+    (in a database of the benchmark's own, next to the suite's)."""
+    output = tmp_path / "memories.json"
+    databases = ["sqlite"]
+    command = [sys.executable, str(ROOT / "bench" / "maintenance.py"), "--memories"]
+    command += ["--counts", "300", "150", "--rounds", "3", "--conversations", "2", "--output", str(output)]
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith(("postgres://", "postgresql://")):
+        databases.append("postgresql")
+        command += ["--postgres", f"{url.rsplit('/', 1)[0]}/pm_test_memories_bench_{os.getpid()}"]
+    command += ["--databases", *databases]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(output.read_text())
+
+    assert "| Search (p50 / p99 ms, × floor p50) | memories | matches |" in done.stdout
+    assert "| Enrich lane (memory backend) |" in done.stdout and "| Extraction (rule-based) |" in done.stdout
+    queries = results["queries"]
+    assert len(queries) == 6 and results["machine"]["cores"] >= 1
+    assert [db for db in ("sqlite", "postgresql") if db in results] == databases
+    for database in databases:
+        figures = results[database]
+        assert figures["server"].startswith("SQLite" if database == "sqlite" else "PostgreSQL")
+        assert list(figures["counts"]) == ["150", "300"]  # ascending: the table grows in place
+        for count, at in figures["counts"].items():
+            assert at["seed_seconds"] >= 0
+            assert set(at["floor"]) == {"SELECT 1", "get one memory by id"}
+            timed = list(at["floor"].values())  # each called once a round
+            assert set(at["queries"]) == set(queries)
+            for name, query in at["queries"].items():
+                assert query["query"] == queries[name] and 0 <= query["matches"] <= int(count)
+                for strategy in ("keyword", "hybrid"):
+                    found = query[strategy]
+                    assert found["results"] == min(10, query["matches"]), (database, count, name, strategy)
+                    assert found["p50_to_floor"] > 0
+                    timed.append(found)
+            assert at["queries"]["no match"]["matches"] == 0
+            assert at["queries"]["broad question"]["matches"] > int(count) // 10
+            enrich = at["enrich"]
+            assert enrich["on_to_off_p50"] > 0 and enrich["memories_injected_per_call"] > 0
+            for one in timed:
+                assert one["calls"] == 3 and 0 < one["p50_ms"] <= one["p99_ms"]
+            for one in (enrich["injection off"], enrich["injection on"]):  # every query each round
+                assert one["calls"] == 3 * len(queries) and 0 < one["p50_ms"] <= one["p99_ms"]
+        extraction = figures["extraction"]
+        assert extraction["messages"] == 100 and extraction["rules alone"]["messages_per_s"] > 0
+        first, again = extraction["first run (inserts)"], extraction["again (nothing changes)"]
+        assert first["candidates"] == again["candidates"] == extraction["rules alone"]["candidates"] > 0
+        # Every candidate is upserted; the second run changes nothing and adds nothing.
+        assert first["upserts"] == again["upserts"] == first["candidates"]
+        assert 0 < first["memories_after"] == again["memories_after"] <= first["upserts"]
+        assert first["refused"] == again["refused"] == 0
+        for run in (first, again):
+            assert run["messages_per_s"] > 0 and run["upserts_per_s"] > 0 and 0 < run["of_rules_alone"] < 1

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
@@ -164,11 +165,34 @@ def test_keyword_search_ranks_by_relevance_with_stemming_and_uses_the_index() ->
             cursor.execute("SET enable_seqscan = off")
             cursor.execute(
                 "EXPLAIN SELECT id FROM persistent_memory_longtermmemory "
-                "WHERE to_tsvector('english', content) @@ to_tsquery('english', 'cat')"
+                "WHERE content_tsv @@ to_tsquery('english', 'cat')"
             )
             plan = " ".join(row[0] for row in cursor.fetchall())
             cursor.execute("SET enable_seqscan = on")
-        assert "pm_memory_content_fts" in plan
+        assert "pm_memory_content_tsv" in plan
+
+
+def test_keyword_search_starts_from_the_full_text_matches() -> None:
+    """The owner and expiry filters apply to the matches, in the same query: the search
+    never lists every memory of the owner (it did, through ``id IN (subquery)``)."""
+    svc = memories_for("user:a")
+    seed(svc)
+    memories_for("user:b").add("The cat is called Tom")
+    with CaptureQueriesContext(connection) as queries:
+        assert [m["key"] for m in svc.search("dog", strategy="keyword", types=["factual"])] == ["dog"]
+    sql = queries.captured_queries[0]["sql"]  # the keyword query, its parameters in place
+    assert "IN (SELECT" not in sql.upper() and "'user:a'" in sql and "'factual'" in sql
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = " ".join(row[0] for row in cursor.fetchall())
+            assert "Semi Join" not in plan and "SubPlan" not in plan, plan
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            steps = [row[3] for row in cursor.fetchall()]
+            assert steps[0].startswith("SCAN pm_memory_fts VIRTUAL TABLE"), steps
+            assert "USING INTEGER PRIMARY KEY" in steps[1] and not any("SUBQUERY" in s for s in steps), steps
+    assert svc.search("dog", strategy="keyword", types=[]) == []
 
 
 def test_recent_and_hybrid_without_an_embedder() -> None:

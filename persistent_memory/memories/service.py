@@ -270,17 +270,33 @@ class MemoryService:
             max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
         rows = self._filtered(types=types, session_id=session_id)
         ranked = search.rank(rows, query, strategy, max(limit, search.CANDIDATES if max_tokens else limit))
-        by_id = {row.pk: row for row in rows.filter(pk__in=[pk for pk, _ in ranked])}
-        found: list[dict[str, Any]] = []
-        used = 0
-        for pk, score in ranked:
-            row = by_id.get(pk)
-            if row is None:
-                continue
-            if len(found) >= limit or (max_tokens is not None and found and used + row.tokens > max_tokens):
-                break
-            used += row.tokens
-            found.append({**records.as_dict(row), "score": round(score, 6)})
+        # Every strategy ranks ``rows``, so the ids are the owner's: they are looked up by id
+        # alone (with the owner's filters again, SQLite without table statistics walks every
+        # memory of the owner). With a budget, the candidates' tokens first: only the
+        # memories accepted are read whole.
+        accepted = ranked[:limit]
+        if max_tokens is not None:
+            tokens = dict(
+                LongTermMemory.objects.filter(pk__in=[pk for pk, _ in ranked])
+                .order_by()
+                .values_list("id", "tokens")
+            )
+            accepted, used = [], 0
+            for pk, score in ranked:
+                if pk not in tokens:
+                    continue
+                if len(accepted) >= limit or (accepted and used + tokens[pk] > max_tokens):
+                    break
+                used += tokens[pk]
+                accepted.append((pk, score))
+        by_id = {
+            row.pk: row
+            for row in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in accepted]).order_by()
+            if row.owner == self.owner
+        }
+        found = [
+            {**records.as_dict(by_id[pk]), "score": round(score, 6)} for pk, score in accepted if pk in by_id
+        ]
         if found:
             now = timezone.now()
             LongTermMemory.objects.filter(pk__in=[m["id"] for m in found]).update(
