@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -105,9 +106,22 @@ def redis_server() -> Iterator[RedisServer | None]:
     shutil.rmtree(server.dir, ignore_errors=True)
 
 
+def _worker_url(url: str) -> str:
+    """REDIS_URL for this pytest-xdist worker: its database number plus the worker's
+    index, so that workers never flush each other's keys (each has its own server
+    otherwise)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0) + int(worker.removeprefix("gw"))
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer | None) -> str:
-    url = os.environ.get("REDIS_URL") or (redis_server.url if redis_server else None)
+    given = os.environ.get("REDIS_URL")
+    url = _worker_url(given) if given else (redis_server.url if redis_server else None)
     if url is None:
         _no_redis("redis-server is not installed and REDIS_URL is not set")
     if redis_server is None:
