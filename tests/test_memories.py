@@ -303,3 +303,15 @@ def test_checks_accept_the_memory_defaults_and_an_embedder(settings) -> None:
         "MEMORY_RETENTION_DAYS": 30,
     }
     assert check_settings() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_access_counts_commit_without_waiting_for_the_log_flush_on_postgresql() -> None:
+    svc = memories_for("user:a")
+    ids = seed(svc)
+    with CaptureQueriesContext(connection) as queries:
+        found = svc.search("editor", strategy="keyword")
+    assert [m["id"] for m in found] == [ids["editor"]]
+    assert svc.get(ids["editor"])["access_count"] == 1  # committed, outside any test transaction
+    relaxed = [q["sql"] for q in queries.captured_queries if "synchronous_commit" in q["sql"]]
+    assert relaxed == (["SET LOCAL synchronous_commit TO OFF"] if connection.vendor == "postgresql" else [])
