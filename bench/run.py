@@ -106,7 +106,7 @@ def measure_store(args: argparse.Namespace, url: str) -> dict[str, Any]:
             args.duration, args.sessions, args.keys
         )
         with tempfile.TemporaryDirectory(prefix="pm-bench-journal-") as journal_dir:
-            results["memory_journal"], _ = memory_figures(
+            results["memory_journal"], results["memory_journal_mirror_catch_up"] = memory_figures(
                 args.duration, args.sessions, args.keys, journal_dir=journal_dir
             )
     return results
