@@ -50,6 +50,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",
+        "pytest-xdist",
         "schemathesis",
         "selenium",
         "hypothesis",
