@@ -224,6 +224,14 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "['persistent_memory.memories.extraction.rules.extract'], or [] for none.",
         "E012",
     ),
+    ("MEMORY_EXTRACTION_WORKER", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    ("MEMORY_EXTRACTION_QUEUE_SIZE", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
+    (
+        "MEMORY_EXTRACTOR_OPTIONS",
+        lambda v: isinstance(v, dict),
+        "Use a dict of the chat-completions extractor's keyword arguments.",
+        "E002",
+    ),
     (
         "MIRROR_MODE",
         lambda v: v is None or v in MIRROR_MODES,

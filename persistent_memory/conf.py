@@ -110,6 +110,10 @@ DEFAULTS: dict[str, Any] = {
     # an import string of a callable (list of texts) -> list of vectors for semantic
     # search (None: no semantic search; hybrid fuses keyword and recency); the memory
     # extractors (import strings of callables (messages) -> candidate memories); whether
+    # a worker thread in this process extracts from new messages as they are written
+    # (on when there are extractors), and how many writes' messages its queue holds
+    # before it drops them (memory_extract catches up); the chat-completions extractor's
+    # options (over SUMMARIZER_OPTIONS' model, base_url, api_key_env and timeout); whether
     # the enrich lane attaches the memories relevant to the question, within how many
     # tokens, found by which strategy.
     "MEMORY_MAX_CONTENT_CHARS": 4000,
@@ -117,6 +121,9 @@ DEFAULTS: dict[str, Any] = {
     "MEMORY_RETENTION_DAYS": None,
     "EMBEDDER": None,
     "MEMORY_EXTRACTORS": ["persistent_memory.memories.extraction.rules.extract"],
+    "MEMORY_EXTRACTION_WORKER": True,
+    "MEMORY_EXTRACTION_QUEUE_SIZE": 1000,
+    "MEMORY_EXTRACTOR_OPTIONS": {},
     "INJECT_MEMORIES": False,
     "MEMORY_MAX_TOKENS": 500,
     "MEMORY_SEARCH_STRATEGY": "hybrid",

@@ -118,6 +118,33 @@ def summarizer_health(store: MemoryStore) -> dict[str, Any]:
     }
 
 
+def extraction_health(store: MemoryStore) -> dict[str, Any]:
+    """This process's extraction worker (see
+    :mod:`persistent_memory.memories.extraction.worker`): whether it runs, what waits in
+    its queue, and its counts and last error since it started.
+
+    Its ``status`` stays "ok": writes never wait for extraction, and ``memory_extract``
+    catches up with what it dropped or failed."""
+    worker = store.extraction_worker
+    part: dict[str, Any] = {"status": OK, "enabled": worker.enabled}
+    if not worker.enabled:
+        return part
+    return {
+        **part,
+        "worker": "thread" if worker.running else "off",
+        "queued": worker.queued,
+        "queue_size": worker.queue_size,
+        "batches": worker.batches,
+        "messages": worker.messages,
+        "written": worker.written,
+        "dropped": worker.dropped,
+        "failures": worker.failures,
+        "last_error": worker.last_error,
+        "last_error_at": _moment(worker.last_error_at),
+        "last_success_at": _moment(worker.last_success_at),
+    }
+
+
 def health_report(store: MemoryStore) -> dict[str, Any]:
     """Every part's health, and ``status``: "ok" when every part is."""
     parts = {
@@ -125,6 +152,7 @@ def health_report(store: MemoryStore) -> dict[str, Any]:
         "database": database_health(),
         "mirror": mirror_health(store),
         "summarizer": summarizer_health(store),
+        "extraction": extraction_health(store),
     }
     status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
     return {"status": status, **parts}

@@ -119,6 +119,12 @@ class MemoryStore(ConversationMethods):
         self.mirror = Mirror(self, mirror_mode)
         #: What makes the conversations' rolling summaries (see persistent_memory.conversations.worker).
         self.summarizer_worker = SummarizerWorker(self)
+        # Imported here: the memories package needs the app registry, and this module is
+        # imported (with the app's package) before it is ready.
+        from persistent_memory.memories.extraction.worker import ExtractionWorker
+
+        #: What extracts memories from new messages (see persistent_memory.memories.extraction.worker).
+        self.extraction_worker = ExtractionWorker(self)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings = memory_settings) -> MemoryStore:
@@ -158,6 +164,9 @@ class MemoryStore(ConversationMethods):
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
             store.summarizer_worker.start()
+        store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
+        if store.extraction_worker.enabled:
+            store.extraction_worker.start()
         return store
 
     def _ttl(self, ttl_seconds: Any) -> float | None:
@@ -460,8 +469,9 @@ class MemoryStore(ConversationMethods):
         self.backend.ping()
 
     def close(self) -> None:
-        """Stop the summarizer's worker, flush and stop the mirror's, then release the
-        backend's connections."""
+        """Stop the extraction and summarizer workers, flush and stop the mirror's, then
+        release the backend's connections."""
+        self.extraction_worker.stop()
         self.summarizer_worker.stop()
         self.mirror.stop()
         self.backend.close()

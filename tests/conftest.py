@@ -22,9 +22,20 @@ import pytest
 import redis
 
 from persistent_memory import get_store
+from persistent_memory.conf import DEFAULTS, memory_settings
 from persistent_memory.store import MemoryStore
 
 BACKENDS = ["memory", "redis"]
+
+
+@pytest.fixture(autouse=True)
+def no_extraction_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extraction worker is off unless a test turns it on (MEMORY_EXTRACTION_WORKER
+    True): from its own thread and database connection it would write memories outside
+    the test's transaction, behind its back. Its default, not each test's dict: many tests
+    set PERSISTENT_MEMORY whole."""
+    monkeypatch.setitem(DEFAULTS, "MEMORY_EXTRACTION_WORKER", False)
+    memory_settings.reload()
 
 
 def _free_port() -> int:

@@ -281,6 +281,9 @@ def test_memory_sweep_deletes_expired_memories(settings) -> None:
         {"EMBEDDER": "no.such.embedder"},
         {"MEMORY_EXTRACTORS": ["no.such.extractor"]},
         {"MEMORY_EXTRACTORS": "persistent_memory.memories.extraction.rules.extract"},
+        {"MEMORY_EXTRACTION_WORKER": "yes"},
+        {"MEMORY_EXTRACTION_QUEUE_SIZE": 0},
+        {"MEMORY_EXTRACTOR_OPTIONS": ["model"]},
     ],
 )
 def test_checks_report_bad_memory_settings(settings, bad: dict) -> None:
@@ -301,6 +304,9 @@ def test_checks_accept_the_memory_defaults_and_an_embedder(settings) -> None:
         "MEMORY_SEARCH_STRATEGY": "semantic",
         "INJECT_MEMORIES": True,
         "MEMORY_RETENTION_DAYS": 30,
+        "MEMORY_EXTRACTION_WORKER": False,
+        "MEMORY_EXTRACTION_QUEUE_SIZE": 10,
+        "MEMORY_EXTRACTOR_OPTIONS": {"model": "m"},
     }
     assert check_settings() == []
 

@@ -235,12 +235,33 @@ class SummarizerHealth(serializers.Serializer):
     last_success_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
+class ExtractionHealth(serializers.Serializer):
+    status = serializers.CharField(help_text='"ok": writes never wait for extraction.')
+    enabled = serializers.BooleanField(
+        help_text="Whether this process extracts in the background (MEMORY_EXTRACTION_WORKER and extractors)."
+    )
+    worker = serializers.CharField(required=False, help_text='"thread" or "off" (stopped).')
+    queued = serializers.IntegerField(required=False, help_text="Writes whose messages wait in the queue.")
+    queue_size = serializers.IntegerField(required=False, help_text="MEMORY_EXTRACTION_QUEUE_SIZE.")
+    batches = serializers.IntegerField(required=False, help_text="Writes extracted from since it started.")
+    messages = serializers.IntegerField(required=False, help_text="Messages extracted from.")
+    written = serializers.IntegerField(required=False, help_text="Memories upserted.")
+    dropped = serializers.IntegerField(
+        required=False, help_text="Writes not queued (queue full): memory_extract catches up."
+    )
+    failures = serializers.IntegerField(required=False, help_text="Extractions that failed.")
+    last_error = serializers.CharField(required=False, allow_null=True)
+    last_error_at = serializers.DateTimeField(required=False, allow_null=True)
+    last_success_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
 class Health(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"], help_text="ok when every part is.")
     backend = BackendHealth(required=False, help_text="Staff only, as every part.")
     database = DatabaseHealth(required=False, help_text="The default database (users, tokens, the mirror).")
     mirror = MirrorHealth(required=False, help_text="The ORM mirror of the store.")
     summarizer = SummarizerHealth(required=False, help_text="The conversations' rolling summaries.")
+    extraction = ExtractionHealth(required=False, help_text="This process's memory extraction worker.")
 
 
 class Error(serializers.Serializer):

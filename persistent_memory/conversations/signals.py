@@ -6,11 +6,12 @@ here) and can never fail or undo the write. Receivers run in the thread that mad
 write (a request, the summarizer's worker), so keep them short and hand slow work on.
 
 ``messages_added``
-    ``sender``: the store's class. ``session_id`` and ``owner`` (the caller's id and its
-    namespace, ``""``: unowned), ``conversation``, ``messages`` (each with at least
-    ``id``, ``role`` and ``content``; ``add_messages`` sends them as stored) and
-    ``source``: ``"add_messages"``, ``"enrich"`` (the question the enrich lane recorded)
-    or ``"answer"`` (the answer the store lane recorded).
+    ``sender``: the store's class; ``store``: the store that wrote, scoped to the owner
+    (the memories' extraction worker takes its own store's writes only). ``session_id``
+    and ``owner`` (the caller's id and its namespace, ``""``: unowned), ``conversation``,
+    ``messages`` (each with at least ``id``, ``role`` and ``content``; ``add_messages``
+    sends them as stored) and ``source``: ``"add_messages"``, ``"enrich"`` (the question
+    the enrich lane recorded) or ``"answer"`` (the answer the store lane recorded).
 ``summary_updated``
     ``sender``: :func:`~persistent_memory.conversations.summarizing.summarize_conversation`.
     ``session_id``, ``owner``, ``conversation``, ``previous`` (the summary text before,

@@ -184,6 +184,7 @@ class ConversationMethods:
         send_safely(
             messages_added,
             type(self),
+            store=self,
             session_id=session_id,
             owner=self.owner,
             conversation=conversation,

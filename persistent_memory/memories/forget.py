@@ -2,14 +2,16 @@
 
 In order: the owner's sessions through the store (values, history, conversations and
 summaries go with them), what expired but was not swept yet, the owner's records that
-are no session's (idempotency records, run bindings), the mirror rows, the long-term
-memories, and on the memory backend the journal segments that held their writes (two
-checkpoints: the first drops the segments with the data once the mirror has caught up,
-the second the one with the deletes).
+are no session's (idempotency records, run bindings), the mirror rows, what this
+process's extraction worker holds of theirs, the long-term memories, and on the memory
+backend the journal segments that held their writes (two checkpoints: the first drops
+the segments with the data once the mirror has caught up, the second the one with the
+deletes).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from persistent_memory.exceptions import InvalidOwner
@@ -17,6 +19,8 @@ from persistent_memory.maintenance import sweep
 from persistent_memory.memories.service import memories_for
 from persistent_memory.owners import owner_namespace, storage_id, validate_owner
 from persistent_memory.store import MemoryStore, get_store
+
+logger = logging.getLogger(__name__)
 
 
 def _forgettable(owner: str) -> str:
@@ -59,6 +63,9 @@ def forget_owner(owner: str, *, store: MemoryStore | None = None) -> dict[str, A
     rows = MemorySession.objects.filter(owner=owner)
     mirror_rows = rows.count()
     rows.delete()  # values, history, conversations and messages cascade
+    # Nothing the extraction worker holds of theirs may write a memory after this.
+    if not store.extraction_worker.forget(owner):
+        logger.warning("persistent_memory: an extraction of %s's messages is still running", owner)
     memories = memories_for(owner).delete_all()
     journal = getattr(store.backend, "journal", None) is not None
     if journal and store.mirror.enabled:

@@ -17,7 +17,9 @@ class Command(MemoryCommand):
     help = (
         "Run the MEMORY_EXTRACTORS over the newest messages of every conversation and upsert "
         "what they find as memories (source 'extraction'; never changes a memory of another "
-        "source). With --watch, again every SECONDS until interrupted."
+        "source). With --watch, again every SECONDS until interrupted. Serving processes extract "
+        "in the background as messages are written; this catches up with what their in-memory "
+        "queue lost (a restart, a full queue)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -46,5 +48,5 @@ class Command(MemoryCommand):
         return (
             f"Read {counts['messages']} messages of {counts['sessions']} sessions: "
             f"{counts['candidates']} candidates, {counts['written']} memories upserted, "
-            f"{counts['refused']} refused."
+            f"{counts['refused']} refused, {counts['failed']} extractor failures."
         )

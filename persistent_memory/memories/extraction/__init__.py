@@ -2,12 +2,20 @@
 source "extraction". It only adds or updates: a memory under the same key from another
 source is left as it is (see :meth:`MemoryService.add`), and nothing is ever deleted.
 
-Runs off the hot path, from ``manage.py memory_extract [--watch SECONDS]``, which reads
-each session's recent messages through the store's conversation API.
+Runs off the hot path: in the serving process's background worker (see :mod:`.worker`),
+fed by the ``messages_added`` signal of appends and of the enrich and store lanes, and
+from ``manage.py memory_extract [--watch SECONDS]``, which reads each session's recent
+messages through the store's conversation API.
+
+An extractor is a callable ``(messages) -> list[Candidate]`` (messages in the chat
+format, each with ``id``, ``role`` and ``content``). One that raises is logged and
+counted in the report (:class:`~.candidates.ExtractionFailed`, raised by an extractor
+for a failure it understands, without a traceback); the other extractors still run.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +25,13 @@ from django.utils.module_loading import import_string
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
-from persistent_memory.memories.extraction.candidates import Candidate
+from persistent_memory.memories.extraction.candidates import Candidate, ExtractionFailed
 from persistent_memory.memories.service import memories_for
 from persistent_memory.store import MemoryStore
 
 Extractor = Callable[[list[dict[str, Any]]], list[Candidate]]
+
+logger = logging.getLogger(__name__)
 
 
 def extractors() -> list[Extractor]:
@@ -47,6 +57,14 @@ class ExtractionReport:
     candidates: int = 0
     written: int = 0
     refused: int = 0
+    #: Extractor calls that raised, and the last error (type and message).
+    failed: int = 0
+    last_error: str | None = None
+
+
+def _name(extractor: Extractor) -> str:
+    module = getattr(extractor, "__module__", None) or type(extractor).__module__
+    return f"{module}.{getattr(extractor, '__qualname__', type(extractor).__qualname__)}"
 
 
 def extract_messages(
@@ -58,8 +76,22 @@ def extract_messages(
     service = memories_for(owner)
     written = []
     for extractor in extractors():
-        for candidate in extractor(messages):
+        name = _name(extractor)
+        try:
+            candidates = list(extractor(messages))
+        except ExtractionFailed as exc:  # a failure the extractor understood: no traceback
+            report.failed, report.last_error = report.failed + 1, f"{name}: {exc}"
+            logger.warning("persistent_memory: extractor %s failed: %s", name, exc)
+            continue
+        except Exception as exc:  # an extractor's bug must not stop the others
+            report.failed, report.last_error = report.failed + 1, f"{name}: {type(exc).__name__}: {exc}"
+            logger.exception("persistent_memory: extractor %s raised", name)
+            continue
+        for candidate in candidates:
             report.candidates += 1
+            if not isinstance(candidate, Candidate):
+                report.refused += 1
+                continue
             try:
                 memory = service.add(
                     candidate.content,

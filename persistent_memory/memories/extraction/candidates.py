@@ -1,4 +1,4 @@
-"""What an extractor proposes: a memory to upsert."""
+"""What an extractor proposes (a memory to upsert), and how it says it could not."""
 
 from __future__ import annotations
 
@@ -13,3 +13,8 @@ class Candidate:
     type: str
     content: str
     source_messages: list[str] = field(default_factory=list)
+
+
+class ExtractionFailed(Exception):
+    """An extractor could not extract (its endpoint failed, timed out...): logged without a
+    traceback and counted, and the messages are left for ``memory_extract`` to try again."""

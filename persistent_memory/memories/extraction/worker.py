@@ -1,0 +1,301 @@
+"""Extraction in the background: a worker thread in the serving process.
+
+Every store has an :class:`ExtractionWorker` (``store.extraction_worker``). When
+``MEMORY_EXTRACTION_WORKER`` is on and ``MEMORY_EXTRACTORS`` is not empty,
+``MemoryStore.from_settings`` starts it, as it starts the summarizer's worker and the
+mirror's write-behind worker: it connects to the ``messages_added`` signal, which
+``add_messages`` and the enrich and store lanes send after their write, and puts the
+new user and assistant messages of the store's writes on a bounded in-process queue.
+That put is all a write pays: the receiver never blocks, and when the queue is full
+the batch is dropped with a logged warning (``memory_extract`` catches up). The thread
+takes what is queued, groups it by owner and runs the extractors over each owner's
+messages (:func:`~persistent_memory.memories.extraction.extract_messages`); an extractor
+or a database that fails is logged and counted, and the thread goes on. It stops at
+``store.close()``. Forgetting an owner (:func:`~persistent_memory.memories.forget.forget_owner`)
+first tells the worker to skip what that owner wrote and waits for an extraction of
+theirs in progress, and a batch whose session no longer exists is skipped, so nothing
+queued brings a forgotten owner's memories back.
+
+The queue lives in the process's memory: what is queued (at most
+``MEMORY_EXTRACTION_QUEUE_SIZE`` batches, a batch being the messages of one write) when
+the process stops or crashes is not extracted. ``manage.py memory_extract`` runs the
+extractors over the newest messages of every live session again; extraction upserts by
+key and leaves a memory that is already as found untouched, so running it after a
+restart (or on a schedule) recovers what was lost and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import close_old_connections, connections
+
+from persistent_memory.conversations.signals import messages_added
+from persistent_memory.exceptions import SessionExpired, SessionNotFound
+
+if TYPE_CHECKING:
+    from persistent_memory.conf import MemorySettings
+    from persistent_memory.store import MemoryStore
+
+logger = logging.getLogger(__name__)
+
+#: Batches (the messages of one write) the queue holds by default.
+QUEUE_SIZE = 1000
+#: The most batches the thread takes at once (grouped by owner before extraction).
+TAKE = 100
+#: The roles whose messages are extracted from.
+ROLES = ("user", "assistant")
+#: The longest error text kept for ``health/``.
+ERROR_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The new messages of one write, as the ``messages_added`` signal reported them."""
+
+    owner: str
+    session_id: str
+    conversation: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    #: Its place in the order of writes queued (see :meth:`ExtractionWorker.forget`).
+    seq: int = 0
+
+
+class ExtractionWorker:
+    """Extracts memories from one store's new messages (see the module's docstring)."""
+
+    def __init__(self, store: MemoryStore, *, queue_size: int = QUEUE_SIZE, enabled: bool = False) -> None:
+        self.store = store
+        #: Whether ``from_settings`` starts it (``MEMORY_EXTRACTION_WORKER`` and extractors configured).
+        self.enabled = enabled
+        self.queue_size = queue_size
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0  # batches queued or being extracted
+        self._seq = 0  # the last batch queued
+        self._forgotten: dict[str, int] = {}  # owner -> the last batch of theirs not to extract
+        self._working: str | None = None  # the owner whose messages are being extracted
+        self._dropping = False  # in a run of drops (a warning is logged at its start)
+        #: Counts since the worker was built (for ``health/``): batches and messages extracted
+        #: from, memories upserted, batches dropped (queue full), failed extractions.
+        self.batches = 0
+        self.messages = 0
+        self.written = 0
+        self.dropped = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.last_success_at: float | None = None
+
+    @classmethod
+    def from_settings(cls, store: MemoryStore, conf: MemorySettings) -> ExtractionWorker:
+        enabled = bool(conf.MEMORY_EXTRACTION_WORKER) and bool(conf.MEMORY_EXTRACTORS)
+        return cls(store, queue_size=conf.MEMORY_EXTRACTION_QUEUE_SIZE, enabled=enabled)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def queued(self) -> int:
+        """Batches waiting in the queue."""
+        return self._queue.qsize()
+
+    # The receiver (the writer's thread) ------------------------------------------
+
+    def _on_messages_added(
+        self,
+        sender: Any,
+        *,
+        store: Any = None,
+        owner: str = "",
+        session_id: str = "",
+        conversation: str = "",
+        messages: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Queue the new user and assistant messages of this worker's store; never block."""
+        if getattr(store, "extraction_worker", None) is not self or self._stop.is_set():
+            return  # another store's write (each worker extracts what its own store writes)
+        kept = [
+            {"id": message.get("id"), "role": message["role"], "content": message.get("content")}
+            for message in messages or ()
+            if isinstance(message, dict) and message.get("role") in ROLES
+        ]
+        if not kept:
+            return
+        with self._lock:
+            try:
+                self._queue.put_nowait(Batch(owner, session_id, conversation, kept, self._seq + 1))
+            except queue.Full:
+                self.dropped += 1
+                warn, self._dropping = not self._dropping, True
+            else:
+                self._seq += 1
+                self._dropping = False
+                self._pending += 1
+                return
+        if warn:  # one warning per run of drops, not one per write
+            logger.warning(
+                "persistent_memory: the extraction queue is full (%d batches); new messages are not "
+                "extracted in the background until it drains (run `manage.py memory_extract` to "
+                "catch up)",
+                self.queue_size,
+            )
+
+    # The thread ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect to ``messages_added`` and start the thread (idempotent)."""
+        if self._thread is None:
+            self._stop.clear()
+            messages_added.connect(self._on_messages_added, weak=False, dispatch_uid=self._uid)
+            thread = threading.Thread(target=self._run, name="persistent-memory-extraction", daemon=True)
+            self._thread = thread
+            thread.start()
+
+    @property
+    def _uid(self) -> str:
+        return f"persistent_memory.extraction.{id(self)}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Disconnect and stop the thread after the batch in progress; what is still queued
+        is not extracted (``memory_extract`` catches up)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        messages_added.disconnect(dispatch_uid=self._uid)
+        with contextlib.suppress(queue.Full):  # full: it wakes on its own, polling the stop flag
+            self._queue.put_nowait(None)  # wake the thread
+        thread.join(timeout=timeout)
+        left = self._discard()
+        if left:
+            logger.info(
+                "persistent_memory: extraction worker stopped with %d batches not extracted "
+                "(`manage.py memory_extract` catches up)",
+                left,
+            )
+
+    def _discard(self) -> int:
+        """Empty the queue; how many batches it held."""
+        left = 0
+        with self._idle:
+            while True:
+                try:
+                    batch = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if batch is not None:
+                    left += 1
+            self._pending = 0
+            self._idle.notify_all()
+        return left
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until everything queued has been extracted; whether it was within ``timeout``."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    first = self._queue.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                batches = [first]
+                while len(batches) < TAKE:
+                    try:
+                        batches.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                taken = [batch for batch in batches if batch is not None]
+                try:
+                    if taken and not self._stop.is_set():
+                        self.extract(taken)
+                except Exception as exc:  # the thread must survive anything: memory_extract catches up
+                    logger.exception("persistent_memory: extraction worker failed; it goes on")
+                    self._failed(f"{type(exc).__name__}: {exc}")
+                finally:
+                    with self._idle:
+                        self._pending = max(0, self._pending - len(taken))
+                        self._idle.notify_all()
+        finally:
+            connections.close_all()  # this thread's
+
+    def forget(self, owner: str, timeout: float = 30.0) -> bool:
+        """Extract nothing more of what ``owner`` wrote until now (queued batches are skipped)
+        and wait for an extraction of theirs in progress to end: called before their memories
+        are deleted, so that none comes back. Whether it ended within ``timeout``."""
+        with self._idle:
+            self._forgotten[owner] = self._seq
+            return self._idle.wait_for(lambda: self._working != owner, timeout=timeout)
+
+    def extract(self, batches: list[Batch]) -> None:
+        """Run the extractors over ``batches``, one call per owner; failures logged and counted.
+
+        Batches of an owner forgotten since, or of a session deleted since (by
+        ``memory_forget`` in another process, say), are skipped."""
+        from persistent_memory.memories.extraction import ExtractionReport, extract_messages
+
+        by_owner: dict[str, list[Batch]] = {}
+        for batch in batches:
+            by_owner.setdefault(batch.owner, []).append(batch)
+        sessions: dict[tuple[str, str], bool] = {}
+        for owner, owned in by_owner.items():
+            live = []
+            for batch in owned:
+                place = (owner, batch.session_id)
+                if place not in sessions:
+                    sessions[place] = self._session_live(batch)
+                if sessions[place]:
+                    live.append(batch)
+            with self._idle:
+                cutoff = self._forgotten.get(owner, 0)
+                messages = [message for batch in live if batch.seq > cutoff for message in batch.messages]
+                if not messages:
+                    continue
+                self._working = owner
+            report = ExtractionReport()
+            try:
+                close_old_connections()  # one the database dropped, as a request would
+                extract_messages(owner, messages, report=report)
+            except Exception as exc:  # the worker must survive anything: memory_extract catches up
+                logger.exception("persistent_memory: extraction of %d messages failed", len(messages))
+                self._failed(f"{type(exc).__name__}: {exc}")
+            else:
+                if report.failed:
+                    self._failed(report.last_error or "an extractor failed")
+                else:
+                    self.last_success_at = time.time()
+            finally:
+                with self._idle:
+                    self._working = None
+                    self._idle.notify_all()
+            self.messages += len(messages)
+            self.written += report.written
+        self.batches += len(batches)
+
+    def _session_live(self, batch: Batch) -> bool:
+        """Whether the batch's session still exists (a backend that does not answer: assumed so)."""
+        try:
+            self.store.for_owner(batch.owner).session_info(batch.session_id)
+        except (SessionNotFound, SessionExpired):
+            return False
+        except Exception:  # the backend cannot tell: the messages were written, extract them
+            return True
+        return True
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error, self.last_error_at = error[:ERROR_LIMIT], time.time()
