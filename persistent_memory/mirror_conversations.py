@@ -101,9 +101,9 @@ class _Parsed:
 
     @property
     def summary(self) -> str:
-        """The summary as its row holds it (JSON text; empty: none)."""
-        summary = self.snapshot.get("summary")
-        return json.dumps(summary) if summary else ""
+        """The summaries as its row holds them (JSON text of the list; empty: none)."""
+        summaries = self.snapshot.get("summaries")
+        return json.dumps(summaries) if summaries else ""
 
     @property
     def state(self) -> tuple[int, str, str, int, str]:
@@ -288,7 +288,7 @@ def snapshot_conversations(session: Any) -> dict[str, ConversationSnapshot]:
             "seq": conversation.seq,
             "trimmed": conversation.trimmed,
             "messages": [message.stored for message in conversation.messages.all()],
-            "summary": json.loads(conversation.summary) if conversation.summary else None,
+            "summaries": json.loads(conversation.summary) if conversation.summary else [],
         }
         for conversation in session.conversations.all()
     }
