@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.mirror_conversations import row_summaries
 from persistent_memory.models import MemoryConversation, MemoryMessage
 
 #: Messages of a thread shown on the session page; the conversation's page shows all.
@@ -187,7 +188,7 @@ def build(
         for row in ends
     ]
     # Of the summaries, the one a window of this thread uses (the others summarize other branches).
-    summaries = json.loads(conversation.summary) if conversation.summary else []
+    summaries = row_summaries(conversation.summary)
     positions = {row.message_id: position for position, row in enumerate(path)}
     on_thread = [summary for summary in summaries if summary["anchor"] in positions]
     summary = max(on_thread, key=lambda summary: positions[summary["anchor"]], default=None)

@@ -11,6 +11,7 @@ from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.conversations.summaries import summary_tokens
 from persistent_memory.maintenance import export_sessions, import_sessions
+from persistent_memory.models import MemoryConversation
 from persistent_memory.store import MemoryStore, reset_store
 
 TEXT = "The user asked about Paris \x00 twice; the answers were short."
@@ -99,6 +100,21 @@ def test_an_import_refuses_summaries_anchored_nowhere_or_twice(configure, tmp_pa
     assert store.list_sessions() == []
 
 
+def test_an_export_of_one_summary_as_it_was_written_before_branches_had_their_own(configure, tmp_path):
+    store = configure()
+    first, _ = summarized_chat(store)
+    [record] = list(export_sessions(store=store))
+    conversation = record["conversations"]["default"]
+    conversation["summary"] = conversation.pop("summaries")[0]
+    path = tmp_path / "export.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    store.delete_session("chat")
+    with path.open() as lines:
+        assert import_sessions(lines, store=store).imported == 1
+    [again] = list(export_sessions(store=store))
+    assert again["conversations"]["default"]["summaries"] == [first._asdict()]
+
+
 def test_a_snapshot_restored_on_the_other_backend_keeps_the_summaries(store, redis_url, settings):
     summarized_chat(store)
     before = rolling(store)
@@ -126,5 +142,20 @@ def test_the_memory_backend_gets_summaries_and_idle_ttls_back_from_the_mirror(se
     try:
         assert rolling(fresh) == before
         assert fresh.session_info("chat")["idle_ttl_seconds"] == 600
+    finally:
+        fresh.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mirror_row_of_one_summary_as_it_was_written_before_branches_had_their_own(settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
+    store = get_store()
+    first, _ = summarized_chat(store)
+    reset_store()
+    MemoryConversation.objects.update(summary=json.dumps(first._asdict()))
+    fresh = MemoryStore.from_settings()
+    try:
+        windows = rolling(fresh)
+        assert windows["u2"]["summary"] == TEXT and windows["u2b"]["summary"] is None
     finally:
         fresh.close()

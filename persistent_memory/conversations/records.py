@@ -162,7 +162,9 @@ def _conversation(conversation: Any, *, max_message_bytes: int, max_depth: int) 
         decoded[stored["id"]], texts[stored["id"]] = stored, text
     _check_tree(decoded, head, seq)
     ordered = sorted(decoded, key=lambda message_id: decoded[message_id]["seq"])
-    summaries = conversation.get("summaries", [])
+    # Records written before summaries were kept per branch hold one, as "summary".
+    legacy = conversation.get("summary")
+    summaries = conversation.get("summaries", [] if legacy is None else [legacy])
     if not isinstance(summaries, list):
         raise InvalidMessage("summaries must be a list of summaries.")
     checked = [_summary(summary, decoded) for summary in summaries]
