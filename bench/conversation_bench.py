@@ -27,11 +27,11 @@ RECORDING_OFF = "recording off"
 TURN = "The user asked about the weather in Paris and wanted a short answer with the temperature. " * 5
 
 
-def _chat(store: MemoryStore, session_id: str, messages: int) -> None:
-    """A conversation of ``messages`` alternating user and assistant turns, in batches."""
+def chat(store: MemoryStore, session_id: str, messages: int, text: str = TURN) -> None:
+    """A conversation of ``messages`` alternating user and assistant turns of ``text``, in batches."""
     batch: list[dict[str, Any]] = []
     for n in range(messages):
-        batch.append({"role": "user" if n % 2 == 0 else "assistant", "content": f"{n}: {TURN}"})
+        batch.append({"role": "user" if n % 2 == 0 else "assistant", "content": f"{n}: {text}"})
         if len(batch) == 100:
             store.add_messages(session_id, batch)
             batch = []
@@ -41,7 +41,7 @@ def _chat(store: MemoryStore, session_id: str, messages: int) -> None:
 
 def _summarize_half(store: MemoryStore, session_id: str) -> None:
     """40 messages, the first 20 covered by a summary of about 500 characters."""
-    _chat(store, session_id, 40)
+    chat(store, session_id, 40)
     thread = store.get_messages(session_id)["messages"]
     anchor = thread[19]
     text = "Earlier: " + TURN
@@ -56,10 +56,10 @@ def conversation_operations(store: MemoryStore, sessions: int) -> dict[str, Call
     appended = itertools.cycle([f"bench-chat-append-{i}" for i in range(sessions)]).__next__
     windows = [f"bench-chat-window-{i}" for i in range(sessions)]
     for session_id in windows:
-        _chat(store, session_id, 20)
+        chat(store, session_id, 20)
     window = itertools.cycle(windows).__next__
-    _chat(store, "bench-chat-short", SIZES["short"])
-    _chat(store, "bench-chat-long", SIZES["long"])
+    chat(store, "bench-chat-short", SIZES["short"])
+    chat(store, "bench-chat-long", SIZES["long"])
     summarized = [f"bench-chat-summarized-{i}" for i in range(sessions)]
     for session_id in summarized:
         _summarize_half(store, session_id)

@@ -1,6 +1,7 @@
 """The benchmark of the store and the REST API against their floors.
 
     python bench/run.py [--duration 2] [--sessions 100] [--keys 10 50] [--backend both]
+                        [--summarizer-conversations 1000] [--summarizer-messages 300]
                         [--api-duration 3] [--rounds 3] [--no-api] [--output PATH]
 
 Starts a redis-server of its own on a free loopback port (or uses REDIS_URL, which
@@ -9,7 +10,10 @@ the API's token, then measures in one run, so the figures compare as ratios:
 
 1. the floor: redis-py on one connection, PING and EVALSHA of ``return 1``;
 2. the store on Redis and on memory (its default, immediate mirror), single-threaded;
-3. the API under gunicorn with 2 workers, driven by bench/load.py in another process,
+3. the summarizer worker draining marked conversations with the extractive summarizer,
+   on Redis and on memory, against that summarizer alone on the same messages
+   (bench/summarizer_bench.py);
+4. the API under gunicorn with 2 workers, driven by bench/load.py in another process,
    against a no-op DRF view with the same authentication.
 
 Prints markdown tables and the targets met or missed, and writes every figure as
@@ -50,6 +54,7 @@ from conversation_bench import (  # noqa: E402
 )
 from local_redis import redis_url  # noqa: E402
 from store_bench import ENRICH, EVALSHA, STORE  # noqa: E402
+from summarizer_bench import CONVERSATIONS, MESSAGES  # noqa: E402
 
 
 def setup_django(folder: str) -> None:
@@ -109,6 +114,19 @@ def measure_store(args: argparse.Namespace, url: str) -> dict[str, Any]:
             results["memory_journal"], results["memory_journal_mirror_catch_up"] = memory_figures(
                 args.duration, args.sessions, args.keys, journal_dir=journal_dir
             )
+    return results
+
+
+def measure_summarizer(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """The summarizer worker and its floor on each backend asked for."""
+    from summarizer_bench import summarizer_figures
+
+    size = {"conversations": args.summarizer_conversations, "messages": args.summarizer_messages}
+    results: dict[str, Any] = dict(size)
+    for backend in ("redis", "memory"):
+        if args.backend in ("both", backend):
+            results[backend] = summarizer_figures(backend, url, size["conversations"], size["messages"])
+            redis.Redis.from_url(url).flushdb()
     return results
 
 
@@ -185,6 +203,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{idle / on:.0%}",
                 idle >= 0.9 * on,
             )
+    for backend in ("redis", "memory"):
+        if backend in results.get("summarizer", {}):
+            worker = results["summarizer"][backend]["worker"]
+            target = f"{backend.title()} summarizer worker vs the extractive summarizer alone (reported)"
+            check(target, f"{worker['ratio_to_floor']:.0%}", True)
     if "api" in results:
         for name in ("enrich", "store"):
             ratio = _lane(results["api"], name)["ratio_to_floor"]
@@ -220,6 +243,30 @@ def report(results: dict[str, Any]) -> str:
             f"Memory backend: the mirror showed every session's last write {catch_up['seconds']} s after "
             f"the run; its rows then equal the store: {catch_up['rows_equal_store']}."
         )
+    if "summarizer" in results:
+        summarizer = results["summarizer"]
+        rows = []
+        for backend in ("redis", "memory"):
+            if backend not in summarizer:
+                continue
+            figures = summarizer[backend]
+            for label, f, ratio, trips in (
+                ("the extractive summarizer alone (floor)", figures["floor"], "100%", ""),
+                (
+                    "SummarizerWorker.run_once()",
+                    figures["worker"],
+                    f"{figures['worker']['ratio_to_floor']:.0%}",
+                    figures["worker"]["round_trips_per_conversation"],
+                ),
+            ):
+                rates = [f"{f['conversations_per_s']:,.1f}", f"{f['messages_folded_per_s']:,.0f}"]
+                rows.append([f"{backend}: {label}", *rates, ratio, f["seconds"], trips])
+        title = (
+            f"Summarizing ({summarizer['conversations']:,} conversations of "
+            f"{summarizer['messages']:,} messages)"
+        )
+        headers = [title, "conversations/s", "messages folded/s", "of floor", "seconds", "round trips/conv."]
+        parts.append(markdown(headers, rows))
     if "api" in results:
         parts.append(
             markdown(
@@ -281,6 +328,16 @@ def main() -> None:
     parser.add_argument(
         "--long-conversation", type=int, default=10_000, help="messages of the long conversation's window"
     )
+    parser.add_argument(
+        "--summarizer-conversations",
+        type=int,
+        default=CONVERSATIONS,
+        help="marked conversations the summarizer worker drains",
+    )
+    parser.add_argument(
+        "--summarizer-messages", type=int, default=MESSAGES, help="messages of each of those conversations"
+    )
+    parser.add_argument("--no-summarizer", action="store_true", help="leave the summarizer section out")
     parser.add_argument("--api-duration", type=float, default=3.0, help="seconds per API run")
     parser.add_argument("--rounds", type=int, default=3, help="API runs per endpoint (the best counts)")
     parser.add_argument("--max-requests", type=int, default=100_000, help="request budget per API run")
@@ -306,6 +363,8 @@ def main() -> None:
             "options": {k: v for k, v in vars(args).items() if k != "output"},
         }
         results.update(measure_store(args, url))
+        if not args.no_summarizer:
+            results["summarizer"] = measure_summarizer(args, url)
         if not args.no_api:
             from api_bench import api_figures
 

@@ -101,9 +101,9 @@ class _Parsed:
 
     @property
     def summary(self) -> str:
-        """The summary as its row holds it (JSON text; empty: none)."""
-        summary = self.snapshot.get("summary")
-        return json.dumps(summary) if summary else ""
+        """The summaries as its row holds them (JSON text of the list; empty: none)."""
+        summaries = self.snapshot.get("summaries")
+        return json.dumps(summaries) if summaries else ""
 
     @property
     def state(self) -> tuple[int, str, str, int, str]:
@@ -280,6 +280,12 @@ def with_conversations(sessions: QuerySet) -> QuerySet:
     return sessions.prefetch_related(Prefetch("conversations__messages", queryset=messages))
 
 
+def row_summaries(text: str) -> list[dict[str, Any]]:
+    """A row's summaries (a row written before they were kept per branch holds one)."""
+    summaries = json.loads(text) if text else []
+    return [summaries] if isinstance(summaries, dict) else summaries
+
+
 def snapshot_conversations(session: Any) -> dict[str, ConversationSnapshot]:
     """A mirrored session's conversations as its snapshot holds them (texts as stored)."""
     return {
@@ -288,7 +294,7 @@ def snapshot_conversations(session: Any) -> dict[str, ConversationSnapshot]:
             "seq": conversation.seq,
             "trimmed": conversation.trimmed,
             "messages": [message.stored for message in conversation.messages.all()],
-            "summary": json.loads(conversation.summary) if conversation.summary else None,
+            "summaries": row_summaries(conversation.summary),
         }
         for conversation in session.conversations.all()
     }

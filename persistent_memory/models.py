@@ -161,8 +161,9 @@ class MemoryConversation(models.Model):
     tokens = models.BigIntegerField(default=0, help_text="Tokens of all its messages, every branch.")
     branch_count = models.PositiveIntegerField(default=0, help_text="Messages no other one answers.")
     trimmed = models.BigIntegerField(default=0, help_text="Messages removed beyond MAX_MESSAGES.")
-    #: The rolling summary as JSON text (``Summary._asdict()``; ASCII, so U+0000 fits
-    #: PostgreSQL), exactly as the store holds it; empty: none.
+    #: The rolling summaries as JSON text (a list of ``Summary._asdict()``, one per branch
+    #: that has one, by anchor_seq; ASCII, so U+0000 fits PostgreSQL), exactly as the
+    #: store holds them; empty: none.
     summary = models.TextField(blank=True, default="", editable=False)
     #: Of the mirrored messages' texts, in any order: a sync that finds the same digest
     #: over the snapshot's older messages writes only the newer ones.

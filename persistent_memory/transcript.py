@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.mirror_conversations import row_summaries
 from persistent_memory.models import MemoryConversation, MemoryMessage
 
 #: Messages of a thread shown on the session page; the conversation's page shows all.
@@ -78,8 +79,9 @@ class Transcript:
     hidden: int = 0
     #: Messages before the first shown were trimmed from the store.
     trimmed_before: bool = False
-    #: The rolling summary (Summary._asdict()), when it covers this thread, and the ids of
-    #: the shown messages it covers (the thread up to its anchor).
+    #: The rolling summary of this thread (Summary._asdict(): of the conversation's, the one
+    #: whose anchor is deepest on it), and the ids of the shown messages it covers (the
+    #: thread up to its anchor).
     summary: dict[str, Any] | None = None
     covered: set[str] = field(default_factory=set)
 
@@ -185,15 +187,14 @@ def build(
         )
         for row in ends
     ]
-    summary = json.loads(conversation.summary) if conversation.summary else None
+    # Of the summaries, the one a window of this thread uses (the others summarize other branches).
+    summaries = row_summaries(conversation.summary)
+    positions = {row.message_id: position for position, row in enumerate(path)}
+    on_thread = [summary for summary in summaries if summary["anchor"] in positions]
+    summary = max(on_thread, key=lambda summary: positions[summary["anchor"]], default=None)
     covered: set[str] = set()
-    if summary is not None and summary["anchor"] in on_path:
-        for row in path:
-            covered.add(row.message_id)
-            if row.message_id == summary["anchor"]:
-                break
-    else:
-        summary = None  # it summarizes another thread
+    if summary is not None:
+        covered = {row.message_id for row in path[: positions[summary["anchor"]] + 1]}
     return Transcript(
         conversation,
         end,

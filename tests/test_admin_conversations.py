@@ -233,6 +233,29 @@ def test_the_transcript_shows_the_summary_and_what_it_covers(admin_client, store
     assert "rolling summary" in conversation  # a2 answers t1 too: the summary covers its thread
 
 
+def test_each_thread_shows_the_summary_of_its_own_branch(admin_client, store):
+    from persistent_memory.backends.conversations import Summary
+
+    chat(store, "s1")
+    first = "The user asked the weather in Paris."
+    assert store.backend.commit_summary("s1", "default", None, Summary(first, "t1", 4, 12, 30))
+    other = store.add_messages(
+        "s1",
+        [
+            {"id": "a1x", "role": "assistant", "content": "Sunny."},
+            {"id": "u2x", "role": "user", "content": "Lyon?"},
+        ],
+        parent_id="u1",
+    )["messages"]
+    second = "Paris is sunny."
+    assert store.backend.commit_summary("s1", "default", None, Summary(second, "a1x", other[0]["seq"], 8, 0))
+    page(admin_client, SESSIONS)  # the changelist syncs the mirror
+    for leaf, shown, hidden, covered in (("a2b", first, second, 4), ("u2x", second, first, 3)):
+        html = unescape(page(admin_client, f"{CONVERSATIONS}{conversation_pk()}/change/?leaf={leaf}"))
+        assert shown in html and hidden not in html, leaf
+        assert html.count(">summarized</span>") == covered, leaf
+
+
 def test_an_action_summarizes_the_conversations_of_sessions_now(admin_client, db, configure):
     store = configure(MIRROR_MODE="deferred", CONTEXT_STRATEGY="rolling_summary", SUMMARIZE_AFTER_TOKENS=40)
     store.summarizer_worker.stop()  # the action does the work here, not the background thread

@@ -28,6 +28,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     }
     command = [sys.executable, str(BENCH), "--duration", "0.3", "--sessions", "5", "--keys", "10", "50"]
     command += ["--long-conversation", "500"]
+    command += ["--summarizer-conversations", "3", "--summarizer-messages", "120"]
     command += ["--api-duration", "0.5", "--rounds", "1", "--max-requests", "300", "--output", str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -71,11 +72,26 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
 
     assert [check["target"] for check in results["targets"]][0] == "Redis: 1 round trip per operation"
     assert results["targets"][0]["met"] is True
-    assert len(results["targets"]) == 24
+    assert len(results["targets"]) == 26
     assert results["conversation_sizes"] == {"short": 100, "long": 500}
     assert [t["target"] for t in results["targets"]].count(
         "Memory with the journal store lane (recording off): >= 50,000 ops/s"
     ) == 1
+
+    # The summarizer worker drained every marked conversation, folding what the floor summarized.
+    summarizer = results["summarizer"]
+    assert (summarizer["conversations"], summarizer["messages"]) == (3, 120)
+    assert "| Summarizing (3 conversations of 120 messages) |" in done.stdout
+    for backend in ("redis", "memory"):
+        figures = summarizer[backend]
+        worker = figures["worker"]
+        assert figures["marked"] == worker["taken"] == worker["summarized"] == 3, backend
+        assert worker["failed"] == worker["skipped"] == 0 and worker["folded_what_the_floor_summarized"]
+        assert 0 < figures["messages_folded"] < 3 * 120  # the pending zone of each stays
+        assert figures["floor"]["conversations_per_s"] > 0 and worker["conversations_per_s"] > 0
+    # Per conversation: its read and its commit, and the health record; the batch's pop.
+    assert 3 <= summarizer["redis"]["worker"]["round_trips_per_conversation"] <= 5
+    assert summarizer["memory"]["worker"]["round_trips_per_conversation"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from persistent_memory.backends.conversations import Summary
+from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conversations.extractive import ExtractiveSummarizer, first_sentence
 from persistent_memory.conversations.signals import messages_added, summary_updated
 from persistent_memory.conversations.summaries import ELLIPSIS, summary_tokens
@@ -27,6 +29,7 @@ from persistent_memory.conversations.summarizing import (
 from persistent_memory.exceptions import ContextOverflow
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
+from tests.conftest import CountingConnection
 
 TOKENIZER = "o200k_base"
 
@@ -597,11 +600,6 @@ def test_covered_tokens_stay_exact_when_a_trim_comes_between_read_and_commit(rol
     assert committed.covered_tokens == covered_tokens_now(store, committed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="commit_summary replaces a summary of another branch: what that summary covered and "
-    "trims removed on its branch is then covered by nothing (reported to the lead)",
-)
 def test_a_summary_of_another_branch_is_not_replaced_at_the_cost_of_what_it_covered(rolling):
     store = rolling(MAX_MESSAGES=6)
     store.add_messages("s", [user("Q0. Start.", id="q0"), assistant("A0. Branch A.", id="a0")])
@@ -623,3 +621,68 @@ def test_a_summary_of_another_branch_is_not_replaced_at_the_cost_of_what_it_cove
     context = store.get_context("s", max_tokens=10**6, max_messages=10**6)
     assert context["summary"] == "Branch B so far."
     assert not context["truncated"]
+
+
+# Summaries on several branches, and their Redis key ---------------------------------------------------
+
+
+def two_branch_summaries(store: MemoryStore) -> tuple[str, str]:
+    """A conversation with a summary on each of two branches (the head on the second);
+    the branches' last messages."""
+    store.add_messages("s", [user("Q0. Start.", id="q0"), assistant("A0. Branch A.", id="a0")])
+    tip_a = chat(store, 4, start=1)[-1]["id"]
+    assert summarize_conversation(store, "s", "default", Recorder("Branch A."), options(min_tokens=0))
+    store.add_messages("s", [assistant("A0b. Branch B.", id="a0b")], parent_id="q0")
+    tip_b = chat(store, 4, start=10)[-1]["id"]
+    assert summarize_conversation(store, "s", "default", Recorder("Branch B."), options(min_tokens=0))
+    return tip_a, tip_b
+
+
+def test_each_branch_keeps_its_summary_and_a_commit_replaces_only_the_one_it_continues(rolling):
+    store = rolling()
+    tip_a, tip_b = two_branch_summaries(store)
+    store.set_head("s", "a0")
+    assert store.get_context("s")["summary"] is None  # q0 and a0: nothing of this thread is summarized
+    store.set_head("s", tip_a)
+    assert store.get_context("s")["summary"] == "Branch A."
+    chat(store, 4, start=20)  # on with branch A, then its summary continued
+    assert summarize_conversation(store, "s", "default", Recorder("Branch A, later."), options(min_tokens=0))
+    summaries = store.backend.snapshots(["s"])["s"]["conversations"]["default"]["summaries"]
+    assert [summary["text"] for summary in summaries] == ["Branch B.", "Branch A, later."]
+    store.set_head("s", tip_b)
+    assert store.get_context("s")["summary"] == "Branch B."
+
+
+def test_on_redis_summaries_are_one_round_trip_each_and_expire_with_their_session(counting_client):
+    store = MemoryStore(
+        RedisBackend(client=counting_client, max_history=100, auto_summarize=True, summarize_after_tokens=60)
+    )
+    store.create_session("s", ttl_seconds=60, idle_ttl_seconds=30)
+    two_branch_summaries(store)
+    assert counting_client.hlen("rr:memory:s:~c:default:y") == 2
+    source = store.backend.summary_source("s", "default")
+    operations = {
+        "summary_source": lambda: store.backend.summary_source("s", "default"),
+        "commit_summary (refused)": lambda: store.backend.commit_summary(
+            "s", "default", None, source.summary
+        ),
+        "get_context (rolling)": lambda: store.get_context("s", strategy="rolling_summary"),
+        "set_head (to the other branch)": lambda: store.set_head("s", "a0"),
+        "add_messages (from there)": lambda: store.add_messages("s", [user("Again?")]),
+    }
+    trips = {}
+    for name, call in operations.items():
+        CountingConnection.sends = 0
+        call()
+        trips[name] = CountingConnection.sends
+    assert trips == dict.fromkeys(operations, 1)
+
+    def ttls() -> list[int]:
+        return [counting_client.pttl(key) for key in counting_client.scan_iter(match="rr:memory:s:*")]
+
+    assert max(ttls()) - min(ttls()) <= 50 and min(ttls()) > 0
+    time.sleep(1.2)  # past the idle refresh step: a write moves every key's expiry, the summaries' too
+    store.put("s", "k", 1)
+    assert min(ttls()) > 29_000 and max(ttls()) - min(ttls()) <= 50
+    store.delete_session("s")
+    assert list(counting_client.scan_iter(match="rr:memory:s:*")) == []

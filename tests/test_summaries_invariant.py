@@ -1,9 +1,12 @@
 """No forget gap (Hypothesis), on both backends: random appends (turns and tool calls),
-branches, head moves, summary commits and clears with a small MAX_MESSAGES. After every
-step, every message ever appended (and not cleared) is still stored or covered by the
-summary (it is its anchor or an ancestor of it); the summary's covered tokens are those
-of the stored messages it covers; and a rolling window without limits holds every
-message of the thread after the anchor, so nothing falls between summary and window."""
+branches, head moves, summary commits and clears with a small MAX_MESSAGES, so that
+branches get summaries of their own. After every step, every message ever appended
+(and not cleared) is still stored or covered by a summary (it is its anchor or an
+ancestor of it); a summary goes only when one that covers all it did stays (a commit
+on one branch never drops another branch's); each summary's covered tokens are those
+of the stored messages it covers; and a rolling window without limits holds the
+summary whose anchor is deepest on the thread and every message of the thread after
+that anchor, so nothing falls between summary and window."""
 
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ OPERATIONS = st.lists(
         st.tuples(st.just("branch"), st.integers(0, 50), TEXT),
         st.tuples(st.just("head"), st.integers(0, 50)),
         st.tuples(st.just("summarize"), st.integers(0, 60)),
+        # A branch of a few turns from one of the oldest messages, then a summary of it: summaries on
+        # several branches, which later head moves and branches switch between.
+        st.tuples(st.just("fork"), st.integers(0, 2), st.integers(1, 4), st.integers(0, 30)),
         st.tuples(st.just("clear")),
     ),
     min_size=6,
@@ -55,6 +61,8 @@ class Model:
     parents: dict[str, str | None] = field(default_factory=dict)
     ends: list[str] = field(default_factory=list)
     cleared: set[str] = field(default_factory=set)
+    #: The anchors of the summaries stored at the last check.
+    anchors: set[str] = field(default_factory=set)
     counter: itertools.count = field(default_factory=itertools.count)
 
     def new_id(self) -> str:
@@ -79,36 +87,50 @@ def snapshot(store: MemoryStore, sid: str) -> dict[str, Any] | None:
 def check(store: MemoryStore, sid: str, model: Model) -> None:
     stored_conversation = snapshot(store, sid)
     stored = {}
-    summary = None
+    summaries: dict[str, dict[str, Any]] = {}
     if stored_conversation is not None:
         stored = {m["id"]: m for m in map(json.loads, stored_conversation["messages"])}
-        summary = stored_conversation.get("summary")
-    covered = model.ancestry(summary["anchor"]) if summary else set()
-    # Every message appended and not cleared is stored or covered by the summary.
+        summaries = {summary["anchor"]: summary for summary in stored_conversation["summaries"]}
+    covers = {anchor: model.ancestry(anchor) for anchor in summaries}
+    covered = set().union(*covers.values())
+    # Every message appended and not cleared is stored or covered by a summary.
     for message_id in set(model.parents) - model.cleared:
         assert message_id in stored or message_id in covered, message_id
-    if summary is None:
+    # A summary goes only with all it covered covered by one that stays (or cleared).
+    for gone in model.anchors - set(summaries) - model.cleared:
+        event("a summary went: another covers all it did")
+        assert any(gone in cover for cover in covers.values()), gone
+    model.anchors = set(summaries)
+    if len(summaries) > 1:
+        event("summaries on several branches")
+    for anchor, summary in summaries.items():
+        assert anchor in stored  # a trim never takes the anchor of a summary that stays
+        assert summary["covered_tokens"] == sum(stored[m]["tokens"] for m in covers[anchor] if m in stored)
+    if stored_conversation is None:
         return
-    assert summary["anchor"] in stored  # a trim never takes the anchor
-    if stored_conversation["trimmed"]:
+    if stored_conversation["trimmed"] and summaries:
         event("covered messages were trimmed")
-    assert summary["covered_tokens"] == sum(stored[m]["tokens"] for m in covered if m in stored)
     thread = store.get_messages(sid)["messages"]
     ids = [m["id"] for m in thread]
     context = store.get_context(sid, max_tokens=UNLIMITED, max_messages=UNLIMITED, strategy="rolling_summary")
-    if summary["anchor"] in ids:
-        event("the anchor is on the thread")
-        after = [m for m in thread[ids.index(summary["anchor"]) + 1 :] if m["role"] != "system"]
-        assert context["summary"] == summary["text"]
+    on_thread = [ids.index(anchor) for anchor in summaries if anchor in ids]
+    if on_thread:
+        event("an anchor is on the thread")
+        if len(summaries) > 1:
+            event("the thread's summary is one of several")
+        deepest = max(on_thread)
+        after = [m for m in thread[deepest + 1 :] if m["role"] != "system"]
+        assert context["summary"] == summaries[ids[deepest]]["text"]
         window = [m for m in context["messages"] if m["role"] != "system"]
         assert window == [
             {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m} for m in after
         ]
         assert not context["truncated"]
     else:
-        event("the anchor is on another branch")
+        if summaries:
+            event("the anchors are on other branches")
         assert context["summary"] is None
-        # What the thread lost to trims before it, the summary covers.
+        # What the thread lost to trims before it, a summary covers.
         first = thread[0] if thread else None
         if first is not None and first["parent_id"] is not None and first["parent_id"] not in stored:
             assert model.ancestry(first["parent_id"]) - model.cleared <= covered
@@ -135,9 +157,17 @@ def apply(store: MemoryStore, sid: str, model: Model, operation: tuple[Any, ...]
             store.set_head(sid, target)
     elif kind == "summarize":
         summarize(store, sid, keep_tokens=operation[1])
+    elif kind == "fork":
+        parent = pick_stored(store, sid, model, operation[1])
+        for turn in range(operation[2]):
+            batch = [user(f"Fork {turn}?", id=model.new_id()), assistant(f"Fork {turn}.", id=model.new_id())]
+            append(store, sid, model, batch, parent)
+            parent = None  # then on from the new head
+        summarize(store, sid, keep_tokens=operation[3])
     elif kind == "clear" and snapshot(store, sid) is not None:
         store.clear_messages(sid)
         model.cleared |= set(model.parents)
+        model.anchors = set()
 
 
 def append(
@@ -166,19 +196,21 @@ def summarize(store: MemoryStore, sid: str, *, keep_tokens: int) -> None:
     if conversation is None:
         assert not summarize_conversation(store, sid, "default", summarizer, options)
         return
-    before = conversation.get("summary")
+    before = {summary["anchor"] for summary in conversation["summaries"]}
+    on_thread = {m["id"] for m in store.get_messages(sid)["messages"]}
     source = store.backend.summary_source(sid, "default")
     plan = plan_summary(source.messages, keep_tokens=keep_tokens, min_tokens=0)
     done = summarize_conversation(store, sid, "default", summarizer, options)
     assert done == (plan is not None)
     if done:
         event("a summary was committed")
-        after = snapshot(store, sid)["summary"]
-        assert after["anchor"] == plan.anchor
+        after = {summary["anchor"]: summary for summary in snapshot(store, sid)["summaries"]}
+        # It replaces the summaries it continues (anchored on its thread), no other one.
+        assert set(after) == (before - on_thread) | {plan.anchor}
         if source.summary is not None:  # it continued this thread's summary
-            assert after["anchor_seq"] > before["anchor_seq"]
-        elif before is not None:
-            event("a summary of another branch was replaced")
+            assert after[plan.anchor]["anchor_seq"] > source.summary.anchor_seq
+        if before - on_thread:
+            event("a summary of another branch was kept")
 
 
 @EXAMPLES

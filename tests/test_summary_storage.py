@@ -11,41 +11,63 @@ from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.conversations.summaries import summary_tokens
 from persistent_memory.maintenance import export_sessions, import_sessions
+from persistent_memory.models import MemoryConversation
 from persistent_memory.store import MemoryStore, reset_store
 
 TEXT = "The user asked about Paris \x00 twice; the answers were short."
 
 
-def summarized_chat(store: MemoryStore) -> Summary:
-    """A session with an idle TTL and a chat whose first turn is summarized."""
+def summarized_chat(store: MemoryStore) -> list[Summary]:
+    """A session with an idle TTL and a chat of two branches, each with a summary of its
+    first turn (the head on the second branch)."""
     store.create_session("chat", ttl_seconds=3600, idle_ttl_seconds=600)
     added = store.add_messages(
         "chat",
         [
             {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Where is Paris?"},
-            {"role": "assistant", "content": "In France."},
-            {"role": "user", "content": "And Lyon?"},
+            {"role": "user", "content": "Where is Paris?", "id": "u1"},
+            {"role": "assistant", "content": "In France.", "id": "a1"},
+            {"role": "user", "content": "And Lyon?", "id": "u2"},
         ],
     )["messages"]
     anchor = added[2]
-    summary = Summary(TEXT, anchor["id"], anchor["seq"], summary_tokens(TEXT, "o200k_base"), 11)
-    assert store.backend.commit_summary("chat", "default", None, summary)
-    return summary
+    first = Summary(TEXT, anchor["id"], anchor["seq"], summary_tokens(TEXT, "o200k_base"), 11)
+    assert store.backend.commit_summary("chat", "default", None, first)
+    other = store.add_messages(
+        "chat",
+        [
+            {"role": "assistant", "content": "In France, on the Seine.", "id": "a1b"},
+            {"role": "user", "content": "And Marseille?", "id": "u2b"},
+        ],
+        parent_id="u1",
+    )["messages"]
+    text = "Paris is on the Seine."
+    second = Summary(text, other[0]["id"], other[0]["seq"], summary_tokens(text, "o200k_base"), 0)
+    # The second branch had no summary of its own: the first one's stays, for its branch.
+    assert store.backend.commit_summary("chat", "default", None, second)
+    return [
+        first._replace(covered_tokens=sum(m["tokens"] for m in added[:3])),
+        second._replace(covered_tokens=sum(m["tokens"] for m in [*added[:2], other[0]])),
+    ]
 
 
-def rolling(store: MemoryStore) -> dict:
-    return store.get_context("chat", strategy="rolling_summary")
+def rolling(store: MemoryStore) -> dict[str, dict]:
+    """The rolling window of each branch (the head ends on the second, where it was)."""
+    windows = {}
+    for head in ("u2", "u2b"):
+        store.set_head("chat", head)
+        windows[head] = store.get_context("chat", strategy="rolling_summary")
+    return windows
 
 
-def test_export_and_import_keep_the_summary_and_the_idle_ttl(configure, tmp_path):
+def test_export_and_import_keep_the_summaries_and_the_idle_ttl(configure, tmp_path):
     store = configure()
-    summary = summarized_chat(store)
+    summaries = summarized_chat(store)
     before = rolling(store)
-    assert before["summary"] == TEXT
+    assert before["u2"]["summary"] == TEXT and before["u2b"]["summary"] == "Paris is on the Seine."
     [record] = list(export_sessions(store=store))
-    # As committed: the backend counted the tokens it covers (the first three messages).
-    assert record["conversations"]["default"]["summary"] == {**summary._asdict(), "covered_tokens": 19}
+    # As committed: the backend counted the tokens each covers (the first three messages of its branch).
+    assert record["conversations"]["default"]["summaries"] == [summary._asdict() for summary in summaries]
     assert record["idle_ttl_seconds"] == 600
     store.delete_session("chat")
     path = tmp_path / "export.jsonl"
@@ -57,20 +79,43 @@ def test_export_and_import_keep_the_summary_and_the_idle_ttl(configure, tmp_path
     assert info["idle_ttl_seconds"] == 600 and info["expires_by"] == "idle"
 
 
-def test_an_import_refuses_a_summary_anchored_nowhere(configure, tmp_path):
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda summaries: summaries[0].update(anchor="not-a-message"), "summary"),
+        (lambda summaries: summaries[1].update(summaries[0]), "same anchor"),
+        (lambda summaries: summaries[0].pop("covered_tokens"), "summary"),
+    ],
+)
+def test_an_import_refuses_summaries_anchored_nowhere_or_twice(configure, tmp_path, change, error):
     store = configure()
     summarized_chat(store)
     [record] = list(export_sessions(store=store))
-    record["conversations"]["default"]["summary"]["anchor"] = "not-a-message"
+    change(record["conversations"]["default"]["summaries"])
     path = tmp_path / "export.jsonl"
     path.write_text(json.dumps(record) + "\n")
     store.delete_session("chat")
-    with path.open() as lines, pytest.raises(ValueError, match="summary"):
+    with path.open() as lines, pytest.raises(ValueError, match=error):
         import_sessions(lines, store=store)
     assert store.list_sessions() == []
 
 
-def test_a_snapshot_restored_on_the_other_backend_keeps_the_summary(store, redis_url, settings):
+def test_an_export_of_one_summary_as_it_was_written_before_branches_had_their_own(configure, tmp_path):
+    store = configure()
+    first, _ = summarized_chat(store)
+    [record] = list(export_sessions(store=store))
+    conversation = record["conversations"]["default"]
+    conversation["summary"] = conversation.pop("summaries")[0]
+    path = tmp_path / "export.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    store.delete_session("chat")
+    with path.open() as lines:
+        assert import_sessions(lines, store=store).imported == 1
+    [again] = list(export_sessions(store=store))
+    assert again["conversations"]["default"]["summaries"] == [first._asdict()]
+
+
+def test_a_snapshot_restored_on_the_other_backend_keeps_the_summaries(store, redis_url, settings):
     summarized_chat(store)
     before = rolling(store)
     snapshot = store.backend.snapshots(["chat"])["chat"]
@@ -79,6 +124,7 @@ def test_a_snapshot_restored_on_the_other_backend_keeps_the_summary(store, redis
     target = get_store()
     target.backend.restore_session(snapshot, replace=True)
     assert rolling(target) == before
+    assert target.backend.snapshots(["chat"])["chat"]["conversations"] == snapshot["conversations"]
     assert (
         target.backend.summary_source("chat", "default").summary
         == store.backend.summary_source("chat", "default").summary
@@ -96,5 +142,20 @@ def test_the_memory_backend_gets_summaries_and_idle_ttls_back_from_the_mirror(se
     try:
         assert rolling(fresh) == before
         assert fresh.session_info("chat")["idle_ttl_seconds"] == 600
+    finally:
+        fresh.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mirror_row_of_one_summary_as_it_was_written_before_branches_had_their_own(settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
+    store = get_store()
+    first, _ = summarized_chat(store)
+    reset_store()
+    MemoryConversation.objects.update(summary=json.dumps(first._asdict()))
+    fresh = MemoryStore.from_settings()
+    try:
+        windows = rolling(fresh)
+        assert windows["u2"]["summary"] == TEXT and windows["u2b"]["summary"] is None
     finally:
         fresh.close()

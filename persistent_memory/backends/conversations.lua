@@ -10,7 +10,12 @@
 --   '{base}~c:{name}:s'   sorted set: the current thread's system message ids, by seq
 --   '{base}~c:{name}:k'   set: ids of messages with at least one child
 --   '{base}~c:{name}:o'   sorted set: every message id, by seq (what a trim removes first)
--- and '{base}~convs' is the set of the session's conversation names. Names follow the
+--   '{base}~c:{name}:y'   hash: anchor id -> rolling summary JSON {text, anchor_seq, tokens},
+--                         one per branch that has one (memory_tree.Tree.summaries)
+-- and '{base}~convs' is the set of the session's conversation names. The conversation's
+-- hash also holds 'anchor', the anchor of the summary that applies to the current
+-- thread (the deepest one on it), and 'covered_tokens', those of the stored messages it
+-- covers, kept as the thread moves so that an append need not count them. Names follow the
 -- key rules and '~' is in no key nor session id, so none of these can be one of the
 -- node's keys or another session's. Every one expires with the session.
 
@@ -20,7 +25,7 @@ end
 
 local function conv_keys(name)
   local c = conv_key(name)
-  return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o'}
+  return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y'}
 end
 
 local function align_conversation(name)
@@ -52,14 +57,58 @@ local function link_of(c, id)
   return raw and cjson.decode(raw)
 end
 
--- Where the summary's anchor is on the current thread (0-based), or nil: no summary, or
--- one of another branch (it does not summarize this thread).
+-- Where a message is on the current thread (0-based, searched from the end), or nil.
+local function thread_position(c, id)
+  local position = redis.pcall('LPOS', c .. ':t', id, 'RANK', -1) -- Redis 6.0.6
+  if type(position) == 'number' then return position end
+  return nil
+end
+
+-- Where the anchor of the summary that applies to the current thread is on it
+-- (0-based), and that anchor; nil: no summary's anchor is on this thread.
 local function anchor_position(c)
   local anchor = redis.call('HGET', c, 'anchor')
   if not anchor then return nil end
-  local position = redis.pcall('LPOS', c .. ':t', anchor, 'RANK', -1) -- Redis 6.0.6
-  if type(position) == 'number' then return position end
+  local position = thread_position(c, anchor)
+  if position then return position, anchor end
   return nil
+end
+
+-- A link as the window reads it: a plain message's (no tool call, no result: most of
+-- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
+-- The link's fields come in the order messages.stored_link writes them.
+local NO_CALLS = {}
+local function window_link(raw)
+  local tokens, role = string.match(raw, '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, ')
+  if tokens then
+    return {t = tonumber(tokens), r = role, c = NO_CALLS}
+  end
+  return cjson.decode(raw)
+end
+
+-- Tokens of the current thread's first ``count`` messages.
+local function thread_tokens(c, count)
+  local total = 0
+  for first = 0, count - 1, 512 do
+    local ids = redis.call('LRANGE', c .. ':t', first, math.min(first + 511, count - 1))
+    for _, raw in ipairs(redis.call('HMGET', c .. ':l', unpack(ids))) do total = total + window_link(raw).t end
+  end
+  return total
+end
+
+-- Choose the summary that applies to the current thread again (it moved past or off the
+-- one that did, or lost it to a trim): the deepest anchor on it (memory_tree.Tree.find_anchor).
+local function find_anchor(c)
+  local best, deepest = nil, -1
+  for _, anchor in ipairs(redis.call('HKEYS', c .. ':y')) do
+    local position = thread_position(c, anchor)
+    if position and position > deepest then best, deepest = anchor, position end
+  end
+  if best then
+    redis.call('HSET', c, 'anchor', best, 'covered_tokens', thread_tokens(c, deepest + 1))
+  else
+    redis.call('HDEL', c, 'anchor', 'covered_tokens')
+  end
 end
 
 -- cjson reads JSON null as cjson.null: nil instead.
@@ -222,31 +271,37 @@ end
 local function move_thread(c, parent)
   if not parent then
     redis.call('DEL', c .. ':t', c .. ':s')
+    find_anchor(c)
     return
   end
   if redis.call('LINDEX', c .. ':t', -1) == parent then
     return
   end
-  local position = redis.pcall('LPOS', c .. ':t', parent, 'RANK', -1) -- Redis 6.0.6
-  if type(position) == 'number' then
+  local position = thread_position(c, parent)
+  if position then
     redis.call('LTRIM', c .. ':t', 0, position)
-    redis.call('ZREMRANGEBYSCORE', c .. ':s', '(' .. link_of(c, parent).s, '+inf') -- seqs grow along a thread
+    local seq = link_of(c, parent).s
+    redis.call('ZREMRANGEBYSCORE', c .. ':s', '(' .. seq, '+inf') -- seqs grow along a thread
+    local anchor = redis.call('HGET', c, 'anchor')
+    if anchor and link_of(c, anchor).s > seq then find_anchor(c) end -- cut back before it
     return
   end
   rebuild_thread(c, parent)
+  find_anchor(c)
 end
 
 -- Remove the oldest messages (by seq, on any branch) beyond ``max_messages``, then tool
 -- results left without their call; never the head nor the current thread's pinned
--- system messages (the rule of memory_tree.Tree.trim). Returns how many went.
+-- system messages; a summary whose anchor goes goes with it (the rule of
+-- memory_tree.Tree.trim). Returns how many went.
 local function trim(c, max_messages)
   local excess = redis.call('HLEN', c .. ':m') - max_messages
   if excess <= 0 then return 0 end
   local kept = {}
   for _, id in ipairs(redis.call('ZRANGE', c .. ':s', 0, -1)) do kept[id] = true end
   kept[redis.call('HGET', c, 'head')] = true
-  -- With a summarizer, only what the summary covers goes (its anchor excepted): the
-  -- current thread before the anchor. Without, the oldest on any branch.
+  -- With a summarizer, only what the current thread's summary covers goes (its anchor
+  -- excepted): the thread before the anchor. Without, the oldest on any branch.
   local covered_end
   if summarize_after > 0 then
     covered_end = anchor_position(c)
@@ -297,7 +352,17 @@ local function trim(c, max_messages)
   redis.call('HINCRBY', c, 'tokens', -tokens)
   redis.call('HINCRBY', c, 'bytes', -bytes)
   redis.call('HINCRBY', c, 'trimmed', #order)
-  if covered_end then redis.call('HINCRBY', c, 'covered_tokens', -tokens) end
+  local anchors = redis.call('HKEYS', c .. ':y')
+  if #anchors > 0 then
+    for _, anchor in ipairs(anchors) do
+      if gone[anchor] then redis.call('HDEL', c .. ':y', anchor) end
+    end
+    if covered_end then
+      redis.call('HINCRBY', c, 'covered_tokens', -tokens)
+    else -- what went may be anywhere: count again
+      find_anchor(c)
+    end
+  end
   return #order
 end
 
@@ -356,18 +421,6 @@ end
 
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
 -- its ids in order, its tokens, and whether older messages were left out.
--- A link as the window reads it: a plain message's (no tool call, no result: most of
--- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
--- The link's fields come in the order messages.stored_link writes them.
-local NO_CALLS = {}
-local function window_link(raw)
-  local tokens, role = string.match(raw, '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, ')
-  if tokens then
-    return {t = tonumber(tokens), r = role, c = NO_CALLS}
-  end
-  return cjson.decode(raw)
-end
-
 -- With ``after`` (a thread position: the summary's anchor), of the messages after it
 -- only; the walk then ends there without leaving anything out.
 local function window(name, max_tokens, max_messages, after)
@@ -476,10 +529,11 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
     state = redis.call('HGET', prefix .. ':~summarizer', 'state') or 'healthy'
-    after = anchor_position(c)
+    local anchor
+    after, anchor = anchor_position(c)
     if after then
-      local fields = redis.call('HMGET', c, 'summary', 'summary_tokens')
-      summary, summary_tokens = fields[1], tonumber(fields[2])
+      local held = cjson.decode(redis.call('HGET', c .. ':y', anchor))
+      summary, summary_tokens = held.text, held.tokens
       if max_tokens and reserve then max_tokens = math.max(0, max_tokens - summary_tokens) end
     end
   end
@@ -500,15 +554,23 @@ local function limit_or_nil(text)
   return tonumber(text)
 end
 
--- A conversation's summary: {text, anchor, anchor seq, tokens, covered tokens}, or {}.
-local function summary_fields(c)
-  local fields = redis.call('HMGET', c, 'summary', 'anchor', 'anchor_seq', 'summary_tokens', 'covered_tokens')
-  if not fields[1] then return {} end
-  return {fields[1], fields[2], tonumber(fields[3]), tonumber(fields[4]), tonumber(fields[5])}
+-- The summary anchored at ``anchor``: {text, anchor, anchor seq, tokens, covered tokens}
+-- (those given, else counted from the stored messages it covers).
+local function summary_fields(c, anchor, covered)
+  local held = cjson.decode(redis.call('HGET', c .. ':y', anchor))
+  if not covered then
+    covered = 0
+    local ids = path(c, anchor, 0)
+    if #ids > 0 then
+      for _, raw in ipairs(call_chunked('HMGET', c .. ':l', ids)) do covered = covered + window_link(raw).t end
+    end
+  end
+  return {held.text, anchor, held.anchor_seq, held.tokens, covered}
 end
 
 -- Every conversation of the session, for the mirror and export: flat name, head ('' for
--- none), seq, trimmed, the list of its stored texts (any order), then its summary.
+-- none), seq, trimmed, the list of its stored texts (any order), then the list of its
+-- summaries (each as summary_fields gives it, any order).
 local function conversations_snapshot()
   local flat = {}
   for _, name in ipairs(redis.call('SMEMBERS', base .. '~convs')) do
@@ -519,14 +581,19 @@ local function conversations_snapshot()
     flat[#flat + 1] = tonumber(meta[2]) or 0
     flat[#flat + 1] = tonumber(meta[3]) or 0
     flat[#flat + 1] = redis.call('HVALS', c .. ':m')
-    flat[#flat + 1] = summary_fields(c)
+    local summaries = {}
+    for _, anchor in ipairs(redis.call('HKEYS', c .. ':y')) do
+      summaries[#summaries + 1] = summary_fields(c, anchor)
+    end
+    flat[#flat + 1] = summaries
   end
   return flat
 end
 
 -- Write conversations given as the JSON text of a list of {name, head, seq, trimmed,
 -- tokens, bytes, thread: [ids], system: [[seq, id]], parents: [ids], messages: [[id,
--- text, link, seq]]} (the restore op; the client derives the thread and the rest). Message
+-- text, link, seq]], summaries: [{text, anchor, anchor_seq, tokens}]} (the restore op;
+-- the client derives the thread and the rest). Message
 -- texts are JSON strings inside it, so they come back byte for byte. Returns the keys
 -- written, for their expiry.
 local function restore_conversations(blob)
@@ -540,11 +607,6 @@ local function restore_conversations(blob)
     redis.call('HSET', c, 'seq', conversation.seq, 'trimmed', conversation.trimmed,
       'tokens', conversation.tokens, 'bytes', conversation.bytes)
     if head then redis.call('HSET', c, 'head', head) end
-    local summary = conversation.summary
-    if type(summary) == 'table' then
-      redis.call('HSET', c, 'summary', summary.text, 'anchor', summary.anchor, 'anchor_seq', summary.anchor_seq,
-        'summary_tokens', summary.tokens, 'covered_tokens', summary.covered_tokens)
-    end
     local texts, links, order = {}, {}, {}
     for _, message in ipairs(conversation.messages) do
       texts[#texts + 1] = message[1]
@@ -567,6 +629,13 @@ local function restore_conversations(blob)
     end
     if #systems > 0 then call_chunked('ZADD', c .. ':s', systems) end
     if #conversation.parents > 0 then call_chunked('SADD', c .. ':k', conversation.parents) end
+    for _, summary in ipairs(conversation.summaries) do
+      if redis.call('HEXISTS', c .. ':m', summary.anchor) == 1 then
+        redis.call('HSET', c .. ':y', summary.anchor,
+          cjson.encode({text = summary.text, anchor_seq = summary.anchor_seq, tokens = summary.tokens}))
+      end
+    end
+    find_anchor(c)
     redis.call('SADD', base .. '~convs', name)
     for _, key in ipairs(conv_keys(name)) do keys[#keys + 1] = key end
   end
@@ -715,39 +784,37 @@ if op == 'summary_source' then
   local err = check_live()
   if err then return err end
   local c = conv_key(arg(1))
-  local after = anchor_position(c)
+  local after, anchor = anchor_position(c)
   local reply = {false, false, 0, 0, 0}
   if after then
-    local fields = summary_fields(c)
-    for i = 1, 5 do reply[i] = fields[i] end
+    reply = summary_fields(c, anchor, tonumber(redis.call('HGET', c, 'covered_tokens')))
   end
   local ids = redis.call('LRANGE', c .. ':t', after and after + 1 or 0, -1)
   for _, text in ipairs(texts_of(arg(1), ids)) do reply[#reply + 1] = text end
   return reply
 end
 
--- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it replaces ('' for
--- none, or one of another branch), 3 text, 4 anchor, 5 its seq, 6 tokens, 7 covered
--- tokens (counted again here). 1 when stored (then trimmed and marked as an append
--- would be), 0 when the anchor moved or is gone.
+-- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it continues ('' for
+-- none: the current thread had no summary), 3 text, 4 anchor, 5 its seq, 6 tokens, 7
+-- covered tokens (counted again here). 1 when stored as the current thread's summary
+-- (those anchored on the thread before it, which it continues, go; those of other
+-- branches stay; then trimmed and marked as an append would be), 0 when the thread's
+-- anchor moved or the new one is no longer on the thread.
 if op == 'commit_summary' then
   if redis.call('EXISTS', META) == 0 then return 0 end
   local name = arg(1)
   local c = conv_key(name)
-  if redis.call('EXISTS', c) == 0 or redis.call('HEXISTS', c .. ':m', arg(4)) == 0 then
-    return 0
+  if redis.call('EXISTS', c) == 0 then return 0 end
+  local position = thread_position(c, arg(4))
+  local after, current = anchor_position(c)
+  if not position or (current or '') ~= arg(2) or position <= (after or -1) then return 0 end
+  for _, anchor in ipairs(redis.call('HKEYS', c .. ':y')) do
+    if thread_position(c, anchor) then redis.call('HDEL', c .. ':y', anchor) end -- all before it
   end
-  -- What summary_source answered: a summary of another branch is none for this thread.
-  local current = anchor_position(c) and redis.call('HGET', c, 'anchor') or ''
-  if current ~= arg(2) then return 0 end
+  redis.call('HSET', c .. ':y', arg(4),
+    cjson.encode({text = arg(3), anchor_seq = tonumber(arg(5)), tokens = tonumber(arg(6))}))
   -- What it covers, counted here: a trim between the read and this commit changed it.
-  local ids = path(c, arg(4), 0)
-  local covered = 0
-  if #ids > 0 then
-    for _, raw in ipairs(call_chunked('HMGET', c .. ':l', ids)) do covered = covered + window_link(raw).t end
-  end
-  redis.call('HSET', c, 'summary', arg(3), 'anchor', arg(4), 'anchor_seq', arg(5),
-    'summary_tokens', arg(6), 'covered_tokens', covered)
+  redis.call('HSET', c, 'anchor', arg(4), 'covered_tokens', thread_tokens(c, position + 1))
   settle(name)
   mark_dirty()
   return 1

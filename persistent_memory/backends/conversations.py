@@ -25,9 +25,13 @@ from persistent_memory.conversations.messages import PreparedMessage
 
 
 class Summary(NamedTuple):
-    """A conversation's rolling summary: ``text`` stands for the thread from its root to
-    ``anchor`` (seq ``anchor_seq``); ``tokens`` its count (a system message's); and
-    ``covered_tokens`` those of the stored messages it covers (the rest are pending)."""
+    """A rolling summary: ``text`` stands for the thread from its root to ``anchor`` (seq
+    ``anchor_seq``); ``tokens`` its count (a system message's); and ``covered_tokens``
+    those of the stored messages it covers (the rest are pending).
+
+    A conversation holds one per branch that has one, by anchor: a window of a thread uses
+    the one whose anchor is deepest on it; a commit replaces only those it continues (the
+    ones anchored on its thread), so what another branch's summary covers stays covered."""
 
     text: str
     anchor: str
@@ -43,8 +47,8 @@ class ConversationSnapshot(TypedDict):
     seq: int
     trimmed: int
     messages: list[str]
-    #: Summary._asdict(), or None.
-    summary: NotRequired[dict[str, Any] | None]
+    #: Summary._asdict() of each of its summaries, by anchor_seq (see :class:`Summary`).
+    summaries: NotRequired[list[dict[str, Any]]]
 
 
 class ConversationInfo(TypedDict):
@@ -203,10 +207,13 @@ class SummarySource(NamedTuple):
 class SummaryBackend:
     """Rolling summaries of conversations (see :mod:`persistent_memory.conversations.summaries`).
 
-    An append that takes a conversation's pending tokens (those its summary does not
-    cover) past ``summarize_after_tokens`` marks it in the same step; summarizers take
-    marked conversations, read them, and commit a summary with a compare-and-set on the
-    anchor, so concurrent appends are never lost and of two summarizers one commits.
+    An append that takes a conversation's pending tokens (its tokens less those the current
+    thread's summary covers) past ``summarize_after_tokens`` marks it in the same step;
+    summarizers take marked conversations, read them, and commit a summary with a
+    compare-and-set on the anchor, so concurrent appends are never lost and of two
+    summarizers one commits. Summaries are kept per branch (see :class:`Summary`), and a
+    trim removes only messages the current thread's summary covers, so every message is
+    stored or covered by a summary of a thread it is on.
     """
 
     #: Pending tokens that mark a conversation (None: no summarizer; trims are not held back).
@@ -226,18 +233,21 @@ class SummaryBackend:
 
     @abstractmethod
     def summary_source(self, session_id: str, conversation: str) -> SummarySource:
-        """The summary and the current thread after its anchor (empty for no conversation)."""
+        """The current thread's summary (the one whose anchor is deepest on it; None: none)
+        and the thread after its anchor (empty for no conversation)."""
 
     @abstractmethod
     def commit_summary(
         self, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
     ) -> bool:
-        """Store ``summary`` if the conversation's anchor is still ``expected_anchor`` (None
-        also when the stored summary is of another branch, as ``summary_source`` answers) and
-        the new anchor is still stored (False otherwise: someone else committed, or it is
-        gone); its ``covered_tokens`` are counted by the backend, from the stored messages;
-        then trim what it covers beyond ``max_messages`` and unmark it when nothing more is
-        pending past the threshold."""
+        """Store ``summary`` as the current thread's if that thread's summary is still the one
+        anchored at ``expected_anchor`` (None: it had none, as ``summary_source`` answers) and
+        the new anchor is still on the thread after it (False otherwise: someone else
+        committed, the thread moved, or the anchor is gone). The summaries anchored on the
+        thread before it (those it continues) go; other branches' stay. Its
+        ``covered_tokens`` are counted by the backend, from the stored messages; then trim
+        what it covers beyond ``max_messages`` and unmark it when nothing more is pending
+        past the threshold."""
 
     @abstractmethod
     def summarizer_health(self) -> dict[str, Any]:

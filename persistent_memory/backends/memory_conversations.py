@@ -106,8 +106,7 @@ class MemoryConversations(ConversationBackend):
                 session_id, session, now, "trim_messages", None, conversation=conversation, removed=removed
             )
         if self.summarize_after_tokens is not None:
-            covered = tree.summary.covered_tokens if tree.summary is not None else 0
-            if tree.tokens - covered > self.summarize_after_tokens:
+            if tree.tokens - tree.covered > self.summarize_after_tokens:
                 self._unsummarized.add((session_id, conversation))
             else:
                 self._unsummarized.discard((session_id, conversation))
@@ -129,7 +128,8 @@ class MemoryConversations(ConversationBackend):
             window = tree.window(max_tokens, max_messages)
             summary, summary_tokens = None, 0
         else:
-            summary, summary_tokens = tree.summary.text, tree.summary.tokens
+            held = tree.summaries[tree.thread[anchor]]
+            summary, summary_tokens = held.text, held.tokens
             budget = max_tokens
             if budget is not None and reserve_summary:
                 budget = max(0, budget - summary_tokens)

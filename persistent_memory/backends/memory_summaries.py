@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class MemorySummaries(SummaryBackend):
-    """Summaries kept on each conversation's tree."""
+    """Summaries kept on each conversation's tree (by anchor: one per branch that has one)."""
 
     def pop_unsummarized(self: MemoryBackend, count: int) -> list[tuple[str, str]]:
         with self._lock:
@@ -37,8 +37,7 @@ class MemorySummaries(SummaryBackend):
                 return SummarySource(None, [])
             anchor = tree.anchor_position()
             after = tree.thread if anchor is None else tree.thread[anchor + 1 :]
-            summary = tree.summary if anchor is not None else None
-            return SummarySource(summary, [tree.messages[message_id].text for message_id in after])
+            return SummarySource(tree.summary, [tree.messages[message_id].text for message_id in after])
 
     def commit_summary(
         self: MemoryBackend, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
@@ -58,16 +57,18 @@ class MemorySummaries(SummaryBackend):
             return False
         session = self._sessions[session_id]
         tree = session.conversations.get(conversation)
-        if tree is None or summary["anchor"] not in tree.messages:
+        if tree is None:
             return False
-        # What summary_source answered: a summary of another branch is none for this thread.
-        current = tree.summary.anchor if tree.anchor_position() is not None else None
-        if current != expected_anchor:
+        # The anchor read is still the current thread's (summary_source answers none for a
+        # thread without one), and the new one is still on that thread, after it.
+        position, current = tree.position(summary["anchor"]), tree.anchor_position()
+        if position is None or tree.anchor != expected_anchor:
+            return False
+        if current is not None and position <= current:
             return False
         self._log("summary", session_id, now, conversation, expected_anchor, summary)
-        # What it covers, counted here: a trim between the read and this commit changed it.
-        covered = sum(tree.messages[message_id].tokens for message_id in tree.path(summary["anchor"], 0))
-        tree.summary = Summary(**{**summary, "covered_tokens": covered})
+        # What it covers is counted by the tree: a trim between the read and this commit changed it.
+        tree.put_summary(Summary(**summary), position)
         self._settle(session_id, session, conversation, tree, now, touch=False)  # not the session's use
         return True
 

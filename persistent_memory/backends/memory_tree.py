@@ -4,13 +4,17 @@ Each message keeps its stored text and its link (parent, seq, tokens, role, tool
 ``thread`` is the current thread, root to head, so appending to the head and reading
 the newest messages cost O(1) per message; a branch cuts the thread back to its
 parent (found from the end, where regenerated answers branch) before appending.
+
+Rolling summaries are kept by anchor, one per branch that has one: each stands for the
+thread from the root to its anchor, and a window uses the one whose anchor is deepest
+on the current thread (``anchor``, kept as the thread moves, with ``covered``, the tokens
+of the stored messages it covers, so an append need not count them again).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +105,14 @@ class Tree:
     trimmed: int = 0
     #: Bytes of the stored texts (they count toward MAX_SESSION_BYTES).
     size: int = 0
-    #: The rolling summary of the thread up to its anchor (see persistent_memory.conversations.summaries).
-    summary: Summary | None = None
+    #: Rolling summaries by anchor (see persistent_memory.conversations.summaries); their
+    #: ``covered_tokens`` are counted when read (:meth:`covered_tokens`), since a trim
+    #: on one branch can take messages that several of them cover.
+    summaries: dict[str, Summary] = field(default_factory=dict)
+    #: The anchor of the summary that applies to the current thread (the deepest one on
+    #: it; None: none) and the tokens of the stored messages it covers.
+    anchor: str | None = None
+    covered: int = 0
 
     # Reading ------------------------------------------------------------------
 
@@ -168,16 +178,53 @@ class Tree:
             starts_at_root=after is not None or self._starts_at_root(),
         )
 
-    def anchor_position(self) -> int | None:
-        """Where the summary's anchor is on the current thread (None: no summary, or its
-        anchor is on another branch, so it does not summarize this thread)."""
-        if self.summary is None:
+    def position(self, message_id: str | None) -> int | None:
+        """Where a message is on the current thread (None: not on it), searched from the end."""
+        if message_id is None:
             return None
-        seqs = [self.messages[message_id].seq for message_id in self.thread]  # they grow along a thread
-        position = bisect_left(seqs, self.summary.anchor_seq)
-        if position < len(self.thread) and self.thread[position] == self.summary.anchor:
-            return position
+        for position in range(len(self.thread) - 1, -1, -1):
+            if self.thread[position] == message_id:
+                return position
         return None
+
+    def anchor_position(self) -> int | None:
+        """Where the anchor of the summary that applies to the current thread is on it
+        (None: no summary's anchor is on this thread)."""
+        return self.position(self.anchor)
+
+    @property
+    def summary(self) -> Summary | None:
+        """The summary that applies to the current thread, with its covered tokens."""
+        if self.anchor is None:
+            return None
+        return self.summaries[self.anchor]._replace(covered_tokens=self.covered)
+
+    def covered_tokens(self, anchor: str) -> int:
+        """Tokens of the stored messages the summary anchored at ``anchor`` covers."""
+        return sum(self.messages[message_id].tokens for message_id in self.path(anchor, 0))
+
+    def find_anchor(self) -> None:
+        """Choose the summary that applies to the current thread again (it moved past or off
+        the one that did, or lost it to a trim): the deepest anchor on it."""
+        self.anchor, self.covered = None, 0
+        if not self.summaries:
+            return
+        positions = {message_id: position for position, message_id in enumerate(self.thread)}
+        on_thread = [positions[anchor] for anchor in self.summaries if anchor in positions]
+        if on_thread:
+            deepest = max(on_thread)
+            self.anchor = self.thread[deepest]
+            self.covered = sum(self.messages[message_id].tokens for message_id in self.thread[: deepest + 1])
+
+    def put_summary(self, summary: Summary, position: int) -> None:
+        """Store ``summary``, anchored at thread ``position``, as the one of the current
+        thread: the summaries anchored on it before (all before ``position``) are the
+        ones it continues, and go; those of other branches stay."""
+        on_thread = set(self.thread[:position])
+        self.summaries = {anchor: held for anchor, held in self.summaries.items() if anchor not in on_thread}
+        self.summaries[summary.anchor] = summary
+        self.anchor = summary.anchor
+        self.covered = sum(self.messages[message_id].tokens for message_id in self.thread[: position + 1])
 
     def _starts_at_root(self) -> bool:
         """Whether the thread lost no message to trimming: its first message after the pinned
@@ -258,6 +305,7 @@ class Tree:
         """Make the thread end at ``parent_id`` (None: empty)."""
         if parent_id is None:
             self.thread, self.system = [], []
+            self.find_anchor()
             return
         if self.thread and self.thread[-1] == parent_id:
             return
@@ -266,9 +314,12 @@ class Tree:
                 del self.thread[position + 1 :]
                 seq = self.messages[parent_id].seq  # seqs grow along a thread
                 self.system = [m for m in self.system if self.messages[m].seq <= seq]
+                if self.anchor is not None and self.messages[self.anchor].seq > seq:
+                    self.find_anchor()  # cut back before the summary's anchor
                 return
         self.thread = self.path(parent_id, 0)
         self.system = [m for m in self.thread if self.messages[m].role == "system"]
+        self.find_anchor()
 
     def _only_system_above(self, message: StoredMessage) -> bool:
         parent = self.messages.get(message.parent) if message.parent else None
@@ -282,8 +333,9 @@ class Tree:
         """Remove the oldest messages (by seq, on any branch) beyond ``max_messages``, then
         tool results left without their call; never the head nor the current thread's
         pinned system messages. With ``covered_only`` (a summarizer is configured) only
-        messages the summary covers go, its anchor excepted: nothing is forgotten that
-        is not summarized. Returns how many went."""
+        messages the current thread's summary covers go, its anchor excepted: nothing is
+        forgotten that is not summarized. A summary whose anchor goes goes with it (with
+        ``covered_only`` the current thread's covers all it did). Returns how many went."""
         excess = len(self.messages) - max_messages
         if excess <= 0:
             return 0
@@ -306,9 +358,12 @@ class Tree:
             self._remove(message)
         if any(message_id in gone for message_id in self.thread):
             self.thread = [message_id for message_id in self.thread if message_id not in gone]
-        if covered_only and self.summary is not None:
-            covered = sum(message.tokens for message in gone.values())
-            self.summary = self.summary._replace(covered_tokens=self.summary.covered_tokens - covered)
+        if self.summaries:
+            self.summaries = {anchor: held for anchor, held in self.summaries.items() if anchor not in gone}
+            if covered_only:
+                self.covered -= sum(message.tokens for message in gone.values())
+            else:  # what went may be anywhere: count again
+                self.find_anchor()
         self.trimmed += len(gone)
         return len(gone)
 
@@ -330,8 +385,12 @@ class Tree:
             stored = json.loads(text)
             messages.append(StoredMessage.build(stored["id"], text, link_of(stored)))
         tree = cls.assemble(messages, head=snapshot["head"], seq=snapshot["seq"], trimmed=snapshot["trimmed"])
-        if snapshot.get("summary"):
-            tree.summary = Summary(**snapshot["summary"])
+        tree.summaries = {
+            summary["anchor"]: Summary(**summary)
+            for summary in snapshot.get("summaries") or ()
+            if summary["anchor"] in tree.messages  # (an import checks it; a snapshot holds it)
+        }
+        tree.find_anchor()
         return tree
 
     @classmethod
@@ -355,5 +414,8 @@ class Tree:
             "seq": self.seq,
             "trimmed": self.trimmed,
             "messages": [message.text for message in self.messages.values()],  # in seq order
-            "summary": None if self.summary is None else self.summary._asdict(),
+            "summaries": [
+                summary._replace(covered_tokens=self.covered_tokens(anchor))._asdict()
+                for anchor, summary in sorted(self.summaries.items(), key=lambda item: item[1].anchor_seq)
+            ],
         }

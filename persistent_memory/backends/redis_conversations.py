@@ -65,15 +65,15 @@ def snapshot_conversations(flat: list[Any]) -> dict[str, ConversationSnapshot]:
     """Conversations from the snapshot op's flat reply (messages put in seq order)."""
     conversations: dict[str, ConversationSnapshot] = {}
     for i in range(0, len(flat), 6):
-        name, head, seq, trimmed, texts, summary = flat[i : i + 6]
+        name, head, seq, trimmed, texts, summaries = flat[i : i + 6]
         decoded = sorted((json.loads(text)["seq"], text.decode()) for text in texts)
-        summarized = _summary(summary)
+        held = sorted(filter(None, map(_summary, summaries)), key=lambda summary: summary.anchor_seq)
         conversations[name.decode()] = {
             "head": head.decode() or None,
             "seq": seq,
             "trimmed": trimmed,
             "messages": [text for _, text in decoded],
-            "summary": None if summarized is None else summarized._asdict(),
+            "summaries": [summary._asdict() for summary in held],
         }
     return conversations
 
@@ -98,7 +98,10 @@ def restore_blob(conversations: dict[str, ConversationSnapshot]) -> str:
                 "system": [[tree.messages[m].seq, m] for m in tree.system],
                 "parents": sorted(tree.parents),
                 "messages": [[m.id, m.text, m.link, m.seq] for m in tree.messages.values()],
-                "summary": snapshot.get("summary"),
+                "summaries": [
+                    {key: summary[key] for key in ("text", "anchor", "anchor_seq", "tokens")}
+                    for summary in snapshot.get("summaries") or ()
+                ],
             }
         )
     return json.dumps(items)
@@ -216,7 +219,7 @@ class RedisConversations(ConversationBackend):
 
 
 class RedisSummaries(SummaryBackend):
-    """Rolling summaries in each conversation's hash; marked conversations in
+    """Rolling summaries in each conversation's ``:y`` hash (by anchor); marked conversations in
     ``{prefix}:~summarize`` ("{storage id} {conversation}"), the summarizers' health in
     ``{prefix}:~summarizer`` (``state``, and the whole record as JSON)."""
 

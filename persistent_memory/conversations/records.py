@@ -1,12 +1,14 @@
 """Conversations in export records (``memory_export`` / ``memory_import``).
 
 An export writes each conversation with its head, its last ``seq``, how many messages
-were trimmed, and every message of every branch as stored (ids, parents, seq, token
+were trimmed, every message of every branch as stored (ids, parents, seq, token
 counts, tokenizer and creation time included), decoded so that the file reads as
-JSON. An import checks each message against the append's rules and the tree's
-(unique ids and seqs, parents older than their children, tool results after their
-calls, a head among the messages) and builds the stored text again in the layout
-the backends write, so a conversation exported and imported is the same bytes.
+JSON, and its rolling summaries (one per branch that has one, each with its anchor).
+An import checks each message against the append's rules and the tree's (unique ids
+and seqs, parents older than their children, tool results after their calls, a head
+among the messages) and each summary (its anchor a message, no anchor twice), and
+builds the stored text again in the layout the backends write, so a conversation
+exported and imported is the same bytes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def export_conversations(conversations: dict[str, ConversationSnapshot]) -> dict
             "seq": conversation["seq"],
             "trimmed": conversation["trimmed"],
             "messages": [json.loads(text) for text in conversation["messages"]],
-            "summary": conversation.get("summary"),
+            "summaries": conversation.get("summaries") or [],
         }
         for name, conversation in sorted(conversations.items())
     }
@@ -160,20 +162,25 @@ def _conversation(conversation: Any, *, max_message_bytes: int, max_depth: int) 
         decoded[stored["id"]], texts[stored["id"]] = stored, text
     _check_tree(decoded, head, seq)
     ordered = sorted(decoded, key=lambda message_id: decoded[message_id]["seq"])
-    summary = _summary(conversation.get("summary"), decoded)
+    # Records written before summaries were kept per branch hold one, as "summary".
+    legacy = conversation.get("summary")
+    summaries = conversation.get("summaries", [] if legacy is None else [legacy])
+    if not isinstance(summaries, list):
+        raise InvalidMessage("summaries must be a list of summaries.")
+    checked = [_summary(summary, decoded) for summary in summaries]
+    if len({summary["anchor"] for summary in checked}) != len(checked):
+        raise InvalidMessage("two summaries have the same anchor.")
     return {
         "head": head,
         "seq": seq,
         "trimmed": trimmed,
         "messages": [texts[m] for m in ordered],
-        "summary": summary,
+        "summaries": sorted(checked, key=lambda summary: summary["anchor_seq"]),
     }
 
 
-def _summary(summary: Any, messages: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """A record's summary, checked: its anchor a message of the conversation."""
-    if summary is None:
-        return None
+def _summary(summary: Any, messages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One of a record's summaries, checked: its anchor a message of the conversation."""
     fields = ("text", "anchor", "anchor_seq", "tokens", "covered_tokens")
     if (
         not isinstance(summary, dict)

@@ -1,8 +1,9 @@
 """Rolling summaries: what a window with a summary holds, and how a summary is fitted.
 
-With ``strategy="rolling_summary"`` a window is the conversation's summary (of the
-current thread up to the summary's *anchor*), then the pinned system messages and the
-newest whole turn groups after the anchor that fit. A message is either covered by a
+With ``strategy="rolling_summary"`` a window is the current thread's summary (of the
+thread up to the summary's *anchor*; a conversation keeps one per branch, and the
+thread's is the one whose anchor is deepest on it), then the pinned system messages and
+the newest whole turn groups after the anchor that fit. A message is either covered by a
 committed summary or still stored and eligible for the window: with a summarizer
 configured, trimming removes only covered messages (the backends enforce it).
 
