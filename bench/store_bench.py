@@ -112,6 +112,9 @@ def build_store(
         "MAX_SESSION_BYTES": None,
         # The lanes' window: 20 messages, as a chat sends (the conversations grow while timed).
         "CONTEXT_MAX_MESSAGES": 20,
+        # The store's own work: extraction (memories_bench.py measures it) would share the
+        # client, so its checks would count as the operations' round trips.
+        "MEMORY_EXTRACTION_WORKER": False,
         **extra,
     }
     if backend == "redis":

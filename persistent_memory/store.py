@@ -21,7 +21,8 @@ import copy
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -75,6 +76,9 @@ from persistent_memory.validation import (
     validate_ttl,
 )
 
+if TYPE_CHECKING:
+    from persistent_memory.memories.extraction.worker import ExtractionWorker
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -119,12 +123,16 @@ class MemoryStore(ConversationMethods):
         self.mirror = Mirror(self, mirror_mode)
         #: What makes the conversations' rolling summaries (see persistent_memory.conversations.worker).
         self.summarizer_worker = SummarizerWorker(self)
-        # Imported here: the memories package needs the app registry, and this module is
-        # imported (with the app's package) before it is ready.
+
+    @cached_property
+    def extraction_worker(self) -> ExtractionWorker:
+        """What extracts memories from new messages (see
+        persistent_memory.memories.extraction.worker). Built at first use: the memories
+        package needs the app registry, which a store used outside Django (a process of
+        its own on Redis) never loads."""
         from persistent_memory.memories.extraction.worker import ExtractionWorker
 
-        #: What extracts memories from new messages (see persistent_memory.memories.extraction.worker).
-        self.extraction_worker = ExtractionWorker(self)
+        return ExtractionWorker(self)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings = memory_settings) -> MemoryStore:
@@ -471,7 +479,8 @@ class MemoryStore(ConversationMethods):
     def close(self) -> None:
         """Stop the extraction and summarizer workers, flush and stop the mirror's, then
         release the backend's connections."""
-        self.extraction_worker.stop()
+        if "extraction_worker" in self.__dict__:  # built (never just to stop it)
+            self.extraction_worker.stop()
         self.summarizer_worker.stop()
         self.mirror.stop()
         self.backend.close()

@@ -124,8 +124,10 @@ class ExtractionWorker:
         **kwargs: Any,
     ) -> None:
         """Queue the new user and assistant messages of this worker's store; never block."""
-        if getattr(store, "extraction_worker", None) is not self or self._stop.is_set():
-            return  # another store's write (each worker extracts what its own store writes)
+        # Another store's write (each worker extracts what its own store, and the copies
+        # for_owner makes of it, write); vars(): a store builds its worker at first use.
+        if vars(store).get("extraction_worker") is not self or self._stop.is_set():
+            return
         kept = [
             {"id": message.get("id"), "role": message["role"], "content": message.get("content")}
             for message in messages or ()
