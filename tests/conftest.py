@@ -233,3 +233,12 @@ def pttls(client: redis.Redis, keys: list[Any]) -> list[int]:
     for key in keys:
         pipe.pttl(key)
     return pipe.execute()
+
+
+@pytest.fixture
+def server():
+    """A local chat-completions endpoint (tests/chat_server.py), the stand-in for an LLM provider."""
+    from tests.chat_server import chat_server
+
+    with chat_server() as running:
+        yield running

@@ -22,7 +22,7 @@ from persistent_memory.memories.extraction.chat_completions import (
     extractor_from_settings,
 )
 from tests.chat import assistant, user
-from tests.chat_server import Reply, chat_server
+from tests.chat_server import Reply
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "sk-test-not-a-real-key-91c2"
@@ -34,12 +34,6 @@ MESSAGES = [
     {"id": "t1", "role": "tool", "tool_call_id": "c1", "content": "ignored"},
     user("Yes please. My partner is called Sam.", id="m3"),
 ]
-
-
-@pytest.fixture
-def server():
-    with chat_server() as running:
-        yield running
 
 
 @pytest.fixture

@@ -25,12 +25,6 @@ PATH = "persistent_memory.conversations.chat_completions.ChatCompletionsSummariz
 
 
 @pytest.fixture
-def server():
-    with chat_server() as running:
-        yield running
-
-
-@pytest.fixture
 def api_key(monkeypatch):
     monkeypatch.setenv("PM_TEST_LLM_KEY", SECRET)
     return "PM_TEST_LLM_KEY"
