@@ -8,6 +8,9 @@ its messages' texts: when the snapshot's messages up to the row's ``seq`` hash t
 the rows hold exactly those, and only the newer messages are written (the common case:
 a chat that grows). Otherwise (a trim, a conversation cleared and written again, a
 session replaced by an import) the rows are compared by message id and text digest.
+A snapshot that carries its own digest and counts (the memory backend's) is read only
+from its end, back to the row's ``seq``: a sync of a growing chat then costs what it
+gained, not its length.
 
 Each message row keeps the store's JSON text whole (``stored``), so a restore gives the
 store back the same bytes; its other columns are copies for the admin to read and
@@ -20,18 +23,17 @@ Called by :class:`persistent_memory.mirror.Mirror` inside its transaction.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from functools import reduce
+from functools import cached_property, reduce
 from operator import xor
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
 from persistent_memory.backends.base import SessionSnapshot
-from persistent_memory.backends.conversations import ConversationSnapshot
+from persistent_memory.backends.conversations import ConversationSnapshot, text_digest
 from persistent_memory.backends.memory_tree import StoredMessage, Tree
 from persistent_memory.mirror import _datetime, _insert
 from persistent_memory.models import MemoryConversation, MemoryMessage
@@ -67,10 +69,6 @@ CONVERSATION_FIELDS = (
 NUL_ESCAPE = "\\u0000"
 
 
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big")
-
-
 def _hex(digest: int) -> str:
     return f"{digest:032x}"
 
@@ -82,22 +80,39 @@ def _set_digest(digests: list[int]) -> str:
 
 @dataclass
 class _Parsed:
-    """One snapshot conversation's messages in seq order: texts, decoded, digests."""
+    """One snapshot conversation, its messages parsed when first needed, in seq order."""
 
     snapshot: ConversationSnapshot
-    texts: list[str]
-    decoded: list[dict[str, Any]]
-    digests: list[int]
 
-    @classmethod
-    def of(cls, snapshot: ConversationSnapshot) -> _Parsed:
-        pairs = sorted(((json.loads(text), text) for text in snapshot["messages"]), key=lambda p: p[0]["seq"])
-        return cls(
-            snapshot,
-            [text for _, text in pairs],
-            [message for message, _ in pairs],
-            [_digest(text) for _, text in pairs],
-        )
+    @cached_property
+    def messages(self) -> list[tuple[dict[str, Any], str, int]]:
+        """Each message decoded, with its text and digest."""
+        pairs = sorted(((json.loads(t), t) for t in self.snapshot["messages"]), key=lambda p: p[0]["seq"])
+        return [(message, text, text_digest(text)) for message, text in pairs]
+
+    @cached_property
+    def digest(self) -> str:
+        """Of the set of its messages' texts (the snapshot's own when it carries one)."""
+        if "digest" in self.snapshot:
+            return self.snapshot["digest"]
+        return _set_digest([digest for *_, digest in self.messages])
+
+    def after(self, seq: int, digest: str) -> list[tuple[dict[str, Any], str, int]] | None:
+        """Its messages newer than ``seq`` when the others are exactly those whose set
+        ``digest`` is (the rows' then), else None."""
+        if "digest" not in self.snapshot:
+            split = bisect.bisect_right([message["seq"] for message, *_ in self.messages], seq)
+            older = [d for *_, d in self.messages[:split]]
+            return self.messages[split:] if _set_digest(older) == digest else None
+        newer = []
+        for text in reversed(self.snapshot["messages"]):  # in seq order: read from the end
+            message = json.loads(text)
+            if message["seq"] <= seq:
+                break
+            newer.append((message, text, text_digest(text)))
+        newer.reverse()
+        older = reduce(xor, (d for *_, d in newer), int(self.digest, 16))
+        return newer if _hex(older) == digest else None
 
     @property
     def summary(self) -> str:
@@ -109,35 +124,37 @@ class _Parsed:
     def state(self) -> tuple[int, str, str, int, str]:
         """What its row holds that can change: seq, digest, head, trimmed count and summary."""
         snapshot = self.snapshot
-        return (
-            snapshot["seq"],
-            _set_digest(self.digests),
-            snapshot["head"] or "",
-            snapshot["trimmed"],
-            self.summary,
-        )
+        return (snapshot["seq"], self.digest, snapshot["head"] or "", snapshot["trimmed"], self.summary)
 
-    def row(self, session_pk: int, name: str) -> MemoryConversation:
+    def _counts(self) -> tuple[int, int, int]:
+        """Messages, tokens and branches, as ``list_conversations`` says."""
+        snapshot = self.snapshot
+        if "branch_count" in snapshot:
+            return snapshot["message_count"], snapshot["tokens"], snapshot["branch_count"]
         # Counted by the memory backend's own tree, so the row says what list_conversations does.
         shape = [
             StoredMessage(
                 m["id"], text, "", m["parent_id"], m["seq"], m.get("tokens", 0), m["role"], (), None, ""
             )
-            for m, text in zip(self.decoded, self.texts, strict=True)
+            for m, text, _ in self.messages
         ]
-        snapshot = self.snapshot
         tree = Tree.assemble(shape, head=snapshot["head"], seq=snapshot["seq"], trimmed=snapshot["trimmed"])
+        return len(tree.messages), tree.tokens, tree.branch_count()
+
+    def row(self, session_pk: int, name: str) -> MemoryConversation:
+        snapshot = self.snapshot
+        message_count, tokens, branch_count = self._counts()
         return MemoryConversation(
             session_id=session_pk,
             name=name,
             head=snapshot["head"] or "",
             seq=snapshot["seq"],
-            message_count=len(tree.messages),
-            tokens=tree.tokens,
-            branch_count=tree.branch_count(),
+            message_count=message_count,
+            tokens=tokens,
+            branch_count=branch_count,
             trimmed=snapshot["trimmed"],
             summary=self.summary,
-            digest=_set_digest(self.digests),
+            digest=self.digest,
         )
 
 
@@ -198,7 +215,7 @@ def write_conversations(pks: dict[str, int], snapshots: dict[str, SessionSnapsho
         ).values_list("pk", "session_id", "name", "seq", "digest", "head", "trimmed", "summary")
     }
     wanted = {
-        (pks[sid], name): _Parsed.of(conversation)
+        (pks[sid], name): _Parsed(conversation)
         for sid, snapshot in snapshots.items()
         for name, conversation in (snapshot.get("conversations") or {}).items()
     }
@@ -226,20 +243,11 @@ def write_conversations(pks: dict[str, int], snapshots: dict[str, SessionSnapsho
     compared: dict[int, _Parsed] = {}
     for key, parsed in wanted.items():
         pk = conversation_pks[key]
-        start = 0
-        if key in existing:
-            _, seq, digest, _, _, _ = existing[key]
-            split = bisect.bisect_right([message["seq"] for message in parsed.decoded], seq)
-            if _set_digest(parsed.digests[:split]) != digest:
-                compared[pk] = parsed  # not only grown since: compare message by message
-                continue
-            start = split
-        new.extend(
-            _message_row(pk, message, text, digest, now)
-            for message, text, digest in zip(
-                parsed.decoded[start:], parsed.texts[start:], parsed.digests[start:], strict=True
-            )
-        )
+        gained = parsed.after(*existing[key][1:3]) if key in existing else parsed.messages
+        if gained is None:
+            compared[pk] = parsed  # not only grown since: compare message by message
+            continue
+        new.extend(_message_row(pk, message, text, digest, now) for message, text, digest in gained)
     if compared:
         new.extend(_differences(compared, now))
     _insert(MemoryMessage, MESSAGE_COLUMNS, new)
@@ -253,20 +261,14 @@ def _differences(compared: dict[int, _Parsed], now: datetime) -> list[tuple[Any,
         conversation_id__in=compared
     ).values_list("pk", "conversation_id", "message_id", "digest"):
         held[conversation_pk][message_id, digest] = row_pk
-    wanted = {
-        pk: {
-            (message["id"], _hex(digest))
-            for message, digest in zip(parsed.decoded, parsed.digests, strict=True)
-        }
-        for pk, parsed in compared.items()
-    }
+    wanted = {pk: {(m["id"], _hex(d)) for m, _, d in parsed.messages} for pk, parsed in compared.items()}
     stale = [row_pk for pk, rows in held.items() for key, row_pk in rows.items() if key not in wanted[pk]]
     for start in range(0, len(stale), 500):  # within any database's limit of parameters
         MemoryMessage.objects.filter(pk__in=stale[start : start + 500]).delete()
     return [
         _message_row(pk, message, text, digest, now)
         for pk, parsed in compared.items()
-        for message, text, digest in zip(parsed.decoded, parsed.texts, parsed.digests, strict=True)
+        for message, text, digest in parsed.messages
         if (message["id"], _hex(digest)) not in held[pk]
     ]
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import reduce
+from operator import xor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from persistent_memory import get_store, reset_store
+from persistent_memory import get_store, mirror_conversations, reset_store
+from persistent_memory.backends.conversations import text_digest
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
@@ -45,12 +49,21 @@ def chat(store: MemoryStore, session_id: str, conversation: str = "default") -> 
     )
 
 
+#: What a conversation's snapshot holds on every backend (the memory backend adds its
+#: digest and counts, checked by test_the_snapshot_figures_are_those_of_its_messages).
+PORTABLE = ("head", "seq", "trimmed", "messages", "summaries")
+
+
+def portable(conversations: dict[str, Any]) -> dict[str, Any]:
+    return {name: {k: c[k] for k in PORTABLE if k in c} for name, c in conversations.items()}
+
+
 def stored_conversations(store: MemoryStore, session_id: str) -> dict[str, Any]:
-    """The session's conversations as the backend hands them to the mirror."""
+    """The session's conversations as every backend hands them to the mirror."""
     sid = storage_id(store.owner, session_id)
     snapshot = store.backend.snapshots([sid])[sid]
     assert snapshot is not None
-    return snapshot.get("conversations", {})
+    return portable(snapshot.get("conversations", {}))
 
 
 def shown(value: Any) -> Any:
@@ -146,6 +159,68 @@ def test_a_sync_inserts_only_the_new_messages(mirrored):
     store.mirror.sync_dirty()
     assert_conversations_mirrored(store, "s1")
     assert dict(MemoryMessage.objects.values_list("message_id", "pk")) == after
+
+
+def test_the_snapshot_figures_are_those_of_its_messages(mirrored):
+    """A backend that hands the mirror a digest and counts (the memory backend) hands true
+    ones, through appends, a branch, a head move, trims and a restore."""
+    store = mirrored  # MAX_MESSAGES=8
+
+    def check() -> None:
+        [conversation] = store.backend.snapshots(["s1"])["s1"]["conversations"].values()
+        if store.backend.name == "redis":
+            assert "digest" not in conversation  # the mirror counts and hashes itself
+            return
+        [info] = store.list_conversations("s1")
+        digest = reduce(xor, map(text_digest, conversation["messages"]), 0)
+        assert conversation["digest"] == f"{digest:032x}"
+        figures = [conversation[k] for k in ("message_count", "tokens", "branch_count")]
+        assert figures == [info["message_count"], info["tokens"], info["branch_count"]]
+
+    chat(store, "s1")
+    check()
+    store.set_head("s1", "a2")
+    check()
+    for turn in range(3):  # beyond MAX_MESSAGES: the oldest go
+        turn_messages = [{"role": "user", "content": f"q{turn}"}, {"role": "assistant", "content": "a"}]
+        store.add_messages("s1", turn_messages)
+        check()
+    assert store.list_conversations("s1")[0]["trimmed"] > 0
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    store.backend.restore_session(snapshot, replace=True)
+    check()
+    store.add_messages("s1", [{"role": "user", "content": "after the restore"}])
+    check()
+
+
+def test_a_sync_of_a_grown_chat_reads_only_what_it_gained(mirrored, monkeypatch):
+    store = mirrored
+    store.add_messages("s1", [{"role": "user", "content": f"m{n}"} for n in range(6)])
+    store.mirror.sync_dirty()
+    store.add_messages("s1", [{"role": "assistant", "content": "the answer"}])
+    parsed: list[str] = []
+    counting = SimpleNamespace(loads=lambda text: parsed.append(text) or json.loads(text), dumps=json.dumps)
+    monkeypatch.setattr(mirror_conversations, "json", counting)
+    store.mirror.sync_dirty()
+    monkeypatch.undo()
+    assert_conversations_mirrored(store, "s1")
+    # The memory backend's snapshot says what the rows must hold: only the new message is
+    # read (and the one before it, where the walk back stops); Redis's is read whole.
+    assert len(parsed) == (2 if store.backend.name == "memory" else 7)
+
+
+def test_a_conversation_written_again_between_syncs_is_compared_message_by_message(mirrored):
+    """Cleared and written again past the rows' seq: what the rows hold is no longer the
+    older part of the snapshot, so the sync compares instead of only appending."""
+    store = mirrored
+    chat(store, "s1")  # seq 6
+    store.mirror.sync_dirty()
+    store.clear_messages("s1")
+    store.add_messages("s1", [{"role": "user", "content": f"new {n}"} for n in range(7)])  # seq 1-7
+    store.mirror.sync_dirty()
+    assert_conversations_mirrored(store, "s1")
+    contents = MemoryMessage.objects.order_by("seq").values_list("content_text", flat=True)
+    assert list(contents) == [f"new {n}" for n in range(7)]
 
 
 def test_conversations_that_did_not_change_are_left_alone(mirrored):

@@ -17,6 +17,7 @@ same step (pinned ``system`` messages stay), and the history records how many.
 
 from __future__ import annotations
 
+import hashlib
 from abc import abstractmethod
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
@@ -49,6 +50,18 @@ class ConversationSnapshot(TypedDict):
     messages: list[str]
     #: Summary._asdict() of each of its summaries, by anchor_seq (see :class:`Summary`).
     summaries: NotRequired[list[dict[str, Any]]]
+    #: What a backend that keeps them adds (the memory backend), so that the mirror reads
+    #: only the messages it lacks: the XOR of :func:`text_digest` of every message's text
+    #: (hex), and the counts ``list_conversations`` gives.
+    digest: NotRequired[str]
+    message_count: NotRequired[int]
+    tokens: NotRequired[int]
+    branch_count: NotRequired[int]
+
+
+def text_digest(text: str) -> int:
+    """A stored message text's digest; a set of messages is the XOR of theirs (in any order)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big")
 
 
 class ConversationInfo(TypedDict):

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from persistent_memory.backends.conversations import Summary
+from persistent_memory.backends.conversations import Summary, text_digest
 from persistent_memory.conversations.messages import (
     PreparedMessage,
     chat_message,
@@ -113,6 +113,11 @@ class Tree:
     #: it; None: none) and the tokens of the stored messages it covers.
     anchor: str | None = None
     covered: int = 0
+    #: The XOR of the text digests of the messages up to seq ``digested`` (the snapshot's
+    #: ``digest``): kept as messages go, and the newer ones folded in when next asked, so
+    #: an append pays nothing for it and a mirror sync only for the messages since the last.
+    digest: int = 0
+    digested: int = 0
 
     # Reading ------------------------------------------------------------------
 
@@ -376,6 +381,17 @@ class Tree:
         self.parents.discard(message.id)
         self.tokens -= message.tokens
         self.size -= len(message.text)
+        if message.seq <= self.digested:
+            self.digest ^= text_digest(message.text)
+
+    def texts_digest(self) -> int:
+        """The XOR of every held message's :func:`text_digest` (see ``digest``)."""
+        for message in reversed(self.messages.values()):  # in seq order: the newest last
+            if message.seq <= self.digested:
+                break
+            self.digest ^= text_digest(message.text)
+        self.digested = self.seq
+        return self.digest
 
     @classmethod
     def restore(cls, snapshot: dict[str, Any]) -> Tree:
@@ -418,4 +434,8 @@ class Tree:
                 summary._replace(covered_tokens=self.covered_tokens(anchor))._asdict()
                 for anchor, summary in sorted(self.summaries.items(), key=lambda item: item[1].anchor_seq)
             ],
+            "digest": f"{self.texts_digest():032x}",
+            "message_count": len(self.messages),
+            "tokens": self.tokens,
+            "branch_count": self.branch_count(),
         }
