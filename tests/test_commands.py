@@ -312,6 +312,47 @@ class TestMirrorCommand:
         assert passes >= 3
 
 
+class TestWatchPasses:
+    """``--watch``: a signal ends the wait between passes, never a pass half-counted."""
+
+    def command(self):
+        from persistent_memory.management.base import MemoryCommand
+
+        command = MemoryCommand(stdout=io.StringIO(), stderr=io.StringIO())
+        command.as_json, command.verbosity = False, 1
+        return command
+
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+    def test_a_signal_inside_a_pass_lets_it_finish(self, signum):
+        command, finished = self.command(), []
+        before = signal.getsignal(signum)
+        for number in command.passes(0.01):
+            if number == 2:
+                os.kill(os.getpid(), signum)  # arrives while the pass still has work to do
+                time.sleep(0.05)
+            finished.append(number)
+        assert finished == [1, 2]
+        assert "Interrupted" in command.stdout.getvalue()
+        assert signal.getsignal(signum) is before  # the command's handlers are gone
+
+    def test_a_second_ctrl_c_interrupts_at_once(self):
+        command = self.command()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in command.passes(0.01):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def test_without_watch_one_pass_and_no_handler(self):
+        command = self.command()
+        handlers = []
+        for number in command.passes(None):
+            handlers.append((number, signal.getsignal(signal.SIGINT)))
+        assert handlers == [(1, signal.default_int_handler)]
+
+
 class TestExportImport:
     def fill(self, store, count):
         for i in range(count):

@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from argparse import ArgumentParser
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -99,6 +102,40 @@ class MemoryCommand(BaseCommand):
         """Write ``message`` when ``--verbosity`` is at least ``level`` (never with ``--json``)."""
         if not self.as_json and self.verbosity >= level:
             self.stdout.write(message)
+
+    def passes(self, watch: float | None) -> Iterator[int]:
+        """Pass numbers: one without ``--watch``; with it, one every ``watch`` seconds until
+        Ctrl-C or SIGTERM.
+
+        The signal only ends the wait between passes: a pass it arrives in runs to its end,
+        so what the pass wrote is counted (a KeyboardInterrupt raised inside it lost that
+        count). A second Ctrl-C interrupts at once.
+        """
+        if watch is None:
+            yield 1
+            return
+        stop = threading.Event()
+
+        def interrupt(signum: int, frame: Any) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt
+            stop.set()
+
+        # Handlers can only be set from the main thread; elsewhere no signal reaches us anyway.
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = (
+            {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+        )
+        try:
+            number = 0
+            while not stop.is_set():
+                number += 1
+                yield number
+                stop.wait(watch)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        self.log("Interrupted: stopping after the last complete pass.")
 
     def progress(self, done: int, total: int | None, what: str = "sessions") -> None:
         """A line on stderr about once a second, only on a terminal and not with ``--json``."""

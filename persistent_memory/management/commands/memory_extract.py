@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from argparse import ArgumentParser
 from dataclasses import asdict
 from typing import Any
@@ -34,15 +33,11 @@ class Command(MemoryCommand):
             raise CommandError("--last must be 1 or more.")
         if watch is not None and watch <= 0:
             raise CommandError("--watch must be a positive number of seconds.")
-        while True:
+        for _ in self.passes(watch):
             counts = asdict(extract_sessions(self.store, owner=owner, last_messages=last))
-            if watch is None:
-                return counts
-            self.log(self.summary(counts))
-            try:
-                time.sleep(watch)
-            except KeyboardInterrupt:
-                return counts
+            if watch is not None:
+                self.log(self.summary(counts))
+        return counts
 
     def summary(self, counts: dict[str, Any]) -> str:
         return (

@@ -6,7 +6,6 @@ counts with the database's reason, and make the command exit non-zero.
 
 from __future__ import annotations
 
-import time
 from argparse import ArgumentParser
 from typing import Any
 
@@ -54,26 +53,18 @@ class Command(MemoryCommand):
         if watch is not None and watch <= 0:
             raise CommandError("--watch takes a number of seconds above 0.")
         total, passes = SyncResult(), 0
-        try:
-            while True:
-                if named:
-                    result = mirror.sync_sessions(named)
-                elif all:
-                    result = mirror.sync_all(owner=owner)
-                else:
-                    result = mirror.sync_dirty()
-                total += result
-                passes += 1
-                if watch is None:
-                    break
-                if result.synced or result.gone or result.failed:
-                    self.log(
-                        f"pass {passes}: synced {result.synced}, gone {result.gone}, failed {result.failed}",
-                        2,
-                    )
-                time.sleep(watch)
-        except KeyboardInterrupt:
-            self.log("Interrupted: stopping after the last complete pass.")
+        for passes in self.passes(watch):
+            if named:
+                result = mirror.sync_sessions(named)
+            elif all:
+                result = mirror.sync_all(owner=owner)
+            else:
+                result = mirror.sync_dirty()
+            total += result
+            if watch is not None and (result.synced or result.gone or result.failed):
+                self.log(
+                    f"pass {passes}: synced {result.synced}, gone {result.gone}, failed {result.failed}", 2
+                )
         return {
             "passes": passes,
             "synced": total.synced,

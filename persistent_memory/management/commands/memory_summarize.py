@@ -3,7 +3,6 @@ conversations marked for a rolling summary."""
 
 from __future__ import annotations
 
-import time
 from argparse import ArgumentParser
 from typing import Any
 
@@ -114,22 +113,15 @@ class Command(MemoryCommand):
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
         total, passes = SummarizeReport(), 0
-        try:
-            while True:
-                report = worker.run_once(limit)
-                total += report
-                passes += 1
-                if watch is None:
-                    break
-                if report.taken:
-                    self.log(
-                        f"pass {passes}: summarized {report.summarized}, skipped {report.skipped}, "
-                        f"failed {report.failed}",
-                        2,
-                    )
-                time.sleep(watch)
-        except KeyboardInterrupt:
-            self.log("Interrupted: stopping after the last complete pass.")
+        for passes in self.passes(watch):
+            report = worker.run_once(limit)
+            total += report
+            if watch is not None and report.taken:
+                self.log(
+                    f"pass {passes}: summarized {report.summarized}, skipped {report.skipped}, "
+                    f"failed {report.failed}",
+                    2,
+                )
         return self.counts(passes, total, pending=self.store.backend.unsummarized_count())
 
     def counts(
