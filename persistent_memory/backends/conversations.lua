@@ -28,12 +28,6 @@ local function conv_keys(name)
   return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y'}
 end
 
-local function align_conversation(name)
-  local keys = conv_keys(name)
-  keys[#keys + 1] = base .. '~convs'
-  align(unpack(keys))
-end
-
 -- The session's conversations go with it (purge_leftovers; declared in redis.lua).
 drop_conversations = function()
   local names = base .. '~convs'
@@ -257,6 +251,8 @@ end
 local function rebuild_thread(c, leaf)
   local ordered, systems = path(c, leaf, 0)
   redis.call('DEL', c .. ':t', c .. ':s')
+  new_key(c .. ':t')
+  new_key(c .. ':s')
   if #ordered > 0 then call_chunked('RPUSH', c .. ':t', ordered) end
   local flat = {}
   for _, pair in ipairs(systems) do
@@ -367,15 +363,14 @@ local function trim(c, max_messages)
 end
 
 -- After conversation ``name`` grew or got a summary: trim it, record what was trimmed,
--- mark it for a summarizer when its pending tokens pass the threshold (unmark it
--- otherwise), and align its keys with the session (memory_conversations._settle).
+-- and mark it for a summarizer when its pending tokens pass the threshold (unmark it
+-- otherwise) (memory_conversations._settle).
 local function settle(name)
   local c = conv_key(name)
   local removed = trim(c, tonumber(arg_max_messages))
   if removed > 0 then
     record(history_entry('trim_messages', nil, ', "conversation": ' .. cjson.encode(name)
       .. ', "removed": ' .. removed))
-    align(HISTORY)
   end
   if summarize_after > 0 then
     local totals = redis.call('HMGET', c, 'tokens', 'covered_tokens')
@@ -386,11 +381,10 @@ local function settle(name)
       redis.call('SREM', prefix .. ':~summarize', sid .. ' ' .. name)
     end
   end
-  align_conversation(name)
 end
 
--- Store a checked plan in conversation ``name``, trim it, record what was trimmed, align
--- its keys with the session and mark it for the mirror. Returns the head.
+-- Store a checked plan in conversation ``name``, trim it, record what was trimmed and
+-- mark it for the mirror; the keys it created expire with the session. Returns the head.
 local function commit(name, plan)
   local c = conv_key(name)
   local tokens, bytes, head, seq = 0, 0, nil, nil
@@ -399,18 +393,25 @@ local function commit(name, plan)
       redis.call('HSET', c .. ':m', entry.id, entry.text)
       redis.call('HSET', c .. ':l', entry.id, entry.link)
       redis.call('ZADD', c .. ':o', entry.seq, entry.id)
-      if entry.parent then redis.call('SADD', c .. ':k', entry.parent) end
+      -- A parent new to the set may be its first member.
+      if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
       move_thread(c, entry.parent)
-      redis.call('RPUSH', c .. ':t', entry.id)
-      if entry.role == 'system' then redis.call('ZADD', c .. ':s', entry.seq, entry.id) end
+      if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
+      if entry.role == 'system' then
+        redis.call('ZADD', c .. ':s', entry.seq, entry.id)
+        new_key(c .. ':s')
+      end
       tokens = tokens + entry.tokens
       bytes = bytes + #entry.text
       head, seq = entry.id, entry.seq
     end
   end
   if head then
-    redis.call('SADD', base .. '~convs', name)
-    redis.call('HSET', c, 'head', head, 'seq', seq)
+    if redis.call('SADD', base .. '~convs', name) == 1 then new_key(base .. '~convs') end
+    -- Both fields new: so is the conversation, and each of its keys written above.
+    if redis.call('HSET', c, 'head', head, 'seq', seq) == 2 then
+      for _, key in ipairs(conv_keys(name)) do new_key(key) end
+    end
     redis.call('HINCRBY', c, 'tokens', tokens)
     redis.call('HINCRBY', c, 'bytes', bytes)
     settle(name)
@@ -756,7 +757,6 @@ if op == 'head' then
   end
   move_thread(c, arg(2))
   redis.call('HSET', c, 'head', arg(2))
-  align_conversation(arg(1))
   mark_dirty()
   return remember(arg(2))
 end
@@ -773,7 +773,6 @@ if op == 'clear_messages' then
   redis.call('SREM', base .. '~convs', name)
   record(history_entry('clear_messages', nil, ', "conversation": ' .. cjson.encode(name)
     .. ', "removed": ' .. count))
-  align(HISTORY)
   return remember(count)
 end
 
@@ -813,9 +812,11 @@ if op == 'commit_summary' then
   end
   redis.call('HSET', c .. ':y', arg(4),
     cjson.encode({text = arg(3), anchor_seq = tonumber(arg(5)), tokens = tonumber(arg(6))}))
+  new_key(c .. ':y')
   -- What it covers, counted here: a trim between the read and this commit changed it.
   redis.call('HSET', c, 'anchor', arg(4), 'covered_tokens', thread_tokens(c, position + 1))
   settle(name)
   mark_dirty()
+  align_new_keys() -- not remember(): a summary does not keep an idle session alive
   return 1
 end

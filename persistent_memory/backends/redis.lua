@@ -101,11 +101,39 @@ if IDEMPOTENCY then
   end
 end
 
--- Every write's success reply goes out through here: its session's idle expiry moves.
+-- Keys of the current session this call may have created (or SET, which drops a
+-- key's expiry), marked where they are written: they take the session's expiry when the
+-- call's reply goes out (align_new_keys). A write to a key that exists keeps its expiry,
+-- which every key of a session shares, so the other keys need no command of their own:
+-- aligning all of a session's keys on every write was half the commands of a lane's call.
+local new_keys = {}
+
+local function new_key(key)
+  new_keys[#new_keys + 1] = key
+end
+
+-- New keys inherit META's absolute expiry (PEXPIRETIME, Redis 7). Copying the relative
+-- PTTL left keys of one session hundreds of ms apart on a loaded machine: Redis 7.0 reads
+-- PTTL and sets PEXPIRE against clocks that drift apart while a script waits for the CPU.
+local function align_new_keys()
+  if #new_keys == 0 then return end
+  local command, at = 'PEXPIREAT', redis.pcall('PEXPIRETIME', META)
+  if type(at) ~= 'number' then -- Redis 6: relative, as close as it gets
+    command, at = 'PEXPIRE', redis.call('PTTL', META)
+  end
+  if at > 0 then
+    for _, key in ipairs(new_keys) do redis.call(command, key, at) end
+  end
+  new_keys = {}
+end
+
+-- Every write's success reply goes out through here: the keys it created expire with
+-- its session, and the session's idle expiry moves.
 local function remember(reply)
   if IDEMPOTENCY then
     redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[15], tagged(reply)}), 'PX', ARGV[16])
   end
+  align_new_keys()
   if touch and sid ~= '' then
     touch()
   end
@@ -415,28 +443,6 @@ local function too_big(total)
     .. ' bytes, over MAX_SESSION_BYTES (' .. string.format('%d', byte_cap) .. ').')
 end
 
--- Every key of a session expires with its meta: later keys inherit what is left, as
--- META's absolute expiry (PEXPIRETIME, Redis 7). Copying the relative PTTL left keys of
--- one session hundreds of ms apart on a loaded machine: Redis 7.0 reads PTTL and sets
--- PEXPIRE against clocks that drift apart while a script waits for the CPU.
-local function align(...)
-  local at = redis.pcall('PEXPIRETIME', META)
-  if type(at) ~= 'number' then -- Redis 6: relative, as close as it gets
-    local remaining = redis.call('PTTL', META)
-    if remaining > 0 then
-      for _, key in ipairs({...}) do
-        redis.call('PEXPIRE', key, remaining)
-      end
-    end
-    return
-  end
-  if at > 0 then
-    for _, key in ipairs({...}) do
-      redis.call('PEXPIREAT', key, at)
-    end
-  end
-end
-
 local function json_list(items)
   if #items == 0 then
     return '[]' -- cjson would write an empty table as {}
@@ -502,6 +508,7 @@ local function fold(max_entries, length)
     redis.call('LTRIM', HISTORY, length - keep, -1)
   else
     redis.call('DEL', HISTORY)
+    new_key(HISTORY)
   end
   redis.call('LPUSH', HISTORY, summary)
   return length - keep
@@ -510,6 +517,7 @@ end
 -- Append to the history, summarize when the rule says so, mark for the mirror.
 local function record(entry)
   local length = redis.call('RPUSH', HISTORY, entry)
+  if length == 1 then new_key(HISTORY) end
   if auto_summarize then
     fold(max_history, length)
   end
@@ -966,10 +974,11 @@ if op == 'answer' then
     return too_big(total)
   end
   redis.call('SET', base .. 'last_answer', arg(3))
-  redis.call('SADD', KEYSET, 'last_answer', 'answer_count')
+  new_key(base .. 'last_answer')
+  if count == 1 then new_key(base .. 'answer_count') end
+  if redis.call('SADD', KEYSET, 'last_answer', 'answer_count') > 0 then new_key(KEYSET) end
   record(history_entry('put', 'last_answer'))
   record(history_entry('increment', 'answer_count'))
-  align(base .. 'last_answer', base .. 'answer_count', KEYSET, HISTORY)
   if plan then
     commit(name, plan)
   end
@@ -1044,9 +1053,9 @@ elseif op == 'put' then
   local ok, total = fits({[key] = #arg(2)})
   if not ok then return too_big(total) end
   redis.call('SET', base .. key, arg(2))
-  redis.call('SADD', KEYSET, key)
+  new_key(base .. key)
+  if redis.call('SADD', KEYSET, key) > 0 then new_key(KEYSET) end
   record(history_entry('put', key))
-  align(base .. key, KEYSET, HISTORY)
   return remember(1)
 elseif op == 'get' then
   if refresh_reads then touch() end
@@ -1070,9 +1079,9 @@ elseif op == 'increment' then
     restore_value(key, before)
     return too_big(total)
   end
-  redis.call('SADD', KEYSET, key)
+  if not before then new_key(base .. key) end
+  if redis.call('SADD', KEYSET, key) > 0 then new_key(KEYSET) end
   record(history_entry('increment', key))
-  align(base .. key, KEYSET, HISTORY)
   -- The stored text, not ``result``: a Lua number is a double, which above 2^53 is
   -- not the integer INCRBY stored.
   return remember(redis.call('GET', base .. key))
@@ -1095,7 +1104,6 @@ elseif op == 'clear' then
     redis.call('SREM', KEYSET, key)
     record(history_entry('clear', key))
   end
-  align(HISTORY)
   return remember(cleared)
 elseif op == 'history' then
   local limit = tonumber(arg(1))
@@ -1108,7 +1116,6 @@ elseif op == 'summarize' then
   if folded > 0 then
     mark_dirty()
   end
-  align(HISTORY)
   return remember(folded)
 end
 
