@@ -79,6 +79,7 @@ class MemoryConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
     ordering = ("session", "name")
     list_per_page = 100
     show_full_result_count = False
+    actions = None  # read-only: no checkboxes, no "delete selected"
     fields = ("session", "name", "head", "seq", "message_count", "tokens", "branch_count", "trimmed")
     readonly_fields = fields
     change_form_template = "admin/persistent_memory/memoryconversation/change_form.html"
@@ -87,9 +88,6 @@ class MemoryConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def session_link(self, obj: MemoryConversation) -> str:
         url = reverse("admin:persistent_memory_memorysession_change", args=[obj.session_id])
         return format_html('<a href="{}">{}</a>', url, obj.session)
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return {}
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -180,6 +178,7 @@ def role_badge(role: str) -> str:
 
 @admin.register(MemoryMessage)
 class MemoryMessageAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    actions = None  # read-only: no checkboxes, no "delete selected"
     list_display = (
         "created_at",
         "role_display",
@@ -256,9 +255,6 @@ class MemoryMessageAdmin(ReadOnlyMixin, admin.ModelAdmin):
         if value is None:
             return "—"
         return format_html("<pre style='margin:0'>{}</pre>", pretty_json(json.dumps(value)))
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return {}
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
         _sync(self, request)
