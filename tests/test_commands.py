@@ -336,21 +336,21 @@ class TestWatchPasses:
         assert signal.getsignal(signum) is before  # the command's handlers are gone
 
     def test_a_second_ctrl_c_interrupts_at_once(self):
-        command = self.command()
+        command, before = self.command(), signal.getsignal(signal.SIGINT)
         with pytest.raises(KeyboardInterrupt):
             for _ in command.passes(0.01):
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is before
 
     def test_without_watch_one_pass_and_no_handler(self):
-        command = self.command()
+        command, before = self.command(), signal.getsignal(signal.SIGINT)
         handlers = []
         for number in command.passes(None):
             handlers.append((number, signal.getsignal(signal.SIGINT)))
-        assert handlers == [(1, signal.default_int_handler)]
+        assert handlers == [(1, before)]
 
 
 class TestExportImport:
