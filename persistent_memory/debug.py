@@ -1,12 +1,16 @@
-"""Keeping the Redis password out of Django's error reports (the DEBUG page, error mails).
+"""Keeping the Redis and database passwords out of Django's error reports (the DEBUG
+page, error mails).
 
-Django hides a setting whose *name* looks secret (``REDIS_PASSWORD``), not a password
-inside a URL: ``PERSISTENT_MEMORY["REDIS_URL"]``, the ``LOCATION`` of the django-redis
-cache named by ``REDIS_CACHE_ALIAS``, a ``REDIS_URL`` environment variable (runserver
-copies the environment into ``request.META``), or a local variable holding the URL.
-:class:`SafeExceptionReporterFilter` masks the configured password wherever the report
-shows a value (settings, request META and cookies, every frame's local variables),
-with DEBUG on or off::
+Django hides a setting whose *name* looks secret (``REDIS_PASSWORD``, ``DATABASES``'
+``PASSWORD``), not a password inside a value: ``PERSISTENT_MEMORY["REDIS_URL"]``, the
+``LOCATION`` of the django-redis cache named by ``REDIS_CACHE_ALIAS``, a ``REDIS_URL``
+or ``DATABASE_URL`` environment variable (runserver copies the environment into
+``request.META``), or a frame's local variables: a URL, or psycopg's ``conninfo``,
+``params`` and ``kwargs`` when PostgreSQL cannot be reached.
+:class:`SafeExceptionReporterFilter` masks every configured password (Redis and each
+of ``DATABASES``) wherever the report shows a value (settings, request META and
+cookies, every frame's local variables), and the password of any URL
+(``scheme://user:password@``) or ``password=...`` pair it shows, with DEBUG on or off::
 
     DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.debug.SafeExceptionReporterFilter"
 """
@@ -14,9 +18,10 @@ with DEBUG on or off::
 from __future__ import annotations
 
 import pprint
+import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import unquote, unquote_plus, urlsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -66,6 +71,40 @@ def redis_passwords() -> set[str]:
     )
 
 
+def database_passwords() -> set[str]:
+    """Every database password the settings configure (``PASSWORD``, or ``password`` in
+    ``OPTIONS``), in each form a report could show it: as is, URL-encoded, and quoted as
+    in a libpq conninfo string."""
+    databases = getattr(settings, "DATABASES", None)
+    found: set[str] = set()
+    for database in databases.values() if isinstance(databases, dict) else ():
+        if not isinstance(database, dict):
+            continue
+        options = database.get("OPTIONS")
+        in_options = options.get("password") if isinstance(options, dict) else None
+        for password in (database.get("PASSWORD"), in_options):
+            if isinstance(password, str) and password:
+                found |= {password, quote(password, safe=""), quote_plus(password)}
+                found.add(password.replace("\\", "\\\\").replace("'", "\\'"))  # conninfo's escapes
+    return found
+
+
+def secret_passwords() -> set[str]:
+    """The Redis and database passwords a report must never show."""
+    return redis_passwords() | database_passwords()
+
+
+#: A password wherever a value spells one out, configured or not: a URL's userinfo
+#: (``postgres://user:pw@host``), and ``password=pw`` or ``'password': 'pw'`` (a
+#: conninfo string, a query string, a dict's repr).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:'\"]*:)[^@\s'\"]+(?=@)")
+_PAIR_PASSWORD = re.compile(
+    r"(?P<head>\b(?:password|passwd)['\"]?\s*[:=]\s*)"
+    r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&'\",)}]+)",
+    re.IGNORECASE,
+)
+
+
 class _Masked:
     """A value shown as its masked text (the report prints values with ``repr``)."""
 
@@ -77,13 +116,12 @@ class _Masked:
 
 
 class SafeExceptionReporterFilter(debug.SafeExceptionReporterFilter):
-    """Django's filter, plus the configured Redis password masked in every value shown."""
+    """Django's filter, plus every configured Redis and database password, and any
+    password a URL or a ``password=`` pair spells out, masked in every value shown."""
 
     def mask(self, value: Any, passwords: Iterable[str]) -> Any:
         """``value``, or what the report should show instead when it contains a password."""
         passwords = sorted(passwords, key=len, reverse=True)  # a longer one may contain a shorter
-        if not passwords:
-            return value
         if isinstance(value, str):
             text = value
         else:
@@ -91,17 +129,22 @@ class SafeExceptionReporterFilter(debug.SafeExceptionReporterFilter):
                 text = pprint.pformat(value)
             except Exception:  # the report prints its own "Error in formatting"
                 return value
-        if not any(password in text for password in passwords):
-            return value
+        masked = text
         for password in passwords:
-            text = text.replace(password, self.cleansed_substitute)
-        return text if isinstance(value, str) else _Masked(text)
+            # As is, and as a repr shows it inside quotes (backslashes and quotes escaped).
+            for form in (password, repr(password)[1:-1]):
+                masked = masked.replace(form, self.cleansed_substitute)
+        substitute = rf"\g<head>{self.cleansed_substitute}"
+        masked = _PAIR_PASSWORD.sub(substitute, _URL_PASSWORD.sub(substitute, masked))
+        if masked == text:
+            return value
+        return masked if isinstance(value, str) else _Masked(masked)
 
     def cleanse_setting(self, key: Any, value: Any) -> Any:
         # Settings, request META and cookies all go through here.
-        return self.mask(super().cleanse_setting(key, value), redis_passwords())
+        return self.mask(super().cleanse_setting(key, value), secret_passwords())
 
     def get_traceback_frame_variables(self, request: HttpRequest | None, tb_frame: Any) -> Any:
-        passwords = redis_passwords()
+        passwords = secret_passwords()
         variables = super().get_traceback_frame_variables(request, tb_frame)
         return [(name, self.mask(value, passwords)) for name, value in variables]

@@ -11,16 +11,24 @@ be read depends on the server:
   ends: there the request is refused with 411 ``length_required``, never read as empty.
   (runserver then reads the unread chunks as the connection's next request and
   answers them with its own 400: a limit of the development server.)
+
+A body whose chunks the server cannot decode (a chunk size that is not hexadecimal, a
+missing terminator, a connection closed mid-body) is the caller's error: 400
+``malformed_body``. gunicorn raises its own parse errors from ``wsgi.input`` then;
+uvicorn answers such a request itself, before the application sees it.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 
-from persistent_memory.api.errors import LengthRequired, PayloadTooLarge
+from persistent_memory.api.errors import LengthRequired, MalformedBody, PayloadTooLarge
+
+logger = logging.getLogger("persistent_memory.api")
 
 
 def read_unsized_body(request: HttpRequest, *, limit: int) -> None:
@@ -38,7 +46,11 @@ def read_unsized_body(request: HttpRequest, *, limit: int) -> None:
         source = meta["wsgi.input"]  # decoded by the server, ends with the body
     else:
         raise LengthRequired()
-    body = source.read(limit + 1)
+    try:
+        body = source.read(limit + 1)
+    except Exception as exc:  # each server raises its own (gunicorn: InvalidChunkSize, NoMoreData...)
+        logger.info("persistent_memory: unreadable chunked body of %s: %r", request.path, exc)
+        raise MalformedBody() from exc
     if len(body) > limit:
         raise PayloadTooLarge(f"The request body is over {limit} bytes.")
     # What HttpRequest.body does once it has read a body: serve it from memory.

@@ -4,6 +4,11 @@ Store exceptions become DRF ``APIException`` s; every error body then carries a
 machine ``code`` (validation errors add their field ``errors``). A database that cannot
 be reached is a 503 like a store backend that cannot; any other exception nothing
 handled is logged with its traceback and answered as a JSON 500, never an HTML page.
+
+A server-side error (5xx, 507 included) also carries a ``request_id`` (and the
+``X-Request-ID`` header) and a plain message: its details (a backend's address, a
+script hash, a traceback) go to the ``persistent_memory.api`` logger under that id,
+never to the caller (see :mod:`persistent_memory.reporting`).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
@@ -20,6 +25,7 @@ from rest_framework.settings import api_settings
 
 from persistent_memory import exceptions as memory_errors
 from persistent_memory.conf import memory_settings
+from persistent_memory.reporting import REQUEST_ID_HEADER, caller_detail, new_request_id
 
 logger = logging.getLogger("persistent_memory.api")
 
@@ -51,13 +57,31 @@ class MemoryAPIError(exceptions.APIException):
 
     def __init__(self, error: memory_errors.PersistentMemoryError, status_code: int) -> None:
         self.status_code = status_code
-        super().__init__(detail=str(error), code=error.code)
+        super().__init__(detail=caller_detail(error), code=error.code)
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request body is too large."
     default_code = "payload_too_large"
+
+
+class DisallowedHostError(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "The request's Host header names no host this site serves."
+    default_code = "disallowed_host"
+
+
+class MalformedBody(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "The request body could not be read: its chunked encoding is malformed."
+    default_code = "malformed_body"
+
+
+class BadRequest(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "Bad request."
+    default_code = "bad_request"
 
 
 class LengthRequired(exceptions.APIException):
@@ -86,6 +110,10 @@ def translate(exc: Exception) -> Exception:
                 return MemoryAPIError(exc, status_code)
     if isinstance(exc, RequestDataTooBig):
         return PayloadTooLarge()
+    if isinstance(exc, DisallowedHost):
+        return DisallowedHostError()
+    if isinstance(exc, SuspiciousOperation):  # too many fields, a malformed header...
+        return BadRequest()
     if isinstance(exc, DATABASE_UNAVAILABLE):
         return DatabaseUnavailable()
     return exc
@@ -98,36 +126,70 @@ def error_body(exc: exceptions.APIException) -> dict[str, Any]:
     return {"detail": str(exc.detail), "code": getattr(exc.detail, "code", None) or exc.default_code}
 
 
-def server_error(exc: Exception, context: dict[str, Any]) -> Response:
-    """Log an exception nothing handled, with its traceback, and answer a JSON 500.
+def error_answer(
+    error: exceptions.APIException, cause: BaseException | None, *, method: str, path: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body and the headers of the answer to ``error`` (translated from ``cause``).
 
-    ``got_request_exception`` is sent as Django sends it for exceptions that leave a
-    view, so error trackers and the test client still see the exception.
+    A server-side error gets a request id, in the body and a header, and ``cause``'s
+    details are logged under it: callers see a plain message only.
     """
-    request = context.get("request")
-    django_request = getattr(request, "_request", request)
-    logger.error(
-        "persistent_memory: unhandled exception in %s %s",
-        getattr(request, "method", "?"),
-        getattr(request, "path", "?"),
-        exc_info=(type(exc), exc, exc.__traceback__),
-    )
-    got_request_exception.send(sender=None, request=django_request)
-    error = ServerError()
-    return Response(error_body(error), status=error.status_code)
+    body = error_body(error)
+    headers: dict[str, str] = {}
+    if error.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
+        headers["Retry-After"] = str(memory_settings.RETRY_AFTER_SECONDS)
+    if error.status_code < status.HTTP_500_INTERNAL_SERVER_ERROR:
+        return body, headers
+    request_id = body["request_id"] = headers[REQUEST_ID_HEADER] = new_request_id()
+    if isinstance(error, ServerError):
+        logger.error(
+            "persistent_memory: unhandled exception in %s %s (request %s)",
+            method,
+            path,
+            request_id,
+            exc_info=None if cause is None else (type(cause), cause, cause.__traceback__),
+        )
+    elif isinstance(error, DatabaseUnavailable):
+        logger.warning(
+            "persistent_memory: the database is unavailable: %s (%s %s, request %s)",
+            cause,
+            method,
+            path,
+            request_id,
+        )
+    else:
+        logger.warning(
+            "persistent_memory: %s %s answered %s %s (request %s): %s",
+            method,
+            path,
+            error.status_code,
+            body["code"],
+            request_id,
+            cause,
+        )
+    return body, headers
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """The project's DRF exception handler, fed translated exceptions, with our body shape."""
-    if isinstance(exc, DATABASE_UNAVAILABLE):
-        logger.warning("persistent_memory: the database is unavailable: %s", exc)
+    """The project's DRF exception handler, fed translated exceptions, with our body shape.
+
+    An exception nothing handled is answered as a JSON 500; ``got_request_exception`` is
+    sent as Django sends it for exceptions that leave a view, so error trackers and the
+    test client still see the exception.
+    """
     api_error = translate(exc)
     response = api_settings.EXCEPTION_HANDLER(api_error, context)
+    request = context.get("request")
     if response is None:
-        return server_error(exc, context)
+        got_request_exception.send(sender=None, request=getattr(request, "_request", request))
+        api_error = ServerError()
+        response = Response(status=api_error.status_code)
     if not isinstance(api_error, exceptions.APIException):
-        return response
-    response.data = error_body(api_error)
-    if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
-        response["Retry-After"] = str(memory_settings.RETRY_AFTER_SECONDS)
+        return response  # the project's handler answered an exception of its own
+    body, headers = error_answer(
+        api_error, exc, method=getattr(request, "method", "?"), path=getattr(request, "path", "?")
+    )
+    response.data = body
+    for name, value in headers.items():
+        response[name] = value
     return response

@@ -268,3 +268,7 @@ class Error(serializers.Serializer):
     detail = serializers.CharField()
     code = serializers.CharField()
     errors = serializers.JSONField(required=False, help_text="Field errors, for validation failures.")
+    request_id = serializers.CharField(
+        required=False,
+        help_text="Server-side errors (5xx): the id the server logged the details under (also X-Request-ID).",
+    )

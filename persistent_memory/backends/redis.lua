@@ -330,6 +330,13 @@ end
 -- Keys of a session whose meta is gone (expired, deleted, or left by a crash) are
 -- removed so that a session created again under the same id starts empty.
 local function purge_leftovers()
+  -- Nothing left, no DEL: Redis at its maxmemory (noeviction) refuses a script's first
+  -- write that needs memory, but lets every write through once the script has written
+  -- anything, and a DEL of nothing counts: a new session would then be created while
+  -- every other write answers OOM.
+  if redis.call('EXISTS', KEYSET, HISTORY, RUNS, base .. '~convs') == 0 then
+    return
+  end
   for _, member in ipairs(redis.call('SMEMBERS', KEYSET)) do
     redis.call('DEL', base .. member)
   end

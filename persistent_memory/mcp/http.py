@@ -12,6 +12,11 @@ The servers run stateless (every POST stands alone, answered as JSON): no MCP se
 lives in one process, so a request can reach any worker, and a session id of one owner
 cannot be replayed with another owner's token. Each owner's session manager runs in a
 task group of the ASGI lifespan, which the server (uvicorn) must run.
+
+Every error answer is JSON: the endpoint's own (``{"detail", "code"}``), the SDK's
+JSON-RPC errors, and the few the SDK answers as plain text (a body over
+``MAX_REQUEST_BYTES``: 413 ``payload_too_large``; a POST that is not JSON: 400), which
+the endpoint rewrites as the endpoint's own.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import anyio
@@ -34,6 +40,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
 from mcp.server.transport_security import TransportSecuritySettings
 
+from persistent_memory.api.errors import DisallowedHostError
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner
 from persistent_memory.mcp.server import build_server
@@ -72,8 +79,8 @@ def _authenticate(scope: Scope) -> str:
             # Django's own Host check (ALLOWED_HOSTS), as for every other page of the site;
             # it stands in for the SDK's DNS rebinding protection.
             request.get_host()
-        except DisallowedHost as exc:
-            raise Refused(400, "disallowed_host", str(exc)) from exc
+        except DisallowedHost as exc:  # the API's answer: Django's message is for the operator
+            raise Refused(400, "disallowed_host", DisallowedHostError.default_detail) from exc
         try:
             authenticated = TokenAuthentication().authenticate(request)
         except AuthenticationFailed as exc:
@@ -94,6 +101,45 @@ def _authenticate(scope: Scope) -> str:
         return owner
     finally:
         close_old_connections()
+
+
+#: Codes of the SDK's plain-text error answers, by status (others: the status's phrase).
+PLAIN_ERROR_CODES = {400: "bad_request", 413: "payload_too_large"}
+
+
+def _json_errors(send: Send) -> Send:
+    """``send`` with the SDK's plain-text error answers (its 413 "Request body too large",
+    its 400 for a Content-Type) turned into ``{"detail", "code"}`` JSON; every other
+    message passes through as it is."""
+    held: MutableMapping[str, Any] | None = None  # an error's response start, until its body
+    body = b""
+
+    async def send_json_errors(message: MutableMapping[str, Any]) -> None:
+        nonlocal held, body
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+            if not content_type.startswith(b"application/json"):
+                held = message
+                return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        body += message.get("body", b"")
+        if message.get("more_body", False):
+            return
+        status = held["status"]
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:  # a status Python does not name
+            phrase = "Error"
+        code = PLAIN_ERROR_CODES.get(status) or phrase.lower().replace(" ", "_").replace("-", "_")
+        detail = body.decode(errors="replace").strip() or phrase
+        if status == 413:
+            detail = "The request body is too large."
+        await _refuse(send, Refused(status, code, detail))
+        held = None
+
+    return send_json_errors
 
 
 async def _refuse(send: Send, refused: Refused) -> None:
@@ -229,6 +275,8 @@ class MCPEndpoint:
         mcp_server = build_server(owner)
         app = mcp_server.streamable_http_app(
             streamable_http_path=self.path,
+            # The API's limit, answered as JSON 413 (see _json_errors).
+            max_request_body_size=memory_settings.MAX_REQUEST_BYTES,
             stateless_http=True,
             json_response=True,
             # The Host header was checked against ALLOWED_HOSTS already.
@@ -260,7 +308,8 @@ class MCPEndpoint:
             owner = await sync_to_async(_authenticate)(scope)
             async with self.serving(owner) as server:
                 # The SDK's app routes its one path: both spellings of ours reach it.
-                await server.app({**scope, "path": self.path, "raw_path": self.path.encode()}, receive, send)
+                scope = {**scope, "path": self.path, "raw_path": self.path.encode()}
+                await server.app(scope, receive, _json_errors(send))
         except Refused as refused:  # raised before the app is called: nothing was sent yet
             await _refuse(send, refused)
 

@@ -4,7 +4,10 @@ Every tool is bound to the owner the server was built for (the stdio command's
 ``--owner``, or the token's owner over HTTP): nothing a caller sends picks another.
 The store and the memories service are synchronous (Redis, the ORM), so each call runs
 in Django's sync thread; a store exception becomes a tool error whose text starts with
-its code (``session_not_found: ...``), never a crashed server.
+its code (``session_not_found: ...``), never a crashed server. A server-side error (a
+backend down or full, the database unreachable, a bug) is told as its code, a plain
+message and a request id; its details go to the ``persistent_memory.mcp`` logger under
+that id (see :mod:`persistent_memory.reporting`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from persistent_memory import get_store
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.owners import validate_owner
+from persistent_memory.reporting import new_request_id, plain_detail
 from persistent_memory.store import MemoryStore
 
 T = TypeVar("T")
@@ -57,16 +61,35 @@ def _in_request(function: Callable[[], T]) -> T:
         close_old_connections()
 
 
+def _server_side(code: str, detail: str, error: Exception) -> ToolError:
+    """A tool error that tells ``code``, ``detail`` and a request id; ``error`` is logged under it."""
+    request_id = new_request_id()
+    logger.warning(
+        "persistent_memory: MCP tool call answered %s (request %s): %s",
+        code,
+        request_id,
+        error,
+        exc_info=None if isinstance(error, (PersistentMemoryError, *DATABASE_UNAVAILABLE)) else error,
+    )
+    return ToolError(f"{code}: {detail} (request_id: {request_id})")
+
+
 async def _call(function: Callable[[], T]) -> T:
     """``function`` in Django's sync thread; a store error as a tool error with its code,
     a database that cannot be reached as ``database_unavailable`` (as the API answers)."""
     try:
         return await sync_to_async(_in_request)(function)
     except PersistentMemoryError as error:
+        detail = plain_detail(error)
+        if detail is not None:  # its message is for the operator
+            raise _server_side(error.code, detail, error) from None
         raise ToolError(f"{error.code}: {error}") from error
     except DATABASE_UNAVAILABLE as error:
-        logger.warning("persistent_memory: the database is unavailable: %s", error)
-        raise ToolError("database_unavailable: The database is unavailable; try again later.") from error
+        raise _server_side(
+            "database_unavailable", "The database is unavailable; try again later.", error
+        ) from None
+    except Exception as error:  # the SDK would tell the caller the exception's text
+        raise _server_side("server_error", "A server error occurred.", error) from None
 
 
 @contextmanager

@@ -1,0 +1,102 @@
+"""Error handlers for the project's URLconf: JSON on the API's paths, Django's pages elsewhere.
+
+Django answers some errors before any view runs, with its own HTML pages: a ``Host``
+header not in ``ALLOWED_HOSTS``, a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, an
+exception in a middleware (a database that went away while the session or the user
+is read). These handlers answer them as the API answers every error, ``{"detail",
+"code"}`` (plus ``request_id`` for server-side ones), on every path that resolves into
+the API's URLconf, wherever the project mounts it. Elsewhere (the admin, the site)
+they answer as Django's defaults do, except that a database that cannot be reached
+is a 503 page that says so, not a bare "Server Error (500)". In the project's root
+URLconf::
+
+    handler400 = "persistent_memory.error_views.bad_request"
+    handler403 = "persistent_memory.error_views.permission_denied"
+    handler404 = "persistent_memory.error_views.page_not_found"
+    handler500 = "persistent_memory.error_views.server_error"
+
+(DRF's ``rest_framework.exceptions.bad_request``/``server_error`` answer JSON on every
+path, with no code and no request id: the admin would then answer JSON too.)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template import loader
+from django.urls import Resolver404, resolve
+from django.views import defaults
+from rest_framework import exceptions
+
+from persistent_memory.api.errors import (
+    DATABASE_UNAVAILABLE,
+    BadRequest,
+    DatabaseUnavailable,
+    ServerError,
+    error_answer,
+    translate,
+)
+
+#: The ``app_name`` of the API's URLconf (persistent_memory/api/urls.py).
+API_APP_NAME = "persistent_memory_api"
+
+#: The page a database outage shows outside the API.
+UNAVAILABLE_TEMPLATE = "persistent_memory/503.html"
+
+
+def is_api_request(request: HttpRequest) -> bool:
+    """Whether the request's path resolves into the API's URLconf (where it is mounted)."""
+    try:
+        match = resolve(request.path_info, getattr(request, "urlconf", None))
+    except Resolver404:
+        return False
+    return API_APP_NAME in match.app_names
+
+
+def _json(request: HttpRequest, error: exceptions.APIException, cause: BaseException | None) -> JsonResponse:
+    body, headers = error_answer(error, cause, method=request.method or "?", path=request.path)
+    return JsonResponse(body, status=error.status_code, headers=headers)
+
+
+def _as_api_error(
+    exception: BaseException | None, fallback: exceptions.APIException
+) -> exceptions.APIException:
+    """The API's error for ``exception`` (a bad host, a body too big...), else ``fallback``."""
+    translated = translate(exception) if isinstance(exception, Exception) else None
+    return translated if isinstance(translated, exceptions.APIException) else fallback
+
+
+def bad_request(request: HttpRequest, exception: BaseException | None = None) -> HttpResponse:
+    """400 (413 for a body too big): a bad host, an unreadable body, too many fields."""
+    if not is_api_request(request):
+        return defaults.bad_request(request, exception)
+    return _json(request, _as_api_error(exception, BadRequest()), exception)
+
+
+def permission_denied(request: HttpRequest, exception: BaseException | None = None) -> HttpResponse:
+    """403 raised outside the API's views."""
+    if not is_api_request(request):
+        return defaults.permission_denied(request, exception)
+    return _json(request, exceptions.PermissionDenied(), exception)
+
+
+def page_not_found(request: HttpRequest, exception: BaseException | None = None) -> HttpResponse:
+    """404 raised outside the API's views."""
+    if not is_api_request(request):
+        return defaults.page_not_found(request, exception)
+    return _json(request, exceptions.NotFound(), exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """500 for an exception nothing handled; 503 when it is the database being unreachable."""
+    cause = sys.exc_info()[1]  # Django calls handler500 while handling the exception
+    database_down = isinstance(cause, DATABASE_UNAVAILABLE)
+    if is_api_request(request):
+        return _json(request, DatabaseUnavailable() if database_down else ServerError(), cause)
+    if not database_down:
+        return defaults.server_error(request)
+    error = DatabaseUnavailable()
+    body, headers = error_answer(error, cause, method=request.method or "?", path=request.path)
+    page = loader.get_template(UNAVAILABLE_TEMPLATE).render(body)  # no request: no context processors
+    return HttpResponse(page, status=error.status_code, headers=headers)
