@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+#: A reply delay no client timeout in the tests waits for: a timeout test fails by its
+#: timeout, never because a loaded machine took longer than a short delay.
+HANG = 60.0
+
 
 @dataclass
 class Reply:

@@ -4,7 +4,6 @@ so the page loads are what sync it)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,6 +14,7 @@ from django.utils.text import capfirst
 
 from persistent_memory.admin import MemorySessionAdmin
 from persistent_memory.models import HistoryEntry, MemorySession
+from tests.timing import LIVE_TTL, wait_past
 
 CHANGELIST = "/admin/persistent_memory/memorysession/"
 HISTORY = "/admin/persistent_memory/historyentry/"
@@ -76,10 +76,10 @@ def test_changelist_syncs_and_lists(admin_client, store):
 def test_search_filters_and_date_hierarchy(admin_client, store):
     fill(store)
     # Long enough to be mirrored live on a loaded machine, then expired.
-    store.create_session("short", ttl_seconds=1)
+    short = store.create_session("short", ttl_seconds=LIVE_TTL)
     admin_client.get(CHANGELIST)
     assert MemorySession.objects.filter(session_id="short", state="live").exists()
-    time.sleep(1.1)
+    wait_past(short["expires_at"])
     found = admin_client.get(CHANGELIST, {"q": "chat"}).context["cl"].result_list
     assert sorted(s.session_id for s in found) == ["chat-1", "chat-2"]
 

@@ -37,7 +37,7 @@ DOCS = ROOT / "docs"
 WIDTH = 1280
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-WAIT_SECONDS = 20
+WAIT_SECONDS = 60  # polled: a loaded machine gets there later, not never
 
 USERNAME = "admin"
 PASSWORD = "browser-test-password"

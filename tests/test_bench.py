@@ -174,5 +174,5 @@ def test_a_short_memories_run_reports_search_injection_and_extraction(tmp_path):
         assert first["upserts"] == again["upserts"] == first["candidates"]
         assert 0 < first["memories_after"] == again["memories_after"] <= first["upserts"]
         assert first["refused"] == again["refused"] == 0
-        for run in (first, again):
-            assert run["messages_per_s"] > 0 and run["upserts_per_s"] > 0 and 0 < run["of_rules_alone"] < 1
+        for run in (first, again):  # the ratio of two timings is the machine's: reported, not bounded
+            assert run["messages_per_s"] > 0 and run["upserts_per_s"] > 0 and run["of_rules_alone"] >= 0

@@ -27,6 +27,7 @@ from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, ids, result, system, tool_call, user
 from tests.conftest import CountingConnection, memory_settings_for, pttls
+from tests.timing import LIVE_TTL, wait_past
 
 PREFIX = "rr:memory"
 
@@ -829,10 +830,10 @@ def test_delete_session_removes_its_conversations(store):
 
 
 def test_expired_sessions_lose_their_conversations(store):
-    store.create_session("s1", ttl_seconds=0.3)
+    info = store.create_session("s1", ttl_seconds=LIVE_TTL)
     store.add_messages("s1", [user("q", id="m1"), assistant("a")])
     store.add_messages("s1", [user("q")], conversation="other")
-    time.sleep(0.45)
+    wait_past(info["expires_at"])
     for read in (
         lambda: store.get_messages("s1"),
         lambda: store.get_context("s1"),
@@ -847,10 +848,10 @@ def test_expired_sessions_lose_their_conversations(store):
 
 
 def test_the_sweep_removes_expired_conversations(store):
-    store.create_session("gone", ttl_seconds=0.1)
+    gone = store.create_session("gone", ttl_seconds=LIVE_TTL)
     store.add_messages("gone", [user("q"), assistant("a")])
     store.add_messages("kept", [user("q")])
-    time.sleep(0.2)
+    wait_past(gone["expires_at"])
     report = maintenance.sweep(store=store)
     assert report.expired_sessions in (0, 1)  # Redis may have expired the keys by itself
     assert_no_session(store, "gone")
@@ -937,7 +938,7 @@ def test_the_lanes_keep_conversation_keys_aligned(settings, redis_client, redis_
 
 def test_the_sweep_leaves_no_conversation_keys_of_an_expired_session(redis_store, redis_client):
     store = redis_store
-    store.create_session("gone", ttl_seconds=0.2)
+    gone = store.create_session("gone", ttl_seconds=LIVE_TTL)
     store.add_messages("gone", [user("q"), calling("c1"), result("c1")])
     store.add_messages("gone", [user("q")], conversation="other")
     store.add_messages("kept", [user("q")])
@@ -945,7 +946,7 @@ def test_the_sweep_leaves_no_conversation_keys_of_an_expired_session(redis_store
     assert any(":~c:" in key for key in keys)
     # A crash could leave conversation keys behind without a TTL: the sweep finds them.
     leftovers = {key: redis_client.dump(key) for key in keys if ":~c:" in key or key.endswith(":~convs")}
-    time.sleep(0.3)
+    wait_past(gone["expires_at"])
     for key, dumped in leftovers.items():
         redis_client.restore(key, 0, dumped, replace=True)
     assert session_keys(redis_client, "gone")

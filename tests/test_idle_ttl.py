@@ -10,6 +10,7 @@ from persistent_memory.exceptions import SessionNotFound
 from persistent_memory.maintenance import sweep
 from persistent_memory.pipeline import MemoryFilter
 from tests.conftest import CountingConnection, pttls
+from tests.timing import wait_past
 
 IDLE = 0.6
 
@@ -22,43 +23,97 @@ def live(store, session_id: str) -> bool:
     return True
 
 
+class Stalled(Exception):
+    """The machine paused the test past the session's expiry between two calls: the
+    scenario proves nothing then, and runs again."""
+
+
+def touch(call, alive_until: float) -> float:
+    """``call()`` on a session that lives at least until ``alive_until`` (an epoch: the
+    previous write's start plus the idle TTL, or the fixed deadline); when it started.
+    Gone while the call ended before then is a failure; gone after it, a stall."""
+    started = time.time()
+    try:
+        call()
+    except SessionNotFound:
+        if time.time() < alive_until:
+            raise AssertionError("the session ended before its expiry") from None
+        raise Stalled from None
+    return started
+
+
+def again_if_stalled(scenario, attempts: int = 5) -> None:
+    """``scenario(session_id)``, run again under a new id while the machine stalls it."""
+    for attempt in range(attempts):
+        try:
+            return scenario(f"chat-{attempt}")
+        except Stalled:
+            continue
+    pytest.fail(f"the machine stalled every one of {attempts} attempts past the idle TTL")
+
+
 def test_writes_keep_a_session_alive_past_its_idle_ttl_then_it_goes(configure):
     store = configure(SESSION_IDLE_TTL_SECONDS=IDLE)
-    info = store.create_session("chat")
-    assert info["idle_ttl_seconds"] == IDLE and info["expires_by"] == "idle"
-    started = time.time()
-    for n in range(6):  # 1.5 s of writes, each well within the idle TTL of the last
-        time.sleep(0.25)
-        store.put("chat", "turn", n)
-    assert time.time() - started > 2 * IDLE
-    assert store.get("chat", "turn") == 5
-    expires_at = store.session_info("chat")["expires_at"]
-    assert expires_at == pytest.approx(time.time() + IDLE, abs=0.15)
-    time.sleep(IDLE + 0.2)
-    assert not live(store, "chat")
+
+    def scenario(chat: str) -> None:
+        started = time.time()
+        info = store.create_session(chat)
+        assert info["idle_ttl_seconds"] == IDLE and info["expires_by"] == "idle"
+        last = started
+        for n in range(6):  # 1.5 s of writes, each well within the idle TTL of the last
+            time.sleep(0.25)
+            last = touch(lambda n=n: store.put(chat, "turn", n), last + IDLE)
+        written = time.time()
+        assert written - started > 2 * IDLE
+        assert store.get(chat, "turn") == 5
+        expires_at = store.session_info(chat)["expires_at"]
+        assert last + IDLE - 0.01 <= expires_at <= written + IDLE + 0.01  # the last write's, not a read's
+        wait_past(expires_at)
+        assert not live(store, chat)
+
+    again_if_stalled(scenario)
 
 
 @pytest.mark.parametrize("refresh", [False, True])
 def test_reads_refresh_only_with_the_setting(configure, refresh):
     store = configure(SESSION_IDLE_TTL_SECONDS=IDLE, IDLE_TTL_REFRESH_ON_READ=refresh)
-    store.create_session("chat")
-    store.put("chat", "k", 1)
-    store.add_messages("chat", [{"role": "user", "content": "hi"}])
-    reads = [
-        lambda: store.get("chat", "k"),
-        lambda: store.get_all("chat"),
-        lambda: store.enrich("chat"),
-        lambda: store.get_messages("chat"),
-        lambda: store.get_context("chat"),
-    ]
-    for n in range(6):
-        time.sleep(0.2)
-        try:
-            reads[n % len(reads)]()
-        except SessionNotFound:
-            assert not refresh, "a read refreshing the idle TTL found the session gone"
-            break
-    assert live(store, "chat") is refresh
+
+    def scenario(chat: str) -> None:
+        created_at = store.create_session(chat)["created_at"]
+        store.put(chat, "k", 1)
+        last = time.time()
+        store.add_messages(chat, [{"role": "user", "content": "hi"}])
+        expires_at = store.session_info(chat)["expires_at"]  # the last write's
+        reads = [
+            lambda: store.get(chat, "k"),
+            lambda: store.get_all(chat),
+            lambda: store.enrich(chat),
+            lambda: store.get_messages(chat),
+            lambda: store.get_context(chat),
+        ]
+        if not refresh:  # the reads leave the expiry where the last write put it
+            for read in reads:
+                time.sleep(0.2)
+                if time.time() >= expires_at:
+                    break
+                try:
+                    read()
+                except SessionNotFound:
+                    break
+            wait_past(expires_at)
+            try:
+                again = store.session_info(chat)
+            except SessionNotFound:
+                return
+            if again["created_at"] != created_at:
+                raise Stalled  # enrich met it just expired, and created it anew
+            raise AssertionError("a read refreshed the idle TTL")
+        for n in range(6):  # each read refreshes: it lives on past the writes' idle TTL
+            time.sleep(0.2)
+            last = touch(reads[n % len(reads)], last + IDLE)
+        touch(lambda: store.session_info(chat), last + IDLE)
+
+    again_if_stalled(scenario)
 
 
 def session_keys(redis_client, storage_id: str) -> list[bytes]:
@@ -89,17 +144,25 @@ def test_every_key_of_a_session_gets_the_same_expiry(redis_store, redis_client, 
 
 def test_a_fixed_ttl_still_ends_a_busy_session(configure):
     store = configure()
-    info = store.create_session("chat", ttl_seconds=1.2, idle_ttl_seconds=0.5)
-    assert info["expires_by"] == "idle" and info["ttl_seconds"] == 1.2
-    for n in range(4):
-        time.sleep(0.2)
-        store.put("chat", "n", n)
-    info = store.session_info("chat")  # 0.8 s in: 0.5 s more of idle would pass the deadline
-    assert info["expires_by"] == "ttl"
-    assert info["expires_at"] == pytest.approx(info["created_at"] + 1.2, abs=0.1)
-    time.sleep(0.5)
-    with pytest.raises(SessionNotFound):
-        store.put("chat", "n", 9)
+
+    def scenario(chat: str) -> None:
+        last = time.time()
+        info = store.create_session(chat, ttl_seconds=1.2, idle_ttl_seconds=0.5)
+        assert info["expires_by"] == "idle" and info["ttl_seconds"] == 1.2
+        deadline = info["created_at"] + 1.2
+        for n in range(4):
+            time.sleep(0.2)
+            last = touch(lambda n=n: store.put(chat, "n", n), min(last + 0.5, deadline))
+        # 0.8 s in or later: 0.5 s more of idle would pass the deadline.
+        info = {}
+        touch(lambda: info.update(store.session_info(chat)), min(last + 0.5, deadline))
+        assert info["expires_by"] == "ttl"
+        assert info["expires_at"] == pytest.approx(info["created_at"] + 1.2, abs=0.1)
+        wait_past(info["expires_at"])
+        with pytest.raises(SessionNotFound):
+            store.put(chat, "n", 9)
+
+    again_if_stalled(scenario)
 
 
 def test_idle_ttl_per_session_and_none_at_all(configure):

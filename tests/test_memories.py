@@ -14,6 +14,7 @@ from django.utils import timezone
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
 from persistent_memory.memories import memories_for
 from persistent_memory.models import LongTermMemory
+from tests import readme_blocks
 
 pytestmark = pytest.mark.django_db
 
@@ -134,6 +135,18 @@ def test_extraction_never_overwrites_a_memory_of_another_source() -> None:
     assert updated["id"] == extracted["id"] and updated["source_messages"] == ["m3"]
 
 
+@pytest.mark.django_db(transaction=True, reset_sequences=True)  # the README's ids start at 1
+def test_readme_memories_example_runs_as_shown() -> None:
+    """The README.md example (``<!-- example: memories -->``), run statement by statement
+    as written: the search finds ``ui.theme`` as its ``# ->`` shows (it found nothing while
+    keyword search read the content only), its score to the digits shown."""
+    outcomes = readme_blocks.run_python(readme_blocks.example("memories"), {})
+    [search] = [o for o in outcomes if o.source.startswith('alice.search("Which theme does she like?"')]
+    found = [{**memory, "score": round(memory["score"], 3)} for memory in search.value]
+    assert readme_blocks.matches(readme_blocks.literal(search.promise), found), found
+    assert not LongTermMemory.objects.filter(pk=1).exists()  # the last line deletes it
+
+
 def seed(svc):
     svc.add("I prefer espresso in the morning", key="coffee")
     svc.add("My favourite editor is vim for Python code", key="editor")
@@ -165,11 +178,37 @@ def test_keyword_search_ranks_by_relevance_with_stemming_and_uses_the_index() ->
             cursor.execute("SET enable_seqscan = off")
             cursor.execute(
                 "EXPLAIN SELECT id FROM persistent_memory_longtermmemory "
-                "WHERE content_tsv @@ to_tsquery('english', 'cat')"
+                "WHERE search_tsv @@ to_tsquery('english', 'cat')"
             )
             plan = " ".join(row[0] for row in cursor.fetchall())
             cursor.execute("SET enable_seqscan = on")
-        assert "pm_memory_content_tsv" in plan
+        assert "pm_memory_search_tsv" in plan
+
+
+@pytest.mark.parametrize("fulltext", [True, False], ids=["fulltext", "icontains"])
+def test_keyword_search_reads_the_key_split_on_its_separators(fulltext: bool, monkeypatch) -> None:
+    """``ui.theme`` is found by "theme" (it was not: only the content was read), by every
+    strategy that searches words, and a word of the content counts more than one of the key."""
+    if not fulltext:  # the fallback of other databases, and of SQLite without FTS5
+        monkeypatch.setattr(connection, "vendor", "other")
+    svc = memories_for("user:a")
+    theme = svc.add("Prefers dark mode.", key="ui.theme")
+    svc.add("Writes in British English", key="writing_style-spelling")
+    for strategy in ("keyword", "hybrid"):
+        assert [m["id"] for m in svc.search("Which theme does she like?", strategy=strategy)] == [theme["id"]]
+    assert [m["key"] for m in svc.search("spelling", strategy="keyword")] == ["writing_style-spelling"]
+    assert [m["key"] for m in svc.search("style", strategy="keyword")] == ["writing_style-spelling"]
+    # The key is read as it is now, on every write path: renamed, the old word is gone.
+    LongTermMemory.objects.filter(pk=theme["id"]).update(key="ui.colours")
+    assert svc.search("theme", strategy="keyword") == []
+    assert [m["id"] for m in svc.search("colours", strategy="keyword")] == [theme["id"]]
+    # "mode" is the content of one and the key of the other: the content ranks first
+    # (among enough memories that BM25 tells a rare word from a common one).
+    in_key = svc.add("Prefers the terminal", key="editor.mode")
+    for n in range(8):
+        svc.add(f"Unrelated fact {n}", key=f"fact.{n}")
+    found = svc.search("mode", strategy="keyword")
+    assert [m["id"] for m in found] == [theme["id"], in_key["id"]] and found[0]["score"] > found[1]["score"]
 
 
 def test_keyword_search_starts_from_the_full_text_matches() -> None:

@@ -22,7 +22,7 @@ from persistent_memory.memories.extraction.chat_completions import (
     extractor_from_settings,
 )
 from tests.chat import assistant, user
-from tests.chat_server import Reply
+from tests.chat_server import HANG, Reply
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "sk-test-not-a-real-key-91c2"
@@ -43,7 +43,7 @@ def api_key(monkeypatch):
 
 
 def extractor(server, api_key, **options: Any) -> ChatCompletionsExtractor:
-    base = {"base_url": server.url, "model": "small-model", "api_key_env": api_key, "timeout": 2}
+    base = {"base_url": server.url, "model": "small-model", "api_key_env": api_key, "timeout": 10}
     return ChatCompletionsExtractor(**(base | options))
 
 
@@ -165,7 +165,7 @@ def test_at_most_max_memories_and_the_last_of_a_key_wins(server, api_key, caplog
 
 
 @pytest.mark.parametrize(
-    ("reply", "error"), [(Reply(status=500), "InternalServerError"), (Reply(delay=3), "APITimeoutError")]
+    ("reply", "error"), [(Reply(status=500), "InternalServerError"), (Reply(delay=HANG), "APITimeoutError")]
 )
 def test_an_error_or_a_timeout_is_a_failure_without_a_retry(server, api_key, reply, error):
     server.replies = [reply]
@@ -195,7 +195,7 @@ def extraction_settings(server, api_key, **extra: Any) -> dict[str, Any]:
             "base_url": server.url,
             "model": "summary-model",
             "api_key_env": api_key,
-            "timeout": 0.5,
+            "timeout": 3,  # a success within it on any machine; a timeout test waits for it
             "prompt": "The summarizer's prompt, not the extractor's.",
         },
         "MEMORY_EXTRACTOR_OPTIONS": {"model": "extraction-model"},
@@ -207,7 +207,7 @@ def extraction_settings(server, api_key, **extra: Any) -> dict[str, Any]:
 def test_from_settings_it_upserts_memories_and_failures_never_raise(server, api_key, settings, caplog):
     settings.PERSISTENT_MEMORY = extraction_settings(server, api_key)
     built = extractor_from_settings()
-    assert (built.model, built.chat.base_url, built.chat.timeout) == ("extraction-model", server.url, 0.5)
+    assert (built.model, built.chat.base_url, built.chat.timeout) == ("extraction-model", server.url, 3)
     assert extractor_from_settings() is built  # one client per options and key
     server.replies = [answer(*GOOD)]
     extract_messages("user:alice", MESSAGES)
@@ -218,7 +218,7 @@ def test_from_settings_it_upserts_memories_and_failures_never_raise(server, api_
     assert memories["fact.home-city"]["source"] == "extraction"
     assert memories["fact.home-city"]["source_messages"] == ["m1"]
     # Garbage, a 500 and a timeout: counted and logged, nothing raised, nothing written.
-    for reply in (Reply("not json"), Reply(status=500), Reply(delay=2)):
+    for reply in (Reply("not json"), Reply(status=500), Reply(delay=HANG)):
         server.replies = [reply]
         report = ExtractionReport()
         with caplog.at_level(logging.WARNING, logger="persistent_memory"):
@@ -247,7 +247,7 @@ def test_through_the_worker_a_timeout_is_logged_and_the_next_write_is_extracted(
 ):
     store = configure(MEMORY_EXTRACTION_WORKER=True, **extraction_settings(server, api_key))
     alice, worker = store.for_owner("user:alice"), store.extraction_worker
-    server.replies = [Reply(delay=2), answer(GOOD[0])]
+    server.replies = [Reply(delay=HANG), answer(GOOD[0])]
     with caplog.at_level(logging.WARNING, logger="persistent_memory"):
         alice.add_messages("chat", [user("I moved to Lyon last spring.", id="m1")])
         assert worker.wait_idle(timeout=30)

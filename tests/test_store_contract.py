@@ -15,6 +15,7 @@ from persistent_memory.exceptions import (
     SessionNotFound,
 )
 from persistent_memory.history import operation_count
+from tests.timing import LIVE_TTL, wait_past
 
 INFO_FIELDS = {
     "session_id",
@@ -388,10 +389,10 @@ class TestSummarization:
 
 class TestExpiry:
     def test_sub_second_ttl_expires(self, store):
-        store.create_session("s1", ttl_seconds=0.3)
+        info = store.create_session("s1", ttl_seconds=0.9)
         store.put("s1", "a", 1)
         assert store.get("s1", "a") == 1
-        time.sleep(0.45)
+        wait_past(info["expires_at"])  # 0.95 s in: a TTL rounded up to a second would still live
         with pytest.raises(SessionExpired):
             store.get("s1", "a")
         # Reported once; afterwards the session is simply gone.
@@ -400,9 +401,9 @@ class TestExpiry:
         assert store.list_sessions() == []
 
     def test_expired_session_can_be_created_again_empty(self, store):
-        store.create_session("s1", ttl_seconds=0.2)
+        expiring = store.create_session("s1", ttl_seconds=LIVE_TTL)
         store.put("s1", "a", 1)
-        time.sleep(0.3)
+        wait_past(expiring["expires_at"])
         info = store.create_session("s1")
         assert info["key_count"] == 0 and info["history_length"] == 0
         assert store.get_all("s1") == {}
@@ -415,13 +416,13 @@ class TestExpiry:
         assert store.list_sessions() == ["forever", "long"]
 
     def test_later_keys_inherit_remaining_ttl(self, store):
-        info = store.create_session("s1", ttl_seconds=0.5)
-        time.sleep(0.3)
-        store.put("s1", "late", 1)  # must not get a fresh 0.5 s
-        time.sleep(0.3)
+        info = store.create_session("s1", ttl_seconds=LIVE_TTL)
+        time.sleep(LIVE_TTL / 2)
+        store.put("s1", "late", 1)  # must not get a fresh LIVE_TTL (it would outlive the session)
+        wait_past(info["expires_at"])
         with pytest.raises(SessionExpired):
             store.get("s1", "late")
-        assert info["expires_at"] == pytest.approx(info["created_at"] + 0.5)
+        assert info["expires_at"] == pytest.approx(info["created_at"] + LIVE_TTL)
 
     def test_no_ttl_by_default(self, store):
         store.create_session("s1")
@@ -496,9 +497,9 @@ class TestRunBindings:
         store.enrich("gone", run_id="r1")
         store.delete_session("gone")
         assert store.record_answer(None, "late", run_id="r1") is None
-        store.create_session("short", ttl_seconds=0.05)
+        short = store.create_session("short", ttl_seconds=LIVE_TTL)
         store.enrich("short", run_id="r2")
-        time.sleep(0.1)
+        wait_past(short["expires_at"])
         assert store.record_answer(None, "late", run_id="r2") is None
         assert store.list_sessions() == []
         # The binding went with it: a new session under the same id is not reached either.
@@ -523,11 +524,11 @@ class TestRunBindings:
 
     def test_a_binding_never_outlives_its_session(self, store):
         # Bound for RUN_BINDING_TTL_SECONDS (an hour), to sessions that expire sooner.
-        store.create_session("short", ttl_seconds=0.2)
+        store.create_session("short", ttl_seconds=LIVE_TTL)
         store.enrich("short", run_id="r1")
-        store.create_session("other", ttl_seconds=0.2)
+        other = store.create_session("other", ttl_seconds=LIVE_TTL)
         store.enrich("other", run_id="r2")
-        time.sleep(0.3)
+        wait_past(other["expires_at"])
         assert store.record_answer(None, "late", run_id="r1") is None  # expired: not recreated
         assert store.list_sessions() == []
         store.create_session("other")  # a new session under the same id

@@ -29,7 +29,7 @@ from persistent_memory.conversations.summarizing import (
 from persistent_memory.exceptions import ContextOverflow
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
-from tests.conftest import CountingConnection
+from tests.conftest import CountingConnection, pttls
 
 TOKENIZER = "o200k_base"
 
@@ -40,7 +40,7 @@ def options(**changes: Any) -> SummarizeOptions:
         **{
             "max_tokens": 200,
             "tokenizer": TOKENIZER,
-            "timeout_seconds": 5,
+            "timeout_seconds": 60,  # a success within it on any machine
             "keep_tokens": 30,
             "min_tokens": 60,
         }
@@ -345,7 +345,7 @@ def test_of_two_summarizers_reading_the_same_anchor_one_commits(rolling):
 
     class Waiting(Recorder):
         def summarize(self, previous_summary, messages):
-            both_read.wait(timeout=5)  # both have read the same anchor before either commits
+            both_read.wait(timeout=60)  # both have read the same anchor before either commits
             return super().summarize(previous_summary, messages)
 
     outcomes: list[bool] = []
@@ -359,7 +359,7 @@ def test_of_two_summarizers_reading_the_same_anchor_one_commits(rolling):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=120)
     assert sorted(outcomes) == [False, True]
     summary = store.backend.summary_source("s", "default").summary
     assert summary.text in ("first", "second")
@@ -677,8 +677,8 @@ def test_on_redis_summaries_are_one_round_trip_each_and_expire_with_their_sessio
         trips[name] = CountingConnection.sends
     assert trips == dict.fromkeys(operations, 1)
 
-    def ttls() -> list[int]:
-        return [counting_client.pttl(key) for key in counting_client.scan_iter(match="rr:memory:s:*")]
+    def ttls() -> list[int]:  # in one MULTI: read one by one, they drift apart with the load
+        return pttls(counting_client, list(counting_client.scan_iter(match="rr:memory:s:*")))
 
     assert max(ttls()) - min(ttls()) <= 50 and min(ttls()) > 0
     time.sleep(1.2)  # past the idle refresh step: a write moves every key's expiry, the summaries' too

@@ -17,6 +17,9 @@ from tests.test_concurrency import _run_threads
 
 APPENDERS = 8
 TURNS = 25
+#: Summaries committed while the appends go on: the appenders write past TURNS until
+#: there are this many (a loaded machine gets there later, not never).
+OVERLAPPING_COMMITS = 3
 
 
 class Slow:
@@ -48,9 +51,13 @@ def test_two_workers_and_eight_appenders(configure):
     workers = [SummarizerWorker(store, summarizer=Slow(), interval=0.005) for _ in range(2)]
     workers[0].options = workers[1].options = store.summarizer_worker.options
     appended: dict[str, dict[str, Any]] = {}
+    turns = [0] * APPENDERS
 
     def appender(index: int) -> None:
-        for turn in range(TURNS):
+        deadline = time.monotonic() + 120  # only so that a broken run ends
+        while turns[index] < TURNS or len(commits) < OVERLAPPING_COMMITS:
+            assert time.monotonic() < deadline, f"{len(commits)} summaries while appending"
+            turn = turns[index]
             batch = [
                 user(f"t{index} question {turn}. More words here."),
                 assistant(f"t{index} answer {turn}."),
@@ -58,6 +65,7 @@ def test_two_workers_and_eight_appenders(configure):
             for message in store.add_messages("s", batch)["messages"]:
                 with lock:
                     appended[message["id"]] = message
+            turns[index] += 1
             time.sleep(0.005)  # the writers' pace: summaries are made between their turns
 
     try:
@@ -65,7 +73,7 @@ def test_two_workers_and_eight_appenders(configure):
             worker.start()
         _run_threads(APPENDERS, appender)
         # Let the workers catch up with the last marks, then stop them.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while store.backend.unsummarized_count():
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -74,7 +82,7 @@ def test_two_workers_and_eight_appenders(configure):
             worker.stop()
         summary_updated.disconnect(on_summary)
 
-    assert len(appended) == APPENDERS * TURNS * 2
+    assert len(appended) == sum(turns) * 2 >= APPENDERS * TURNS * 2
     # seq runs 1..n with no gap and no repeat.
     assert sorted(message["seq"] for message in appended.values()) == list(range(1, len(appended) + 1))
     source = store.backend.summary_source("s", "default")
@@ -99,4 +107,4 @@ def test_two_workers_and_eight_appenders(configure):
     while chain[-1] in texts:
         chain.append(texts[chain[-1]])
     assert len(chain) == len(commits) + 1 and chain[-1] == summary.text
-    assert len(commits) >= 3  # summaries were made while the appends went on
+    assert len(commits) >= OVERLAPPING_COMMITS  # summaries were made while the appends went on

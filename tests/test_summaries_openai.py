@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from persistent_memory.conversations.chat_completions import DEFAULT_PROMPT, ChatCompletionsSummarizer
 from persistent_memory.conversations.summarizers import SummarizerFailed
 from tests.chat import assistant, calling, result, user
-from tests.chat_server import Reply, chat_server
+from tests.chat_server import HANG, Reply, chat_server
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "sk-test-not-a-real-key-7f3a"
@@ -32,7 +32,7 @@ def api_key(monkeypatch):
 
 def summarizer(server, api_key, **options: Any) -> ChatCompletionsSummarizer:
     return ChatCompletionsSummarizer(
-        **{"base_url": server.url, "model": "small-model", "api_key_env": api_key, "timeout": 2} | options
+        **{"base_url": server.url, "model": "small-model", "api_key_env": api_key, "timeout": 10} | options
     )
 
 
@@ -88,12 +88,10 @@ def test_options_prompt_output_tokens_and_temperature(server, api_key, settings)
 
 
 def test_a_timeout_fails_at_once_without_a_retry(server, api_key):
-    server.replies = [Reply(delay=3)]
-    started = time.monotonic()
-    with pytest.raises(SummarizerFailed, match="APITimeoutError"):
+    server.replies = [Reply(delay=HANG)]
+    with pytest.raises(SummarizerFailed, match="APITimeoutError"):  # not waiting for the reply
         summarizer(server, api_key, timeout=0.3).summarize(None, MESSAGES)
-    assert time.monotonic() - started < 2
-    assert len(server.requests) == 1
+    assert len(server.requests) == 1  # and not asking again
 
 
 @pytest.mark.parametrize(
@@ -144,7 +142,7 @@ def rolling_settings(server, api_key, **extra: Any) -> dict[str, Any]:
             "base_url": server.url,
             "model": "small-model",
             "api_key_env": api_key,
-            "timeout": 0.5,
+            "timeout": 3,  # a success within it on any machine; a timeout test waits for it
         },
         **extra,
     }
@@ -164,7 +162,7 @@ def test_through_the_worker_failures_walk_the_health_and_the_key_never_shows(
     server.replies = [
         Reply(status=429),
         Reply(status=500),
-        Reply(delay=2),
+        Reply(delay=HANG),
         Reply("They talked about six things."),
     ]
     states = []
@@ -208,7 +206,7 @@ def test_the_readme_settings_summarize_through_an_openai_compatible_endpoint(con
     words = " ".join(f"word{i}" for i in range(60))
     for turn in range(20):
         store.add_messages("s", [user(f"City {turn}? {words}"), assistant(f"City {turn} is fine. {words}")])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while store.get_context("s")["summary"] is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)

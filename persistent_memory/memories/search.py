@@ -2,11 +2,13 @@
 best first.
 
 * ``recent``: newest update first (score 1/(1+rank)).
-* ``keyword``: full text. PostgreSQL: ``to_tsvector('english', content)`` (stored in
-  ``content_tsv`` with a GIN index, migration 0010) matched by any of the query's
-  words, ranked by ``ts_rank``. SQLite: the FTS5 table of migration 0009, ranked by
-  BM25. Other databases (or SQLite without FTS5): ``icontains`` per word, scored by
-  words matched.
+* ``keyword``: full text of the content and the key (the key's parts, split on ``.``,
+  ``_`` and ``-``, count half as much as the content's words: ``ui.theme`` is found by
+  "theme"). PostgreSQL: ``to_tsvector('english', ...)`` of both (stored in
+  ``search_tsv`` with a GIN index, migrations 0010 and 0011) matched by any of the
+  query's words, ranked by ``ts_rank``. SQLite: the FTS5 table of migrations 0009 and
+  0011, ranked by BM25. Other databases (or SQLite without FTS5): ``icontains`` per
+  word, scored by words matched.
 * ``semantic``: with an ``EMBEDDER``, cosine similarity computed in Python over the
   owner's stored vectors (a JSON column beside each row; pgvector and sqlite-vec are
   not used, so this suits thousands of memories per owner, not millions).
@@ -36,6 +38,11 @@ RRF_K = 60
 #: How many keyword candidates a search considers before fusion and the token budget.
 CANDIDATES = 200
 _WORDS = re.compile(r"\w+", re.UNICODE)
+#: Weights of ts_rank, in its order {D, C, B, A}: the content's lexemes carry the
+#: default D, the key's C at half of that (migration 0011).
+_TS_WEIGHTS = "{0.1, 0.05, 0.4, 1.0}"
+#: BM25 weights of the FTS5 columns (content, key): the key counts half, as above.
+_BM25_WEIGHTS = "1.0, 0.5"
 _TABLE = LongTermMemory._meta.db_table
 
 Ranked = list[tuple[int, float]]
@@ -136,16 +143,16 @@ def _postgresql(rows: QuerySet[LongTermMemory], words: list[str], limit: int) ->
     tsquery = " | ".join(f"'{word}'" for word in words)
     where, params = _where(rows)
     # The table is a constant and `where` Django's own SQL with its parameters apart.
-    # content_tsv is the stored to_tsvector('english', content) of migration 0010: the
-    # GIN index serves the match, and the rank reads it instead of parsing every match.
+    # search_tsv is the stored vector of the content and the key (migrations 0010, 0011):
+    # the GIN index serves the match, and the rank reads it instead of parsing every match.
     sql = (
-        f"SELECT {_TABLE}.id, ts_rank({_TABLE}.content_tsv, q) AS score "  # noqa: S608
+        f"SELECT {_TABLE}.id, ts_rank(%s::float4[], {_TABLE}.search_tsv, q) AS score "  # noqa: S608
         f"FROM {_TABLE}, to_tsquery('english', %s) q "
-        f"WHERE {_TABLE}.content_tsv @@ q AND {where} "
+        f"WHERE {_TABLE}.search_tsv @@ q AND {where} "
         f"ORDER BY score DESC, {_TABLE}.updated_at DESC LIMIT %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tsquery, *params, limit])
+        cursor.execute(sql, [_TS_WEIGHTS, tsquery, *params, limit])
         return [(pk, float(score)) for pk, score in cursor.fetchall()]
 
 
@@ -156,7 +163,7 @@ def _sqlite(rows: QuerySet[LongTermMemory], words: list[str], limit: int) -> Ran
     # CROSS JOIN keeps SQLite's join order: the full-text matches first, each memory
     # then found by its id (never the owner's memories scanned, each looked up in FTS5).
     sql = (
-        f"SELECT {_TABLE}.id, -bm25(pm_memory_fts) AS score FROM pm_memory_fts "  # noqa: S608 - as above
+        f"SELECT {_TABLE}.id, -bm25(pm_memory_fts, {_BM25_WEIGHTS}) AS score FROM pm_memory_fts "  # noqa: S608 - as above
         f"CROSS JOIN {_TABLE} ON {_TABLE}.id = pm_memory_fts.rowid "
         f"WHERE pm_memory_fts MATCH %s AND {where} ORDER BY score DESC, {_TABLE}.updated_at DESC LIMIT %s"
     )
@@ -168,13 +175,16 @@ def _sqlite(rows: QuerySet[LongTermMemory], words: list[str], limit: int) -> Ran
 def _icontains(rows: QuerySet[LongTermMemory], words: list[str], limit: int) -> Ranked:
     any_word = Q()
     for word in words:
-        any_word |= Q(content__icontains=word)
+        any_word |= Q(content__icontains=word) | Q(key__icontains=word)
     scored = []
-    for pk, content in (
-        rows.filter(any_word).order_by("-updated_at", "-id").values_list("id", "content")[: limit * 5]
+    for pk, content, key in (
+        rows.filter(any_word).order_by("-updated_at", "-id").values_list("id", "content", "key")[: limit * 5]
     ):
-        folded = content.casefold()
-        scored.append((pk, float(sum(word in folded for word in words))))
+        folded, folded_key = content.casefold(), key.casefold()
+        # Substrings, as the filter matched them; a word of the key counts half, as above.
+        scored.append(
+            (pk, sum(1.0 if word in folded else 0.5 if word in folded_key else 0.0 for word in words))
+        )
     scored.sort(key=lambda item: -item[1])  # stable: newest first among equals
     return scored[:limit]
 
