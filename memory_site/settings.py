@@ -2,8 +2,10 @@
 
 The environment picks the parts a newcomer may want to switch:
 ``MEMORY_BACKEND`` (memory | redis), ``REDIS_URL``, ``SESSION_TTL_HOURS``,
-``DATABASE_URL`` (SQLite in the project folder by default) and ``DJANGO_DEBUG=1``
-(Django's debug pages; off by default).
+``DATABASE_URL`` (SQLite in the project folder by default), ``MEMORY_JOURNAL_DIR``
+(the memory backend's crash journal: a folder of the database's own by default, beside
+the SQLite file or in ``memory-journal/`` here; a path moves it, ``off`` turns it off)
+and ``DJANGO_DEBUG=1`` (Django's debug pages; off by default).
 """
 
 import os
@@ -66,7 +68,11 @@ WSGI_APPLICATION = "memory_site.wsgi.application"
 ASGI_APPLICATION = "memory_site.asgi.application"
 
 DATABASES = {
-    "default": dj_database_url.config(default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60),
+    # Health checks: a pooled connection the database dropped (a restart, a network cut)
+    # is replaced at the next request's start, not answered with a 503.
+    "default": dj_database_url.config(
+        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60, conn_health_checks=True
+    ),
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A threaded server writes from several threads (requests and the mirror worker):
@@ -108,14 +114,24 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The schema and the docs are public: no authentication, so no database lookup of a
+    # token or a session (they answer while the database is down).
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
 }
 
 PERSISTENT_MEMORY = {
     "BACKEND": os.environ.get("MEMORY_BACKEND", "memory"),
     "SESSION_TTL_HOURS": float(os.environ.get("SESSION_TTL_HOURS", "0")),
+    # Sessions unused this long expire (0: never), so that sessions nobody comes back to
+    # free their place: a week by default.
+    "SESSION_IDLE_TTL_SECONDS": float(os.environ.get("SESSION_IDLE_TTL_SECONDS", str(7 * 24 * 3600))),
 }
 if os.environ.get("REDIS_URL"):
     PERSISTENT_MEMORY["REDIS_URL"] = os.environ["REDIS_URL"]
+if os.environ.get("MEMORY_JOURNAL_DIR"):
+    journal_dir = os.environ["MEMORY_JOURNAL_DIR"]
+    PERSISTENT_MEMORY["JOURNAL_DIR"] = False if journal_dir.lower() in ("off", "false", "0") else journal_dir
 
 # The debug page (DJANGO_DEBUG=1) and error reports mask the Redis password (REDIS_URL).
 DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.debug.SafeExceptionReporterFilter"

@@ -184,7 +184,7 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     (
         "JOURNAL_DIR",
         lambda v: v is None or v is False or (isinstance(v, str | os.PathLike) and bool(str(v))),
-        "Use a folder path, None (beside an SQLite database file) or False (no journal).",
+        "Use a folder path, None (a folder of the database's own, see JOURNAL_DIR) or False (no journal).",
         "E010",
     ),
     *(
@@ -377,8 +377,8 @@ def _anonymous_let_in() -> bool:
 
 
 def _unjournaled(conf: MemorySettings) -> bool:
-    """Whether a memory backend that restores from its mirror runs without a journal (left
-    unset where there is no SQLite file to put it beside; False is a choice)."""
+    """Whether a memory backend that restores from its mirror runs without a journal: by
+    default it has one on every database but an in-memory SQLite; False is a choice."""
     from django.db import DEFAULT_DB_ALIAS, connections
 
     from persistent_memory.conf import mirror_mode
@@ -386,7 +386,9 @@ def _unjournaled(conf: MemorySettings) -> bool:
 
     if conf.BACKEND != "memory" or mirror_mode(conf) != "immediate" or conf.JOURNAL_DIR is False:
         return False
-    return journal_directory(conf.JOURNAL_DIR, connections.databases.get(DEFAULT_DB_ALIAS, {})) is None
+    # As deployed: a test environment's own default (no journal) is not the deployment's.
+    database = connections.databases.get(DEFAULT_DB_ALIAS, {})
+    return journal_directory(conf.JOURNAL_DIR, database, testing=False) is None
 
 
 @register(Tags.security, deploy=True)
@@ -429,9 +431,10 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     if _unjournaled(conf):
         warnings.append(
             Warning(
-                "The memory backend has no crash journal: writes the mirror has not synced yet (about "
-                "half a second of them) are lost if the process is killed.",
-                hint=f"Set {SETTING_NAME}['JOURNAL_DIR'] to a folder on local disk.",
+                "The memory backend has no crash journal (the default database is in memory): "
+                "writes the mirror has not synced yet (about half a second of them) are lost if "
+                "the process is killed.",
+                hint=f"Use a database on disk, or set {SETTING_NAME}['JOURNAL_DIR'] to a local folder.",
                 id="persistent_memory.W006",
             )
         )

@@ -52,8 +52,9 @@ DEFAULTS: dict[str, Any] = {
     # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and
     # `memory_mirror`), "off"; None picks immediate for memory and deferred for Redis.
     "MIRROR_MODE": None,
-    # The memory backend's write-ahead journal (a directory): None puts it beside the
-    # default database when that is an SQLite file; False turns it off. See journal.py.
+    # The memory backend's write-ahead journal (a directory) and its idempotency records:
+    # None gives the default database a folder of its own (beside an SQLite file, else
+    # BASE_DIR/memory-journal/<server-and-name>); False turns it off. See journal.py.
     "JOURNAL_DIR": None,
     # How many dirty sessions the admin syncs before showing a page.
     "ADMIN_SYNC_LIMIT": 500,
@@ -190,7 +191,9 @@ def owner_session_cap(conf: MemorySettings) -> int | None:
     """Sessions one owner may hold on this backend (None: no cap).
 
     On the memory backend every owner shares MAX_SESSIONS places in one process, so an
-    owner without an explicit cap gets at most a tenth of them (at least one).
+    owner without an explicit cap gets at most a tenth of them (at least one). Ten owners
+    at that cap fill the process but lock nobody out: a full process still admits an owner
+    below its fair share (see ``MemoryBackend._admit``).
     """
     cap = conf.MAX_SESSIONS_PER_OWNER
     if conf.BACKEND == "memory":

@@ -266,8 +266,8 @@ def import_sessions(
         raise InvalidRecord("the file holds a session id of one owner more than once")
     existing = set().union(*(store.backend.existing(batch) for batch in session_batches(store, ids)))
     if existing and not replace:
-        named = ", ".join(_label(sid) for sid in sorted(existing)[:10])
-        raise SessionExists(f"{len(existing)} sessions exist already (pass --replace): {named}")
+        named = listing([_label(sid) for sid in sorted(existing)])
+        raise SessionExists(f"{len(existing):,} sessions exist already (pass --replace): {named}")
     report = ImportReport(lines=len(snapshots))
     wanted = [s for s in snapshots if remaining_seconds(s["info"]) != 0]
     report.skipped_expired = len(snapshots) - len(wanted)
@@ -306,6 +306,17 @@ def _undo_import(store: MemoryStore, written: list[str], previous: dict[str, Ses
 
 
 # Actions on sessions ------------------------------------------------------------
+
+
+#: Items a message lists before it ends with "and N more".
+LISTED = 10
+
+
+def listing(items: list[str], shown: int = LISTED) -> str:
+    """``items`` joined with commas: the first ``shown``, then "and N more" for the rest."""
+    rest = len(items) - shown
+    listed = ", ".join(items[:shown])
+    return f"{listed} and {rest:,} more" if rest > 0 else listed
 
 
 def _label(sid: str) -> str:

@@ -247,16 +247,39 @@ class Mirror:
 
     def sync_all(self, *, owner: str | None = None) -> SyncResult:
         """Sync every live session (of ``owner``, when given), and mark mirrored sessions
-        the store no longer has."""
+        the store no longer has.
+
+        It takes the marks of the sessions it syncs, so the next :meth:`sync_dirty` does
+        not redo them; a write made meanwhile marks its session again.
+        """
         from persistent_memory.maintenance import session_batches
         from persistent_memory.models import MemorySession
 
-        live = list(dict.fromkeys(sid for batch in session_batches(self.store, owner=owner) for sid in batch))
-        rows = MemorySession.objects.filter(state=MemorySession.State.LIVE)
-        if owner is not None:
-            rows = rows.filter(owner=owner)
-        mirrored = {storage_id(row_owner, sid) for row_owner, sid in rows.values_list("owner", "session_id")}
-        return self.sync_sessions(live + sorted(mirrored - set(live)))
+        # Held from taking the marks to writing the rows: a checkpoint must not find the
+        # sessions unmarked before their rows are written (it would let the journal go).
+        with _write_lock:
+            marked = self._drain_marks()
+            if owner is not None:  # other owners' marks go back for a later sync
+                self._retry_later([sid for sid in marked if split_storage_id(sid)[0] != owner])
+                marked = [sid for sid in marked if split_storage_id(sid)[0] == owner]
+            try:
+                live = list(
+                    dict.fromkeys(sid for batch in session_batches(self.store, owner=owner) for sid in batch)
+                )
+                rows = MemorySession.objects.filter(state=MemorySession.State.LIVE)
+                if owner is not None:
+                    rows = rows.filter(owner=owner)
+                mirrored = {
+                    storage_id(row_owner, sid) for row_owner, sid in rows.values_list("owner", "session_id")
+                }
+                # Marked sessions neither live nor mirrored (deleted since) are synced too,
+                # so their marks are not simply dropped.
+                ids = dict.fromkeys([*live, *sorted(mirrored - set(live)), *marked])
+                return self.sync_sessions(list(ids))
+            except BaseException:
+                # sync_sessions marks again a batch that failed, not those it never reached.
+                self._retry_later(marked)
+                raise
 
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
         """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a

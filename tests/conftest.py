@@ -44,7 +44,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for(url: str, seconds: float = 10.0) -> None:
+def _wait_for(url: str, seconds: float = 60.0) -> None:
     client = redis.Redis.from_url(url)
     deadline = time.monotonic() + seconds
     while True:

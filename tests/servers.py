@@ -3,13 +3,16 @@ TCP proxy that can take a database off the network, for the tests that need them
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -34,9 +37,19 @@ print(Token.objects.create(user=user).key)
 
 
 def demo_env(**extra: str) -> dict[str, str]:
-    """The environment of a demo process: this one's, less what the demo reads, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_DEBUG", "MEMORY_BACKEND")}
-    return {**env, **extra}
+    """The environment of a demo process: this one's, less what the demo reads, plus ``extra``.
+
+    Its memory backend's journal goes to a temporary folder of this environment's own
+    unless the database is an SQLite file (the default then puts it beside the file):
+    on another database the default is a folder in the project named after the database,
+    which servers of other tests on the same database would share.
+    """
+    read = ("REDIS_URL", "DJANGO_DEBUG", "MEMORY_BACKEND", "MEMORY_JOURNAL_DIR")
+    env = {**{k: v for k, v in os.environ.items() if k not in read}, **extra}
+    if not env.get("DATABASE_URL", "sqlite:").startswith("sqlite:") and "MEMORY_JOURNAL_DIR" not in env:
+        env["MEMORY_JOURNAL_DIR"] = folder = tempfile.mkdtemp(prefix="pm-journal-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the servers are gone by then
+    return env
 
 
 def manage(env: dict[str, str], *args: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection, connections
 
 from persistent_memory.backends.base import RunBinding
 from persistent_memory.backends.memory import MemoryBackend
@@ -61,6 +62,9 @@ def crash(store: MemoryStore) -> None:
     if journal._fd is not None:
         os.close(journal._fd)
         journal._fd = None
+    for fd in journal._record_fds.values():
+        os.close(fd)
+    journal._record_fds = {}
     os.close(journal._lock_fd)  # the kernel releases the flock of a dead process
     journal._lock_fd = -1
 
@@ -162,6 +166,107 @@ def test_an_idempotency_key_outlives_a_crash(journaled):
     assert fresh.get("chat", "n") == 5
     with pytest.raises(IdempotencyKeyReused):
         fresh.increment("chat", "n", 6, idempotency=Idempotency.of("retry-1", "POST", "increment", 6))
+
+
+def test_idempotency_keys_outlive_the_checkpoint_that_drops_their_writes(journaled):
+    # Every kind of result a keyed write returns comes back as it was first answered,
+    # once the mirror has the writes and the journal's segments are gone.
+    from persistent_memory.idempotency import Idempotency
+
+    store = journaled()
+    alice = store.for_owner("user:1")
+    writes = {
+        "create": lambda key: alice.create_session("chat", ttl_seconds=3600, idempotency=key),
+        "put": lambda key: alice.put("chat", "k", {"a": [1, 2.5, None, True]}, idempotency=key),
+        "increment": lambda key: alice.increment("chat", "n", 5, idempotency=key),
+        "answer": lambda key: alice.record_answer("chat", "an answer", idempotency=key),
+        "clear": lambda key: alice.clear("chat", "k", idempotency=key),
+        "messages": lambda key: alice.add_messages(
+            "chat", [{"role": "user", "content": "hi"}], idempotency=key
+        ),
+        "enrich": lambda key: alice.enrich("chat", run_id="r1", idempotency=key),
+        "delete": lambda key: store.delete_session("gone", idempotency=key),
+    }
+    store.create_session("gone")
+    keys = {name: Idempotency.of(f"key-{name}", name) for name in writes}
+    first = {name: write(keys[name]) for name, write in writes.items()}
+    assert store.mirror.checkpoint() is True and store.mirror.checkpoint() is True
+    assert not any(b"key-" in path.read_bytes() for path in store.backend.journal.segments())
+    applied = held(alice)
+    crash(store)
+
+    fresh = journaled()
+    alice = fresh.for_owner("user:1")
+    again = {name: write(keys[name]) for name, write in writes.items()}
+    assert again == first
+    assert {name: type(result) for name, result in again.items()} == {
+        name: type(result) for name, result in first.items()
+    }
+    assert held(alice) == applied  # none applied twice
+    assert fresh.list_sessions() == []  # "gone" was not created again, nor deleted twice
+
+
+def held(scoped: MemoryStore) -> tuple[Any, ...]:
+    """A session's values, history operations and messages (the mirror keeps times to the µs)."""
+    history = [(entry["op"], entry.get("key")) for entry in scoped.get_history("chat", 0)]
+    messages = [m["content"] for m in scoped.get_messages("chat")["messages"]]
+    return scoped.get_all("chat"), history, messages
+
+
+def test_a_replayed_key_is_kept_on_disk_too(journaled):
+    # Killed between a write's journal record and its idempotency record: the replay
+    # makes the record, and keeps it past the next checkpoint.
+    from persistent_memory.idempotency import Idempotency
+
+    store = journaled()
+    store.create_session("s")
+    once = Idempotency.of("replayed", "increment")
+    assert store.increment("s", "n", 2, idempotency=once) == 2
+    crash(store)
+    for path in store.backend.journal._record_files():
+        path[1].unlink()
+    fresh = journaled()
+    assert fresh.mirror.checkpoint() is True and fresh.mirror.checkpoint() is True
+    crash(fresh)
+    again = journaled()
+    assert again.increment("s", "n", 2, idempotency=once) == 2
+    assert again.get("s", "n") == 2
+
+
+def test_expired_idempotency_records_go_with_their_files(journaled, monkeypatch):
+    from persistent_memory import journal as journal_module
+    from persistent_memory.idempotency import Idempotency
+
+    store = journaled()
+    store.create_session("s")
+    journal = store.backend.journal
+    store.put("s", "k", 1, idempotency=Idempotency.of("soon", "put"))
+    assert len(journal._record_files()) == 1
+    ((bucket, _),) = journal._record_files()
+    # An hour later (the bucket's end) the whole file goes at the next checkpoint.
+    later = bucket * journal_module.RECORDS_BUCKET_SECONDS + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert list(journal.remembered(later)) == []
+    store.put("s", "k", 2)  # no key: no record of its own
+    assert store.mirror.checkpoint() is True
+    assert journal._record_files() == []
+
+
+def test_forgetting_an_owner_removes_their_idempotency_records_from_disk(journaled):
+    from persistent_memory.idempotency import Idempotency
+    from persistent_memory.memories.forget import forget_owner
+
+    store = journaled()
+    alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
+    alice.create_session("s", idempotency=Idempotency.of("alice-key", "create"))
+    bob.create_session("s", idempotency=Idempotency.of("bob-key", "create"))
+    assert forget_owner("user:1", store=store)["records"] == 1
+    on_disk = b"".join(path.read_bytes() for _, path in store.backend.journal._record_files())
+    assert b"alice-key" not in on_disk and b"bob-key" in on_disk
+    crash(store)
+    fresh = journaled()
+    assert [ref for ref in fresh.backend._records if "alice-key" in ref] == []
+    assert [ref for ref in fresh.backend._records if "bob-key" in ref] != []
 
 
 def test_a_checkpoint_truncates_the_journal_once_the_mirror_has_everything(journaled, tmp_path):
@@ -268,6 +373,31 @@ def test_a_torn_last_record_is_skipped(tmp_path):
         again.close()
 
 
+def test_a_torn_idempotency_record_is_skipped_and_the_next_one_kept(tmp_path):
+    from persistent_memory.backends.base import IdempotencyRecord
+
+    def opened() -> MemoryBackend:
+        backend = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+        backend.open_journal(tmp_path)
+        return backend
+
+    backend = opened()
+    backend.create_session("s", None)
+    assert backend.increment("s", "n", 1, idempotency=IdempotencyRecord("~idem:a", "f", 60)) == 1
+    backend.close()
+    [(_, path)] = backend.journal._record_files()
+    with open(path, "ab") as torn:  # killed half way through a record
+        torn.write(b'["~idem:b","f",')
+    backend = opened()
+    assert set(backend._records) == {"~idem:a"}
+    backend.create_session("t", None)
+    backend.increment("t", "n", 7, idempotency=IdempotencyRecord("~idem:c", "f", 60))
+    backend.close()
+    again = opened()
+    assert set(again._records) == {"~idem:a", "~idem:c"}
+    again.close()
+
+
 def test_records_keep_exact_values_and_times(tmp_path):
     backend = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
     backend.open_journal(tmp_path)
@@ -285,16 +415,34 @@ def test_records_keep_exact_values_and_times(tmp_path):
     replica.close()
 
 
-def test_journal_dir_defaults_beside_an_sqlite_file(tmp_path):
+def test_journal_dir_defaults_to_a_folder_of_the_database_own(tmp_path, settings):
+    def outside_tests(setting, database):
+        return journal_directory(setting, database, testing=False)
+
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": tmp_path / "db.sqlite3"}
-    assert journal_directory(None, sqlite) == tmp_path / "db.sqlite3.memory-journal"
-    assert journal_directory(False, sqlite) is None
-    assert journal_directory("/x/y", sqlite) == Path("/x/y")
-    # No file to put it beside: an in-memory SQLite (the test database) or PostgreSQL.
-    assert (
-        journal_directory(None, {**sqlite, "NAME": "file:memorydb_default?mode=memory&cache=shared"}) is None
-    )
-    assert journal_directory(None, {"ENGINE": "django.db.backends.postgresql", "NAME": "app"}) is None
+    assert outside_tests(None, sqlite) == tmp_path / "db.sqlite3.memory-journal"
+    assert outside_tests(False, sqlite) is None
+    assert outside_tests("/x/y", sqlite) == Path("/x/y")
+    # Nothing outlives an in-memory SQLite: nothing to replay into it.
+    assert outside_tests(None, {**sqlite, "NAME": "file:memorydb_default?mode=memory&cache=shared"}) is None
+    # Any other database: a folder in the project named after its server and name, so that
+    # two databases never share one.
+    settings.BASE_DIR = tmp_path / "project"
+    postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db.local", "PORT": 5432}
+    folder = outside_tests(None, postgres)
+    assert folder == tmp_path / "project" / "memory-journal" / "postgresql-db.local-5432-app"
+    assert outside_tests(None, {**postgres, "NAME": "other"}) != folder
+    assert outside_tests(None, {**postgres, "PORT": 5433}) != folder
+    assert outside_tests(None, {**postgres, "HOST": "/run/postgresql"}).parent == folder.parent
+    assert outside_tests(False, postgres) is None
+    del settings.BASE_DIR  # a project without one: the working directory
+    assert outside_tests(None, postgres) == Path.cwd() / "memory-journal" / "postgresql-db.local-5432-app"
+    # In a test environment (this one, set up by pytest-django) the default journal goes
+    # nowhere: the test database is new each run, and one run's writes must not come back
+    # into the next one's store. An explicit JOURNAL_DIR is used as given.
+    assert journal_directory(None, postgres) is None
+    assert journal_directory(None, sqlite) is None
+    assert journal_directory("/x/y", postgres) == Path("/x/y")
 
 
 class TestChecks:
@@ -310,9 +458,12 @@ class TestChecks:
         assert self.ids() == ["persistent_memory.E010"]
 
     def test_an_unjournaled_memory_backend_is_a_deploy_warning(self, settings):
-        # The test database is an in-memory SQLite: no file to put the journal beside.
-        settings.PERSISTENT_MEMORY = {"BACKEND": "memory"}
-        assert "persistent_memory.W006" in self.ids()
+        # The default journal is on wherever the database outlives the process: on
+        # PostgreSQL; not on the in-memory SQLite test database, which W006 names.
+        settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "JOURNAL_DIR": None}
+        in_memory = journal_directory(None, connections.databases["default"], testing=False) is None
+        assert ("persistent_memory.W006" in self.ids()) is in_memory
+        assert connection.vendor == "sqlite" or not in_memory
         for chosen in ({"JOURNAL_DIR": False}, {"JOURNAL_DIR": "/var/lib/memory"}, {"MIRROR_MODE": "off"}):
             settings.PERSISTENT_MEMORY = {"BACKEND": "memory", **chosen}
             assert "persistent_memory.W006" not in self.ids(), chosen

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 
 import pytest
@@ -94,9 +95,11 @@ def test_database_down_answers_503_then_recovers(outage_env, tmp_path):
                 assert response.status == 503, (path, response.body[:500])
                 assert response.headers["Content-Type"] == "application/json"
                 assert response.headers["Retry-After"] == "5"
-                assert response.json() == {
+                body = response.json()
+                assert body == {
                     "detail": "The database is unavailable; try again later.",
                     "code": "database_unavailable",
+                    "request_id": response.headers["X-Request-ID"],
                 }
             for caller in (None, token):  # a staff token cannot be checked either
                 response = server.request("GET", API + "health/", token=caller)
@@ -113,6 +116,70 @@ def test_database_down_answers_503_then_recovers(outage_env, tmp_path):
     log = server.log
     assert "persistent_memory: the database is unavailable" in log
     assert "Internal Server Error" not in log, log[-3000:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_request_after_the_database_returns_succeeds(outage_env, backend_name, tmp_path):
+    """PostgreSQL only: an SQLite connection never goes stale (a file, no server to lose).
+    Gunicorn's one sync worker keeps its connection between requests (CONN_MAX_AGE); the
+    database goes away and comes back with no request in between, so the connection it
+    kept is dead: the demo's health checks, or else one more read, replace it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a connection to SQLite does not go stale")
+    env, token, outage = outage_env
+    with serve("gunicorn", env, tmp_path / "server.log") as server:
+        assert server.request("POST", API + "enrich/", ENRICH, token=token).status == 200
+        assert server.request("GET", API + "sessions/", token=token).status == 200
+        if backend_name == "memory":
+            wait_for_mirror(server, token)  # the mirror's thread holds a connection too
+        outage.down()
+        deadline = time.monotonic() + 30
+        while True:  # back on the same port once the old listener has let it go
+            try:
+                outage.up()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the proxy's port stayed taken"
+                time.sleep(0.1)
+        response = server.request("GET", API + "sessions/", token=token)
+        assert response.status == 200, response.body[:500]
+        response = server.request("PUT", API + "sessions/s1/memory/k/", {"value": 1}, token=token)
+        assert response.status == 200, response.body[:500]
+        if backend_name == "memory":
+            wait_for_mirror(server, token)  # its flush failed once at most, then reconnected
+    assert "Internal Server Error" not in server.log, server.log[-3000:]
+
+
+def wait_for_mirror(server, token) -> None:
+    """Poll until the memory backend's mirror holds every write."""
+    deadline = time.monotonic() + 120
+    while True:
+        mirror = server.request("GET", API + "health/", token=token).json()["mirror"]
+        if mirror["pending_sessions"] == 0:
+            return
+        assert time.monotonic() < deadline, mirror
+        time.sleep(0.2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_on_a_dropped_connection_is_made_once_more(db, store):
+    """Without health checks (the test client sends no request signals): the connection
+    this thread keeps is ended by the server, and token authentication's read meets it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("an SQLite connection cannot be ended from outside")
+    user = get_user_model().objects.create_user("pipeline", password="pw-for-tests")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    assert api.get(API + "sessions/").status_code == 200
+    other = connection.get_new_connection(connection.get_connection_params())  # as an admin would
+    try:
+        other.autocommit = True
+        other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    finally:
+        other.close()
+    response = api.get(API + "sessions/")
+    assert response.status_code == 200, response.content
+    assert api.get(API + "sessions/").status_code == 200
 
 
 # The database down, in this process: what staff see --------------------------
@@ -173,10 +240,12 @@ def test_unhandled_exception_is_logged_and_answered_json_500(db, configure, sett
         response = api.post(API + "enrich/", ENRICH, format="json")
     assert response.status_code == 500
     assert response["Content-Type"] == "application/json"
-    assert response.json() == {"detail": "A server error occurred.", "code": "server_error"}
+    request_id = response["X-Request-ID"]
+    body = {"detail": "A server error occurred.", "code": "server_error", "request_id": request_id}
+    assert response.json() == body
     [record] = [r for r in caplog.records if r.name.startswith("persistent_memory")]
     assert record.name == "persistent_memory.api" and record.levelno == logging.ERROR
-    assert "POST /api/memory/enrich/" in record.getMessage()
+    assert "POST /api/memory/enrich/" in record.getMessage() and request_id in record.getMessage()
     assert record.exc_info[0] is RuntimeError
     assert "in broken_resolver" in "".join(traceback.format_exception(*record.exc_info))
     # Error trackers (and the test client) still hear of it through got_request_exception.

@@ -32,12 +32,13 @@ from rest_framework.views import APIView
 
 from persistent_memory.api import serializers as s
 from persistent_memory.api.bodies import read_unsized_body
-from persistent_memory.api.errors import PayloadTooLarge, exception_handler
+from persistent_memory.api.errors import DATABASE_UNAVAILABLE, PayloadTooLarge, exception_handler
 from persistent_memory.api.examples import COUNTER_KEY, KEY, QUESTION, SESSION, SESSION_ID, request_example
 from persistent_memory.api.pagination import SessionPagination
 from persistent_memory.api.parsers import MemoryJSONParser
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
+from persistent_memory.database import drop_dead_connections
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
 from persistent_memory.health import OK, health_report
 from persistent_memory.idempotency import HEADER as IDEMPOTENCY_HEADER
@@ -144,6 +145,18 @@ class MemoryAPIView(APIView):
         if length.isdigit() and int(length) > memory_settings.MAX_REQUEST_BYTES:
             raise PayloadTooLarge(f"The request body is over {memory_settings.MAX_REQUEST_BYTES} bytes.")
         read_unsized_body(request._request, limit=memory_settings.MAX_REQUEST_BYTES)
+        try:
+            self._identify(request, *args, **kwargs)
+        except DATABASE_UNAVAILABLE:
+            # A pooled connection the database dropped fails its first query. What ran so
+            # far only read (authentication, permissions, the owner): on a connection that
+            # is dead, not busy or refused, read once more on a new one.
+            if not drop_dead_connections():
+                raise
+            self._identify(request, *args, **kwargs)
+
+    def _identify(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """DRF's checks (authentication, permissions, throttles), then the caller's owner."""
         super().initial(request, *args, **kwargs)
         try:
             self.owner = resolve_owner(request)

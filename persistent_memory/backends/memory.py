@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from persistent_memory.backends.base import (
 )
 from persistent_memory.backends.conversations import Answer, Enriched
 from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
-from persistent_memory.backends.memory_once import Recorded, idempotent
+from persistent_memory.backends.memory_once import Recorded, decoded, encoded, idempotent
 from persistent_memory.backends.memory_summaries import MemorySummaries
 from persistent_memory.backends.memory_tree import Tree
 from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
@@ -47,6 +48,8 @@ from persistent_memory.exceptions import (
 from persistent_memory.journal import Journal
 from persistent_memory.owners import namespace_of
 from persistent_memory.validation import INT64_MAX, INT64_MIN
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -77,7 +80,8 @@ class _Session:
 
 
 class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
-    """Thread-safe dict of sessions under one lock, at most ``max_sessions`` live."""
+    """Thread-safe dict of sessions under one lock, ``max_sessions`` live shared fairly by
+    the owners (see :meth:`_admit`)."""
 
     name = "memory"
 
@@ -90,8 +94,14 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         # Conversations marked for a summarizer, and the summarizers' health record.
         self._unsummarized: set[tuple[str, str]] = set()
         self._health: dict[str, Any] = {}
-        # Live and not yet pruned sessions per owner namespace, for max_sessions_per_owner.
+        # Live and not yet pruned sessions per owner namespace ("": unowned), for
+        # max_sessions_per_owner and for the fair share of a full process (see _admit).
         self._owned: dict[str, int] = {}
+        # No session expires before this (a lower bound; 0: unknown), so that a create in
+        # a full process scans for expired sessions only when one may have expired.
+        self._expiry_floor = 0.0
+        # Whether a restore from the mirror is loading sessions (see _admit).
+        self._restoring = False
         self._dirty: set[str] = set()
         # run_id -> (session_id, expires_at); expired ones are pruned when the dict has
         # doubled since the last pruning, so binding stays O(1) amortized.
@@ -126,8 +136,12 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         )
 
     def open_journal(self, directory: str | os.PathLike[str]) -> None:
-        """Journal every write in ``directory`` from now on (see :meth:`replay`)."""
+        """Journal every write in ``directory`` from now on (see :meth:`replay`), and take
+        back the idempotency records kept there (they outlive the journal's segments)."""
         self.journal = Journal(directory)
+        with self._lock:
+            for ref, fingerprint, expires_at, result in self.journal.remembered(time.time()):
+                self._records[ref] = Recorded(fingerprint, decoded(result), expires_at)
 
     # Helpers, called with the lock held ---------------------------------------
 
@@ -141,10 +155,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if session is None:
             return None
         owner = namespace_of(session_id)
-        if owner:
-            self._owned[owner] -= 1
-            if not self._owned[owner]:
-                del self._owned[owner]
+        self._owned[owner] -= 1
+        if not self._owned[owner]:
+            del self._owned[owner]
         _remove_sorted(self._by_time, owner, (session.created_at, session_id))
         _remove_sorted(self._by_name, owner, session_id)
         for run_id in session.runs:
@@ -173,9 +186,21 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if len(self._records) >= self._records_prune_at:
             self._records = {ref: r for ref, r in self._records.items() if r.expires_at > now}
             self._records_prune_at = max(1024, 2 * len(self._records))
-        self._records[idempotency.ref] = Recorded(
+        recorded = self._records[idempotency.ref] = Recorded(
             idempotency.fingerprint, copy.deepcopy(result), now + idempotency.ttl_seconds
         )
+        self._keep(idempotency.ref, recorded)
+
+    def _keep(self, ref: str, recorded: Recorded) -> None:
+        """Write an idempotency record to the journal's record files, so that it outlives a
+        checkpoint and a restart. The write it records is applied and journaled already:
+        should this fail, the record still holds in this process, so it is logged, not raised."""
+        if self.journal is None or not self.journal.owned:
+            return
+        try:
+            self.journal.remember(ref, recorded.fingerprint, recorded.expires_at, encoded(recorded.result))
+        except (OSError, TypeError):
+            logger.warning("persistent_memory: could not keep an idempotency record on disk", exc_info=True)
 
     def _live(self, session_id: str, now: float) -> _Session:
         session = self._sessions.get(session_id)
@@ -191,6 +216,56 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         for session_id in [sid for sid, s in self._sessions.items() if s.expired(now)]:
             self._drop(session_id)
             self._mark(session_id)
+        expiries = [s.expires_at for s in self._sessions.values() if s.expires_at is not None]
+        self._expiry_floor = min(expiries, default=float("inf"))
+
+    def _reclaim(self, now: float) -> None:
+        """:meth:`_prune`, but only when a session may have expired since the last one
+        (a create at a cap then costs O(1) instead of a scan of every session)."""
+        if now >= self._expiry_floor:
+            self._prune(now)
+
+    def _admit(self, owner: str, now: float) -> None:
+        """Raise unless ``owner`` (a namespace; "": unowned) may create a session now.
+
+        An owner is held to its cap (``max_sessions_per_owner``: ``QuotaExceeded``). A full
+        process (``max_sessions`` live) still admits an owner holding fewer sessions than its
+        fair share, ``max_sessions // owners`` (owners holding sessions, this one counted),
+        and refuses the others (``CapacityExceeded``): owners who filled the process cannot
+        lock a newcomer out, and nothing acknowledged is evicted to make room. The total can
+        then go over ``max_sessions``, but not without bound: admitting only below the fair
+        share keeps the j-th largest holding at most ``max_sessions // j`` (it holds when
+        the process is not full, and each admission and deletion keeps it), so the process
+        holds at most ``sum(min(cap, max_sessions // j) for j in 1..owners)`` sessions,
+        owners being at most ``max_sessions`` (unowned sessions have no cap: their term is
+        ``max_sessions // j``); with the default cap (a tenth) that is about
+        ``max_sessions * (1 + ln(owners / 10))`` in the worst order of arrivals.
+
+        A restore loads the mirror's sessions newest first, an order unrelated to the one
+        they were admitted in, so it admits exactly what keeps that invariant: any part of a
+        state this rule reached loads, in any order, and nothing acknowledged is left out.
+        """
+        held = self._owned.get(owner, 0)
+        cap = self.max_sessions_per_owner
+        if owner and cap is not None and held >= cap:
+            self._reclaim(now)
+            held = self._owned.get(owner, 0)
+            if held >= cap:
+                raise QuotaExceeded(f"This owner holds its maximum of {cap} sessions.")
+        if len(self._sessions) >= self.max_sessions:
+            self._reclaim(now)
+            held = self._owned.get(owner, 0)
+            if self._restoring:  # O(owners), for a restore only
+                # One more keeps the j-th largest holding within max_sessions // j.
+                rank = 1 + sum(1 for count in self._owned.values() if count > held)
+                share = self.max_sessions // rank
+            else:
+                share = self.max_sessions // (len(self._owned) + (owner not in self._owned))
+            if len(self._sessions) >= self.max_sessions and held >= share:
+                raise CapacityExceeded(
+                    f"The memory backend holds its maximum of {self.max_sessions} sessions, and "
+                    f"this owner its share of them ({share}): make room by deleting sessions."
+                )
 
     def _create(
         self,
@@ -206,18 +281,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
         self._drop(session_id)
-        owner = namespace_of(session_id)  # "": unowned, not counted
-        cap = self.max_sessions_per_owner
-        if owner and cap is not None and self._owned.get(owner, 0) >= cap:
-            self._prune(now)
-            if self._owned.get(owner, 0) >= cap:
-                raise QuotaExceeded(f"This owner holds its maximum of {cap} sessions.")
-        if len(self._sessions) >= self.max_sessions:
-            self._prune(now)
-            if len(self._sessions) >= self.max_sessions:
-                raise CapacityExceeded(
-                    f"The memory backend holds its maximum of {self.max_sessions} sessions."
-                )
+        owner = namespace_of(session_id)  # "": unowned (no per-owner cap; a fair share)
+        self._admit(owner, now)
         expires_at = now + ttl_seconds if ttl_seconds else None
         created_at = now if created_at is None else created_at
         session = self._sessions[session_id] = _Session(created_at, ttl_seconds, expires_at)
@@ -225,8 +290,11 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if idle:
             session.idle_ttl_seconds, session.deadline = idle, expires_at
             self._touch(session, now)
-        if owner:
-            self._owned[owner] = self._owned.get(owner, 0) + 1
+        # A restore sets an expiry of its own afterwards, never before the session's creation.
+        floor = session.expires_at if created_at == now else created_at
+        if floor is not None:
+            self._expiry_floor = min(self._expiry_floor, floor)
+        self._owned[owner] = self._owned.get(owner, 0) + 1
         insort(self._by_time.setdefault(owner, []), (created_at, session_id))
         insort(self._by_name.setdefault(owner, []), session_id)
         self._mark(session_id)
@@ -694,6 +762,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
             "summary": self._summary_op,
         }
         replayed: dict[str, None] = {}
+        kept = dict(self._records)  # read back from the record files by open_journal
         with self._lock, self.restoring():
             for seq, (_, op, session_id, now, idempotency, *args) in journal.records():
                 if op != "bind" and seq <= mirrored.get(session_id, 0):
@@ -707,6 +776,12 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
                 if op != "bind":
                     replayed[session_id] = None
                     self._mark(session_id)
+        # A write killed between its journal record and its idempotency record: the replay
+        # made the record; on disk too, or the next checkpoint would lose it.
+        with self._lock:
+            for ref, recorded in self._records.items():
+                if kept.get(ref) != recorded:
+                    self._keep(ref, recorded)
         journal.seq = max(journal.seq, *mirrored.values(), 0)
         return list(replayed)
 
@@ -715,10 +790,12 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         # What a restore loads is in the mirror or the journal already. The store
         # refuses calls while it restores, so nothing else writes meanwhile.
         journal, self.journal = self.journal, None
+        self._restoring = True
         try:
             yield
         finally:
             self.journal = journal
+            self._restoring = False
 
     def forget_namespace(self, namespace: str) -> int:
         mark = f"{namespace}:"
@@ -729,6 +806,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
                 del self._records[ref]
             for ref in runs:
                 del self._runs[ref]
+            if self.journal is not None:
+                self.journal.forget_records(mark)
         return len(records) + len(runs)
 
     def checkpoint(self) -> Checkpoint | None:
@@ -741,6 +820,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
             segments = journal.rotate()
             # Run bindings are not mirrored: the new segment carries the live ones.
             now = time.time()
+            journal.expire_records(now)
             for run_id, (session_id, until) in self._runs.items():
                 if until > now:
                     session = self._sessions.get(session_id)

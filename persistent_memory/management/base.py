@@ -1,6 +1,11 @@
 """What every ``memory_*`` command shares: ``--json``, verbosity-gated output through
 ``self.stdout``/``self.stderr``, progress on a terminal, and store errors as
-``CommandError`` (a non-zero exit status)."""
+``CommandError`` (a non-zero exit status).
+
+Where output goes: the result (the summary line, ``--json``) on stdout, in Django's
+SUCCESS style when colour is on; notes and progress on stderr, unstyled (Django styles
+everything on stderr as an error unless told otherwise); errors as ``CommandError``, in
+the error style."""
 
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ from persistent_memory.store import MemoryStore, get_store
 
 #: Runs over this many sessions show progress on a terminal.
 PROGRESS_FROM = 300
+
+
+def plain(text: str) -> str:
+    """The neutral style: text as it is (see :meth:`MemoryCommand.note`)."""
+    return text
 
 
 class MemoryCommand(BaseCommand):
@@ -74,7 +84,8 @@ class MemoryCommand(BaseCommand):
         if self.as_json:
             self.stdout.write(json.dumps(counts, sort_keys=True))
         else:
-            self.log(self.summary(counts))
+            # A run with failures is no success: plain, then the error exit says why.
+            self.log(self.summary(counts), style_func=None if counts.get("failed") else self.style.SUCCESS)
         if counts.get("failed"):
             raise CommandError(self.failure(counts))
 
@@ -87,8 +98,8 @@ class MemoryCommand(BaseCommand):
 
     def warn_if_private(self) -> None:
         """On the memory backend a command sees its own process's copy, not a server's."""
-        if self.uses_sessions and self.store.backend.name == "memory" and self.verbosity >= 1:
-            self.stderr.write(
+        if self.uses_sessions and self.store.backend.name == "memory":
+            self.note(
                 "Note: the memory backend lives inside each process. This command works on its own "
                 "copy (restored from the mirror), not on the sessions of a running server; change "
                 "those from the server (admin actions, API) or use the redis backend."
@@ -98,10 +109,17 @@ class MemoryCommand(BaseCommand):
         """The prose line for ``counts`` (``--json`` prints the counts themselves)."""
         return ", ".join(f"{name.replace('_', ' ')}: {value}" for name, value in counts.items())
 
-    def log(self, message: str, level: int = 1) -> None:
-        """Write ``message`` when ``--verbosity`` is at least ``level`` (never with ``--json``)."""
+    def log(self, message: str, level: int = 1, *, style_func: Any = None) -> None:
+        """Write ``message`` on stdout when ``--verbosity`` is at least ``level`` (never with
+        ``--json``), in ``style_func`` (e.g. ``self.style.SUCCESS``) if given."""
         if not self.as_json and self.verbosity >= level:
-            self.stdout.write(message)
+            self.stdout.write(message, style_func=style_func)
+
+    def note(self, message: str, level: int = 1) -> None:
+        """Write a note or progress line on stderr when ``--verbosity`` is at least ``level``,
+        unstyled: stderr's own style is Django's error style, and a note is no error."""
+        if self.verbosity >= level:
+            self.stderr.write(message, style_func=plain)
 
     def passes(self, watch: float | None) -> Iterator[int]:
         """Pass numbers: one without ``--watch``; with it, one every ``watch`` seconds until
@@ -144,4 +162,4 @@ class MemoryCommand(BaseCommand):
         if (total or done) < PROGRESS_FROM or time.monotonic() - self._progress_at < 1:
             return
         self._progress_at = time.monotonic()
-        self.stderr.write(f"  {done}/{total} {what}" if total else f"  {done} {what}")
+        self.note(f"  {done:,}/{total:,} {what}" if total else f"  {done:,} {what}")

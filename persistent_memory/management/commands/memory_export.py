@@ -41,9 +41,10 @@ class Command(MemoryCommand):
                 raise CommandError(f"Cannot write {output}: {exc}") from exc
         if self.as_json:
             self.stdout.write(json.dumps({"exported": count, "output": output}, sort_keys=True))
-        elif self.verbosity >= 1:
-            # On stderr: standard output may be the export itself.
-            self.stderr.write(f"Exported {count} sessions{f' to {output}' if output else ''}.")
+        elif output is not None:
+            self.log(f"Exported {count:,} sessions to {output}.", style_func=self.style.SUCCESS)
+        else:
+            self.note(f"Exported {count:,} sessions.")  # on stderr: stdout is the export itself
 
     @staticmethod
     def _write(records: Any, write: Any) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from argparse import ArgumentParser
 from typing import Any
 
@@ -25,17 +26,28 @@ class Command(MemoryCommand):
     def run(self, *, owner: str | None, yes: bool, **options: Any) -> dict[str, Any]:
         if not owner:
             raise CommandError("--owner is required (e.g. --owner user:42).")
-        if not yes and options.get("interactive", True) and self.stdin_isatty():
-            answer = input(f"Delete everything held about {owner!r}? Type 'yes': ")
-            if answer != "yes":
-                raise CommandError("Nothing deleted.")
+        if not yes:
+            self.confirm(owner)
         return forget_owner(owner, store=self.store)
 
     @staticmethod
-    def stdin_isatty() -> bool:
-        import sys
+    def confirm(owner: str) -> None:
+        """Ask on the terminal; ``CommandError`` (nothing deleted) unless the answer is "yes".
 
-        return sys.stdin.isatty()
+        Without a terminal there is nobody to ask: piped or redirected input (``echo no |``,
+        a cron job) must not count as consent, so only ``--yes`` deletes then.
+        """
+        if not sys.stdin.isatty():
+            raise CommandError(
+                "Nothing deleted: standard input is not a terminal, so there is nobody to confirm. "
+                "Pass --yes to delete without asking."
+            )
+        try:
+            answer = input(f"Delete everything held about {owner!r}? Type 'yes': ")
+        except EOFError:
+            raise CommandError("Nothing deleted (no answer). Pass --yes to delete without asking.") from None
+        if answer.strip() != "yes":
+            raise CommandError("Nothing deleted.")
 
     def summary(self, counts: dict[str, Any]) -> str:
         return (

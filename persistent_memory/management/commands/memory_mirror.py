@@ -73,15 +73,16 @@ class Command(MemoryCommand):
             "sync_errors": self.sync_errors(named, owner),
         }
 
-    @staticmethod
-    def sync_errors(named: list[str] | None, owner: str | None) -> list[dict[str, Any]]:
-        """The sessions (of those named, or of ``owner``) whose last sync failed, newest first."""
+    def sync_errors(self, named: list[str] | None, owner: str | None) -> list[dict[str, Any]]:
+        """The sessions (of those named, or of ``owner``) whose last sync failed, newest first,
+        at most ERRORS_SHOWN (``self.failing``: how many in all)."""
         rows = MemorySession.objects.filter(sync_failed_at__isnull=False)
         if named is not None:
             pairs = [split_storage_id(sid) for sid in named]
             rows = rows.filter(owner__in={o for o, _ in pairs}, session_id__in={s for _, s in pairs})
         elif owner is not None:
             rows = rows.filter(owner=owner)
+        self.failing = rows.count()
         return [
             {"session_id": session_id, "owner": row_owner, "failed_at": failed_at.isoformat(), "error": error}
             for session_id, row_owner, failed_at, error in rows.order_by("-sync_failed_at").values_list(
@@ -93,10 +94,11 @@ class Command(MemoryCommand):
         errors = counts["sync_errors"]
         lines = [super().summary({k: v for k, v in counts.items() if k != "sync_errors"})]
         if errors:
-            lines.append(
-                f"Sessions the mirror could not write (retried at every sync; at most {ERRORS_SHOWN}):"
-            )
+            lines.append("Sessions the mirror could not write (retried at every sync):")
         for item in errors:
             who = f"{item['session_id']} (owner {item['owner']})" if item["owner"] else item["session_id"]
             lines.append(f"  {who} at {item['failed_at']}: {item['error']}")
+        more = getattr(self, "failing", len(errors)) - len(errors)
+        if more > 0:
+            lines.append(f'  and {more:,} more (the admin\'s "mirror sync: failing" filter lists them all)')
         return "\n".join(lines)
