@@ -14,7 +14,7 @@ from django.utils.module_loading import import_string
 from persistent_memory.backends import backend_class
 from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
 from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
-from persistent_memory.debug import SafeExceptionReporterFilter, redis_passwords
+from persistent_memory.debug import SafeExceptionReporterFilter, secret_passwords
 
 
 def _is_int(value: Any, low: int, high: int | None = None) -> bool:
@@ -453,8 +453,9 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register(Tags.security)
 def check_debug_reports(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Warn when DEBUG pages would show the Redis password inside a URL."""
-    if not settings.DEBUG or not redis_passwords():
+    """Warn when DEBUG pages would show a Redis or database password (in a URL, a
+    conninfo string, a driver's local variables)."""
+    if not settings.DEBUG or not secret_passwords():
         return []
     try:
         filter_class = import_string(settings.DEFAULT_EXCEPTION_REPORTER_FILTER)
@@ -464,8 +465,9 @@ def check_debug_reports(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         return []
     return [
         Warning(
-            "DEBUG is on and PERSISTENT_MEMORY configures a Redis password: Django's error pages "
-            "would show it (in REDIS_URL, the cache's LOCATION, request.META and local variables).",
+            "DEBUG is on and a Redis or database password is configured: Django's error pages "
+            "would show it (in REDIS_URL, the cache's LOCATION, request.META, and the local "
+            "variables of the Redis client or the database driver).",
             hint=(
                 "Set DEFAULT_EXCEPTION_REPORTER_FILTER = "
                 "'persistent_memory.debug.SafeExceptionReporterFilter' (or a subclass), or turn DEBUG off."

@@ -349,6 +349,19 @@ def test_check_warns_when_debug_pages_could_show_the_password(settings):
         assert _w005() == []  # no password to show
 
 
+def test_check_warns_when_debug_pages_could_show_a_database_password(settings, monkeypatch):
+    # The database driver's frames hold its password (psycopg's conninfo, params, kwargs).
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory"}
+    django_filter = "django.views.debug.SafeExceptionReporterFilter"
+    with override_settings(DEBUG=True, DEFAULT_EXCEPTION_REPORTER_FILTER=django_filter):
+        assert _w005() == []  # no password configured anywhere
+        # Read where the filter reads it (override_settings of DATABASES warns, rightly).
+        monkeypatch.setitem(settings.DATABASES["default"], "PASSWORD", "db-pw")
+        assert _w005() == ["persistent_memory.W005"]
+    with override_settings(DEBUG=True):  # the demo's: the app's filter
+        assert _w005() == []
+
+
 class OwnFilter(SafeExceptionReporterFilter):
     """A project's own filter, built on the app's."""
 
