@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from persistent_memory.history import operation_count
 from persistent_memory.models import MemorySession
+from tests.timing import LIVE_TTL, wait_past
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,12 +156,12 @@ class TestSummarize:
 
 class TestSweep:
     def test_sweeps_expired_sessions_store_and_mirror(self, store):
-        store.create_session("short", ttl_seconds=0.2)
+        short = store.create_session("short", ttl_seconds=LIVE_TTL)
         store.put("short", "k", 1)
         store.create_session("kept")
         store.enrich("kept", run_id="run-kept")
         store.mirror.sync_dirty()
-        time.sleep(0.3)
+        wait_past(short["expires_at"])
         dry = run_json("memory_sweep", "--dry-run")
         assert dry["dry_run"] is True and dry["mirror_marked_gone"] == 1
         assert MemorySession.objects.get(session_id="short").state == "live"
@@ -198,7 +199,7 @@ class TestSweep:
 class TestSweepRedis:
     def test_leftovers_bindings_and_no_keys_command(self, db, redis_store, redis_client):
         store = redis_store
-        store.create_session("gone", ttl_seconds=0.2)
+        gone = store.create_session("gone", ttl_seconds=LIVE_TTL)
         store.put("gone", "a", 1)
         store.enrich("gone", run_id="run-gone")
         store.create_session("live")
@@ -211,7 +212,7 @@ class TestSweepRedis:
         redis_client.set("rr:memory:~run:run-dangling", "crashed")
         # A binding that outlives its session (one bound before bindings expired with it).
         redis_client.set("rr:memory:~run:run-old", "gone")
-        time.sleep(0.3)
+        wait_past(gone["expires_at"])
         redis_client.config_resetstat()
         dry = run_json("memory_sweep", "--dry-run", "--batch-size", "2")
         assert (dry["expired_sessions"], dry["leftover_keys"], dry["run_bindings"]) == (2, 2, 2)
@@ -291,22 +292,37 @@ class TestMirrorCommand:
             "PYTHONUNBUFFERED": "1",
         }
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+        # One mirrored session, which the watcher restores: every --all pass then syncs it
+        # and says so at -v 2, so the test sees each pass instead of guessing how many a
+        # loaded machine manages in a given time.
+        create = (
+            "from persistent_memory.store import get_store; "
+            "s = get_store(); s.create_session('a'); s.mirror.sync_dirty()"
+        )
+        subprocess.run([sys.executable, "manage.py", "shell", "-c", create], cwd=ROOT, env=env, check=True)
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "memory_mirror", "--watch", "0.1", "-v", "2"],
+            [sys.executable, "manage.py", "memory_mirror", "--all", "--watch", "0.1", "-v", "2"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        # The command's note on stderr (the memory backend's copy) says it has started:
-        # Django's start-up can take seconds on a loaded machine, and only then does the
-        # watch have time to pass.
-        assert "memory backend" in process.stderr.readline()
-        time.sleep(2)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=30)
+        guard = threading.Timer(120, process.kill)  # a hung watcher ends the test, not the run
+        guard.start()
+        try:
+            seen = []
+            for line in process.stdout:
+                seen.append(line)
+                if line.startswith("pass 3:"):
+                    break
+            assert seen and seen[-1].startswith("pass 3:"), "".join(seen) + process.stderr.read()
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate()
+        finally:
+            guard.cancel()
         assert process.returncode == 0, err
+        assert "memory backend" in err
         assert "Interrupted" in out and "Traceback" not in err
         passes = int(out.strip().splitlines()[-1].split(",")[0].split(":")[1])
         assert passes >= 3

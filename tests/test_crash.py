@@ -81,7 +81,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databas
     name = f"pm_crash_{uuid.uuid4().hex[:12]}"
     server = urlsplit(POSTGRES)
     try:
-        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=5)
+        # A refused connection fails at once; a slow one on a loaded machine must not skip.
+        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=60)
     except psycopg.OperationalError as exc:
         pytest.skip(f"no PostgreSQL at {server.hostname}:{server.port}: {exc}")
     admin.execute(f'CREATE DATABASE "{name}"')

@@ -9,7 +9,6 @@ store, never only through the API under test. Both backends, through conftest's
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from persistent_memory.exceptions import IdempotencyKeyReused, InvalidValue
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
+from tests.timing import LIVE_TTL, wait_past, wait_until
 
 API = "/api/memory/"
 KEY = "3f9c1e0a-7b2d-4c55-9e1f-retry"
@@ -239,12 +239,14 @@ def test_keys_are_per_owner(alice, bob):
 
 
 def test_a_key_is_forgotten_after_its_ttl(alice, configure):
-    configure(IDEMPOTENCY_TTL_SECONDS=0.3)
+    # Long enough for the retry to come before the key expires; then the store's own
+    # expiry (a TTL after the answer, at the latest) is waited for.
+    configure(IDEMPOTENCY_TTL_SECONDS=LIVE_TTL)
     alice.store.create_session("s1")
     url = "sessions/s1/memory/n/increment/"
     assert alice.send("post", url, {}, key=KEY).json() == {"value": 1}
     assert alice.send("post", url, {}, key=KEY).json() == {"value": 1}
-    time.sleep(0.4)
+    wait_past(time.time() + LIVE_TTL)
     assert alice.send("post", url, {}, key=KEY).json() == {"value": 2}
     assert alice.send("post", url, {"amount": 3}, key=KEY).status_code == 422  # recorded anew
 
@@ -333,7 +335,8 @@ def test_python_callers_pass_an_idempotency(store):
 # Redis only -------------------------------------------------------------------------
 
 # Spins for ARGV[1] microseconds: Redis runs one script at a time, so commands sent
-# meanwhile wait in their sockets and run afterwards (as with any long stall).
+# meanwhile wait in their sockets and run afterwards (as with any long stall). Under
+# Redis's busy-script-time (5 s by default), past which it answers BUSY instead.
 SPIN = """
 local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
 local stop = now() + tonumber(ARGV[1])
@@ -344,16 +347,22 @@ return 1
 
 @contextmanager
 def busy_redis(url: str, seconds: float) -> Iterator[None]:
-    """Redis busy for ``seconds`` from another connection, starting before the block."""
-    client = redis.Redis.from_url(url)
-    thread = threading.Thread(target=client.eval, args=(SPIN, 0, int(seconds * 1_000_000)))
-    thread.start()
-    time.sleep(0.2)  # the script is running
+    """Redis busy for ``seconds`` from another connection, starting before the block.
+
+    The script is sent, not merely started in a thread, before the block runs: its bytes
+    are in Redis's socket before anything the block sends, and Redis serves its clients
+    in the order their data arrived, so what the block sends waits for the script
+    (a sleep meaning "the thread has sent it by now" did not hold on a loaded machine).
+    """
+    pool = redis.ConnectionPool.from_url(url)
+    connection = pool.get_connection()
     try:
+        connection.send_command("EVAL", SPIN, 0, int(seconds * 1_000_000))
         yield
+        assert connection.read_response() == 1  # the script has ended
     finally:
-        thread.join()
-        client.close()
+        pool.release(connection)
+        pool.disconnect()
 
 
 @pytest.fixture
@@ -369,15 +378,13 @@ def test_a_503_whose_write_was_applied_answers_the_retry_with_the_write(
     store = redis_alice.store
     store.create_session("s1")  # the script is loaded and a connection is in the pool
     url = "sessions/s1/memory/n/increment/"
-    with busy_redis(redis_url, 1.5):
+    with busy_redis(redis_url, 4):  # ample for one request, under busy-script-time
         first = redis_alice.send("post", url, {"amount": 1}, key=KEY)
         assert error_of(first) == (503, "backend_unavailable")
         assert first["Retry-After"]
     # The client gave up, but the command had reached Redis, which ran it when free.
     value_key = "rr:memory:~o:user:4242~s1:n"
-    deadline = time.monotonic() + 5
-    while redis_client.get(value_key) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: redis_client.get(value_key) is not None)
     assert redis_client.get(value_key) == b"1"
     again = redis_alice.send("post", url, {"amount": 1}, key=KEY)
     assert (again.status_code, again.json()) == (200, {"value": 1})

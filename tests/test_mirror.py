@@ -12,6 +12,7 @@ from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 from persistent_memory.store import MemoryStore
+from tests.timing import LIVE_TTL, wait_past, wait_until
 
 
 def assert_mirrored(store: MemoryStore, session_id: str) -> MemorySession:
@@ -157,11 +158,11 @@ def test_delete_marks_gone(mirrored):
 
 def test_expiry_is_noticed_by_a_full_sync(mirrored):
     store = mirrored
-    store.create_session("short", ttl_seconds=0.2)
+    short = store.create_session("short", ttl_seconds=LIVE_TTL)
     store.put("short", "k", 1)
     store.create_session("kept")
     store.mirror.sync_dirty()
-    time.sleep(0.3)
+    wait_past(short["expires_at"])
     result = store.mirror.sync_all()
     assert result.gone == 1
     assert MemorySession.objects.get(session_id="short").state == MemorySession.State.EXPIRED
@@ -249,15 +250,14 @@ def _row_exists_yet(rows) -> bool:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_immediate_mode_flushes_within_a_second(configure):
+def test_immediate_mode_flushes_without_a_sync(configure):
     store = configure(MIRROR_MODE="immediate")
     try:
         store.create_session("s1")
         store.put("s1", "k", {"v": 1})
-        deadline = time.monotonic() + 3
-        while not _row_exists_yet(MemoryValue.objects.filter(session__session_id="s1", key="k")):
-            assert time.monotonic() < deadline, "the write-behind worker did not flush"
-            time.sleep(0.05)
+        # Nobody calls a sync: the write-behind worker must get there on its own, however
+        # long a loaded machine takes to schedule it.
+        wait_until(lambda: _row_exists_yet(MemoryValue.objects.filter(session__session_id="s1", key="k")))
         assert_mirrored(store, "s1")
     finally:
         reset_store()
@@ -285,13 +285,13 @@ def test_memory_store_restores_from_the_mirror_after_restart(settings):
         store.put("kept", "k", i)
     store.create_session("forever")
     store.record_answer("forever", "hi")
-    store.create_session("short", ttl_seconds=0.3)
+    short = store.create_session("short", ttl_seconds=LIVE_TTL)
     before = {
         sid: (store.session_info(sid), store.get_all(sid), store.get_history(sid, 0))
         for sid in ("kept", "forever")
     }
     reset_store()  # the process ends: the worker flushes
-    time.sleep(0.4)  # "short" expires meanwhile
+    wait_past(short["expires_at"])  # "short" expires meanwhile
 
     fresh = MemoryStore.from_settings()  # a new process over the same database
     try:

@@ -12,7 +12,6 @@ the store scoped to each owner, never only through the API that is under test.
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlencode
@@ -29,6 +28,7 @@ from rest_framework.views import APIView
 
 from persistent_memory import get_store
 from persistent_memory.store import MemoryStore
+from tests.timing import LIVE_TTL, wait_past
 
 API = "/api/memory/"
 
@@ -592,10 +592,10 @@ class TestQuotas:
     def test_expired_sessions_do_not_count(self, people, configure):
         configure(MAX_SESSIONS_PER_OWNER=2)
         store = scoped(owner_of(people.alice))
-        store.create_session("old-1", ttl_seconds=0.5)
-        store.create_session("old-2", ttl_seconds=0.5)
+        store.create_session("old-1", ttl_seconds=LIVE_TTL)
+        old = store.create_session("old-2", ttl_seconds=LIVE_TTL)
         assert error_of(call(people.alice_api, "post", "sessions/", {"session_id": "s1"}))[0] == 507
-        time.sleep(0.6)
+        wait_past(old["expires_at"])  # the later of the two
         assert call(people.alice_api, "post", "sessions/", {"session_id": "s1"}).status_code == 201
         assert call(people.alice_api, "post", "enrich/", {"question": question("s2")}).status_code == 200
         assert scoped(owner_of(people.alice)).list_sessions() == ["s1", "s2"]
