@@ -97,7 +97,11 @@ def secret_passwords() -> set[str]:
 #: A password wherever a value spells one out, configured or not: a URL's userinfo
 #: (``postgres://user:pw@host``), and ``password=pw`` or ``'password': 'pw'`` (a
 #: conninfo string, a query string, a dict's repr).
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:'\"]*:)[^@\s'\"]+(?=@)")
+#: A scheme starts where no scheme character stands before it (else every position of a
+#: long run of letters would be a start to try: quadratic on a large body in a frame).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/@\s:'\"]*:)[^@\s'\"]+(?=@)"
+)
 _PAIR_PASSWORD = re.compile(
     r"(?P<head>\b(?:password|passwd)['\"]?\s*[:=]\s*)"
     r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&'\",)}]+)",

@@ -24,8 +24,9 @@ from __future__ import annotations
 import sys
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.template import loader
+from django.template import TemplateDoesNotExist, loader
 from django.urls import Resolver404, resolve
+from django.utils.html import escape
 from django.views import defaults
 from rest_framework import exceptions
 
@@ -37,9 +38,7 @@ from persistent_memory.api.errors import (
     error_answer,
     translate,
 )
-
-#: The ``app_name`` of the API's URLconf (persistent_memory/api/urls.py).
-API_APP_NAME = "persistent_memory_api"
+from persistent_memory.api.urls import app_name as API_APP_NAME
 
 #: The page a database outage shows outside the API.
 UNAVAILABLE_TEMPLATE = "persistent_memory/503.html"
@@ -98,5 +97,8 @@ def server_error(request: HttpRequest) -> HttpResponse:
         return defaults.server_error(request)
     error = DatabaseUnavailable()
     body, headers = error_answer(error, cause, method=request.method or "?", path=request.path)
-    page = loader.get_template(UNAVAILABLE_TEMPLATE).render(body)  # no request: no context processors
+    try:
+        page = loader.get_template(UNAVAILABLE_TEMPLATE).render(body)  # no request: no context processors
+    except TemplateDoesNotExist:  # a project without APP_DIRS: still a page that says it
+        page = f"<h1>Service unavailable (503)</h1><p>{escape(body['detail'])}</p>"
     return HttpResponse(page, status=error.status_code, headers=headers)

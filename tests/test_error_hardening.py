@@ -168,6 +168,17 @@ def test_database_down_in_a_middleware_is_a_json_503_on_the_api(settings, store,
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_503_page_needs_no_template_loader_of_the_app(settings, store, database_down):  # noqa: F811
+    """A project without APP_DIRS cannot load the app's 503 template: still a 503 page."""
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "APP_DIRS": False, "DIRS": []}]
+    client = Client(raise_request_exception=False)
+    client.cookies["sessionid"] = "x" * 32
+    page = client.get("/admin/")
+    assert page.status_code == 503 and page["Content-Type"].startswith("text/html")
+    assert b"Service unavailable (503)" in page.content and page["X-Request-ID"]
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("backend_name", ["memory"])  # the database's outage, not the store's
 def test_schema_needs_no_database_and_the_admin_answers_a_503_page(outage_env, tmp_path):  # noqa: F811
     env, token, outage = outage_env
@@ -203,6 +214,12 @@ def test_an_unreachable_database_is_a_503_page_and_json_on_wsgi_and_asgi(kind, t
         api = server.request("GET", API + "sessions/", token="a" * 40)
         assert api.status == 503 and api.json()["code"] == "database_unavailable"
         assert api.json()["request_id"] == header(api, "X-Request-ID")
+        if kind == "uvicorn":  # the MCP endpoint reads the token before Django's handler
+            mcp = server.request("POST", "/mcp/", b"{}", token="a" * 40)
+            assert (mcp.status, header(mcp, "Content-Type")) == (503, "application/json")
+            assert mcp.json()["code"] == "database_unavailable"
+            assert mcp.json()["request_id"] == header(mcp, "X-Request-ID")
+            assert header(mcp, "Retry-After")
 
 
 # No internals for ordinary callers -----------------------------------------------

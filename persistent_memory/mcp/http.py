@@ -40,7 +40,13 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
 from mcp.server.transport_security import TransportSecuritySettings
 
-from persistent_memory.api.errors import DisallowedHostError
+from persistent_memory.api.errors import (
+    DATABASE_UNAVAILABLE,
+    DatabaseUnavailable,
+    DisallowedHostError,
+    ServerError,
+    error_answer,
+)
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidOwner
 from persistent_memory.mcp.server import build_server
@@ -143,11 +149,18 @@ def _json_errors(send: Send) -> Send:
 
 
 async def _refuse(send: Send, refused: Refused) -> None:
-    body = json.dumps({"detail": refused.detail, "code": refused.code}).encode()
+    await _send_json(send, refused.status, {"detail": refused.detail, "code": refused.code})
+
+
+async def _send_json(
+    send: Send, status: int, content: dict[str, Any], extra: dict[str, str] | None = None
+) -> None:
+    body = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if refused.status == 401:
+    if status == 401:
         headers.append((b"www-authenticate", b"Token"))
-    await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+    headers += [(name.lower().encode(), value.encode()) for name, value in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -304,14 +317,30 @@ class MCPEndpoint:
         return server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
             owner = await sync_to_async(_authenticate)(scope)
             async with self.serving(owner) as server:
                 # The SDK's app routes its one path: both spellings of ours reach it.
                 scope = {**scope, "path": self.path, "raw_path": self.path.encode()}
-                await server.app(scope, receive, _json_errors(send))
+                await server.app(scope, receive, _json_errors(tracked))
         except Refused as refused:  # raised before the app is called: nothing was sent yet
             await _refuse(send, refused)
+        except Exception as exc:
+            # The database down while the token is read, or anything else nothing handled:
+            # JSON with a code and a request id (the details go to the log), as the API
+            # answers, never the ASGI server's plain-text 500.
+            if started:  # an answer is under way: all that is left is to end the connection
+                raise
+            error = DatabaseUnavailable() if isinstance(exc, DATABASE_UNAVAILABLE) else ServerError()
+            body, headers = error_answer(error, exc, method=scope.get("method", "?"), path=self.path)
+            await _send_json(send, error.status_code, body, headers)
 
 
 def with_mcp(application: ASGIApp, *, path: str = "/mcp/") -> ASGIApp:
