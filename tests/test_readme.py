@@ -10,6 +10,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -438,7 +439,11 @@ def project_folder(folder: Path) -> dict[str, str]:
     shutil.copy(ROOT / "manage.py", folder)
     bin_dir = folder / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # A script, not a symlink: a symlink to a virtualenv's python, called by another name
+    # in another folder, finds no pyvenv.cfg and runs the base Python without the venv's packages.
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
     return demo_env(
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         PYTHONPATH=str(ROOT),
