@@ -443,7 +443,8 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         warnings.append(
             Warning(
                 "MAX_SESSIONS_PER_OWNER is not below MAX_SESSIONS: on the memory backend one owner can "
-                "take every place and leave other owners none.",
+                "fill the process alone; every other owner then gets only its fair share, over "
+                "MAX_SESSIONS (up to twice it, where even a newcomer is refused).",
                 hint="Set MAX_SESSIONS_PER_OWNER below MAX_SESSIONS (unset, it is a tenth of it).",
                 id="persistent_memory.W004",
             )

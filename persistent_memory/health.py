@@ -82,6 +82,7 @@ def mirror_health(store: MemoryStore) -> dict[str, Any]:
         "last_error": mirror.last_error,
         "last_error_at": mirror.last_error_at,
         "journal_bytes": backend.journal_size(),
+        "idempotency_bytes": backend.idempotency_size(),
     }
 
 

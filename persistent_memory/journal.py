@@ -26,13 +26,14 @@ O(1) per idempotent write. Forgetting an owner rewrites those files without its 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,17 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 def in_test_environment() -> bool:
     """Whether Django's test environment is set up (``setup_test_environment``, which the
-    test runner and pytest-django call): it gives ``django.core.mail`` its ``outbox``."""
-    from django.core import mail
+    test runner and pytest-django call, and ``teardown_test_environment`` undoes)."""
+    from django.test import utils
 
-    return hasattr(mail, "outbox")
+    # Only setup_test_environment sets _TestState.saved_data. Not mail.outbox: the locmem
+    # EmailBackend sets that too, in any deployment that sends a mail with it. _TestState
+    # is private, so a Django without it counts as no test environment (the journal on).
+    state = getattr(utils, "_TestState", None)
+    return getattr(state, "saved_data", None) is not None
+
+
+_told_testing = False  # the INFO line below is logged once per process
 
 
 def journal_directory(setting: Any, database: dict[str, Any], *, testing: bool | None = None) -> Path | None:
@@ -75,6 +83,13 @@ def journal_directory(setting: Any, database: dict[str, Any], *, testing: bool |
     if setting:
         return Path(setting)
     if in_test_environment() if testing is None else testing:
+        global _told_testing
+        if testing is None and not _told_testing:
+            _told_testing = True
+            logger.info(
+                "persistent_memory: Django's test environment is set up: the memory backend "
+                "keeps no journal by default (set JOURNAL_DIR for one)"
+            )
         return None
     name = str(database.get("NAME") or "")
     if database.get("ENGINE") == "django.db.backends.sqlite3":
@@ -99,6 +114,34 @@ def _first_seq(path: Path) -> int:
     return int(path.name.removesuffix(_SUFFIX))
 
 
+def _total_size(paths: Iterable[Path]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # dropped or expired meanwhile
+            continue
+    return total
+
+
+def _is_record(record: Any) -> bool:
+    """Whether ``record`` has the shape :meth:`Journal.remember` writes."""
+    if not isinstance(record, list) or len(record) != 4:
+        return False
+    ref, fingerprint, expires_at, _ = record
+    number = isinstance(expires_at, int | float) and not isinstance(expires_at, bool)
+    return isinstance(ref, str) and isinstance(fingerprint, str) and number
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Journal:
     """Segment files in ``directory``; :meth:`append` is called with the backend's lock held."""
 
@@ -119,8 +162,16 @@ class Journal:
             )
         self.seq = max((seq for seq, _ in self.records()), default=0)
         self._fd: int | None = None
-        self._record_fds: dict[int, int] = {}  # open idempotency record files by bucket
-        self._unsynced = False
+        # Open idempotency record files by bucket: the newest only. Records are filed by
+        # expiry and the TTL is one setting, so writes move forward to newer buckets; a
+        # write to an older one opens it again, and it is closed at the next sync.
+        self._record_fds: dict[int, int] = {}
+        self._unsynced = False  # the segment was written since the last sync
+        self._unsynced_fds: set[int] = set()  # record files written since the last sync
+        self._retired: list[int] = []  # record files closed with writes to sync first
+        # Guards the fd table: the sync thread, a remember and a close (not under the
+        # backend's lock) would otherwise fsync or close an fd another one just closed.
+        self._fds_lock = threading.Lock()
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
         if self.owned:
@@ -139,10 +190,11 @@ class Journal:
     def _open_segment(self, first_seq: int) -> Path:
         path = self.directory / f"{first_seq:020d}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-        self._fd = fd
+        with self._fds_lock:
+            previous, self._fd = self._fd, fd
+        if previous is not None:  # no one else holds it now: the sync thread dups under the lock
+            os.fsync(previous)
+            os.close(previous)
         return path
 
     def append(self, op: str, session_id: str, now: float, *args: Any) -> int:
@@ -165,20 +217,50 @@ class Journal:
     def remember(self, ref: str, fingerprint: str, expires_at: float, result: Any) -> None:
         """Keep an idempotency record (``result`` JSON-able) until ``expires_at``, across
         restarts; only the owning process writes."""
-        if not self.owned or self._lock_fd < 0:
+        if not self.owned:
             return
         bucket = int(expires_at // RECORDS_BUCKET_SECONDS) + 1  # deletable from this bucket's start
-        fd = self._record_fds.get(bucket)
-        if fd is None:
-            path = self.directory / f"{_RECORDS}{bucket}"
-            fd = self._record_fds[bucket] = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                os.write(fd, b"\n")  # end a line a crash tore, or this record would join it
         line = _ENCODER.encode([ref, fingerprint, expires_at, result]).encode() + b"\n"
-        if os.write(fd, line) != len(line):
-            raise OSError("short write")  # a torn last line is skipped when read
-        self._unsynced = True
+        with self._fds_lock:
+            if self._lock_fd < 0:  # closed
+                return
+            try:
+                fd = self._record_fds.get(bucket)
+                if fd is None:
+                    fd = self._open_records(bucket)
+                if os.write(fd, line) != len(line):
+                    raise OSError("short write")  # a torn last line is skipped when read
+            except OSError:
+                # Never append to a torn line: the next remember opens the file again,
+                # which ends that line first.
+                self._close_records(bucket)
+                raise
+            self._unsynced_fds.add(fd)
+            newest = max(self._record_fds)
+            for older in [each for each in self._record_fds if each != newest]:
+                self._close_records(older, retire=True)
+
+    def _open_records(self, bucket: int) -> int:
+        """Open ``bucket``'s record file for appending (the fd table's lock held)."""
+        path = self.directory / f"{_RECORDS}{bucket}"
+        fd = self._record_fds[bucket] = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")  # end a line a crash tore, or this record would join it
+        return fd
+
+    def _close_records(self, bucket: int, *, retire: bool = False) -> None:
+        """Close ``bucket``'s record file if open (the fd table's lock held); ``retire``: its
+        unsynced writes are synced by the next :meth:`sync` first, else dropped with it."""
+        fd = self._record_fds.pop(bucket, None)
+        if fd is None:
+            return
+        if retire and fd in self._unsynced_fds:
+            self._unsynced_fds.discard(fd)
+            self._retired.append(fd)
+            return
+        self._unsynced_fds.discard(fd)
+        os.close(fd)
 
     def remembered(self, now: float) -> Iterator[tuple[str, str, float, Any]]:
         """``(ref, fingerprint, expires_at, result)`` of the live idempotency records, oldest
@@ -186,11 +268,22 @@ class Journal:
         for bucket, path in self._record_files():
             if bucket * RECORDS_BUCKET_SECONDS <= now:
                 continue  # expired whole: :meth:`expire_records` deletes it
-            for line in path.read_bytes().split(b"\n"):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # expired meanwhile by the owning process
+                continue
+            for line in data.split(b"\n"):
                 try:
-                    ref, fingerprint, expires_at, result = json.loads(line)
+                    record = json.loads(line)
                 except ValueError:
                     continue  # empty, or a line torn by a crash: never answered
+                if not _is_record(record):
+                    # Edited, or not ours: a start must not fail on one line (its key is not kept).
+                    logger.warning(
+                        "persistent_memory: skipping a malformed idempotency record: %s", path.name
+                    )
+                    continue
+                ref, fingerprint, expires_at, result = record
                 if expires_at > now:
                     yield ref, fingerprint, expires_at, result
 
@@ -200,30 +293,42 @@ class Journal:
             return
         for bucket, path in self._record_files():
             if bucket * RECORDS_BUCKET_SECONDS <= now:
-                fd = self._record_fds.pop(bucket, None)
-                if fd is not None:
-                    os.close(fd)
+                with self._fds_lock:
+                    self._close_records(bucket)  # unsynced writes too: the file goes
                 path.unlink(missing_ok=True)
 
     def forget_records(self, prefix: str) -> None:
         """Rewrite the idempotency record files without the records of refs starting with
-        ``prefix`` (an owner forgotten: nothing of theirs stays on disk)."""
+        ``prefix`` (an owner forgotten: nothing of theirs stays on disk).
+
+        ``BackendUnavailable`` if a file cannot be rewritten: the files rewritten so far
+        stay so and the others as they were, whole, so forgetting the owner again
+        finishes the job."""
         if not self.owned:
             return
         mark = _ENCODER.encode(prefix)[:-1].encode()  # '["' + prefix: a line of that owner starts so
         for bucket, path in self._record_files():
-            lines = path.read_bytes().split(b"\n")
-            kept = [line for line in lines if line and not line[1:].startswith(mark)]
-            if len(kept) == len([line for line in lines if line]):
-                continue
-            fd = self._record_fds.pop(bucket, None)
-            if fd is not None:
-                os.close(fd)
             temporary = path.with_name(f".{path.name}.tmp")
-            temporary.write_bytes(b"".join(line + b"\n" for line in kept))
-            with open(temporary, "rb") as written:
-                os.fsync(written.fileno())
-            os.replace(temporary, path)
+            try:
+                lines = path.read_bytes().split(b"\n")
+                kept = [line for line in lines if line and not line[1:].startswith(mark)]
+                if len(kept) == len([line for line in lines if line]):
+                    continue
+                with self._fds_lock:
+                    self._close_records(bucket)  # its writes are in the file read above
+                temporary.write_bytes(b"".join(line + b"\n" for line in kept))
+                with open(temporary, "rb") as written:
+                    os.fsync(written.fileno())
+                os.replace(temporary, path)
+                _sync_directory(self.directory)  # or a power cut could bring the old file back
+            except OSError:
+                logger.exception("persistent_memory: could not rewrite the idempotency records %s", path.name)
+                with contextlib.suppress(OSError):  # the error to report is the one above
+                    temporary.unlink(missing_ok=True)
+                raise BackendUnavailable(
+                    "The memory backend could not remove the owner's idempotency records from "
+                    "disk; forgetting the owner again finishes it."
+                ) from None
 
     def _record_files(self) -> list[tuple[int, Path]]:
         files = []
@@ -248,41 +353,58 @@ class Journal:
             path.unlink(missing_ok=True)
 
     def size(self) -> int:
-        """Bytes in the journal's segments and idempotency record files."""
-        paths = [*self.segments(), *(path for _, path in self._record_files())]
-        return sum(path.stat().st_size for path in paths if path.exists())
+        """Bytes in the journal's segments: what the mirror has yet to catch up with."""
+        return _total_size(self.segments())
+
+    def records_size(self) -> int:
+        """Bytes in the idempotency record files (a TTL's worth of keyed writes' answers,
+        whatever the mirror's lag)."""
+        return _total_size(path for _, path in self._record_files())
 
     def _sync_loop(self) -> None:
         while not self._stop.wait(FSYNC_INTERVAL_SECONDS):
-            self.sync()
+            try:
+                self.sync()
+            except OSError:  # out of fds for the duplicates: the next round tries again
+                logger.warning("persistent_memory: journal fsync failed", exc_info=True)
 
     def sync(self) -> None:
-        """Force written records to disk."""
-        fd = self._fd
-        if fd is not None and self._unsynced:
-            self._unsynced = False
-            for each in (fd, *list(self._record_fds.values())):
-                try:
-                    os.fsync(each)
-                except OSError:  # closed by a rotation meanwhile (it synced), or a failing disk
-                    logger.warning("persistent_memory: journal fsync failed", exc_info=True)
+        """Force the files written since the last sync to disk."""
+        with self._fds_lock:
+            # Duplicates, synced outside the lock: writers never wait for the disk, and a
+            # close meanwhile can neither fail this fsync nor point it at a reused fd number.
+            fds = [os.dup(fd) for fd in self._unsynced_fds]
+            self._unsynced_fds.clear()
+            if self._fd is not None and self._unsynced:
+                self._unsynced = False
+                fds.append(os.dup(self._fd))
+            fds += self._retired  # closed by the table: synced, then closed, here
+            self._retired = []
+        for fd in fds:
+            try:
+                os.fsync(fd)
+            except OSError:  # a failing disk
+                logger.warning("persistent_memory: journal fsync failed", exc_info=True)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Sync, stop the sync thread and give up the directory."""
         self._stop.set()
         if self._syncer is not None:
             self._syncer.join(timeout=5)
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
+        with self._fds_lock:
+            fds = [*self._record_fds.values(), *self._retired]
+            if self._fd is not None:
+                fds.append(self._fd)
             self._fd = None
-        for fd in self._record_fds.values():
+            self._record_fds, self._retired, self._unsynced_fds = {}, [], set()
+            lock_fd, self._lock_fd = self._lock_fd, -1  # no remember opens a file after this
+        for fd in fds:
             os.fsync(fd)
             os.close(fd)
-        self._record_fds = {}
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = -1
+        if lock_fd >= 0:
+            os.close(lock_fd)  # releases the flock
 
     # Reading ------------------------------------------------------------------
 

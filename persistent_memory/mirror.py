@@ -454,7 +454,7 @@ class Mirror:
             .exclude(expires_at__lte=now)
             # A row made only to say why a session could not be mirrored holds none of it.
             .exclude(Q(history_digest="") & ~Q(sync_error=""))
-            .order_by("-last_activity")  # the most recently used first, should the cap be reached
+            .order_by("-last_activity")  # the most recently used first
             .prefetch_related("values", "history")
         )
         # Marks of writes made before (a retried restore) are kept; marks the restore
@@ -478,20 +478,20 @@ class Mirror:
         return restored
 
     def _load(self, sessions: QuerySet[MemorySession]) -> int:
-        """Restore these rows into the backend, most recent first, within its caps."""
+        """Restore these rows into the backend, all of them: each was admitted once, and the
+        caps apply to new sessions (the memory backend admits every session it restores,
+        even over a MAX_SESSIONS lowered since)."""
         restored = 0
         for row in sessions.iterator(chunk_size=500):
             try:
                 self.store.backend.restore_session(self._snapshot_of(row), replace=False)
             except SessionExists:
                 continue
-            except QuotaExceeded as exc:  # that owner's cap: the others' sessions still fit
+            except (QuotaExceeded, CapacityExceeded) as exc:
+                # A backend with a rule of its own for restores: only this session is left
+                # out (a rule about one owner or the total says nothing of the next row).
                 logger.warning("persistent_memory: %s; session %s stays in the mirror only", exc, row)
                 continue
-            except CapacityExceeded as exc:
-                left = sessions.count() - restored
-                logger.warning("persistent_memory: %s; %d older sessions stay in the mirror only", exc, left)
-                break
             restored += 1
         return restored
 

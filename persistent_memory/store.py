@@ -164,9 +164,22 @@ class MemoryStore(ConversationMethods):
                     try:
                         backend.open_journal(directory)
                     except OSError as exc:
-                        backend.close()
-                        message = f"PERSISTENT_MEMORY: JOURNAL_DIR {directory}: {exc}"
-                        raise ImproperlyConfigured(message) from exc
+                        if conf.JOURNAL_DIR:  # asked for: a start without it would be a surprise
+                            backend.close()
+                            message = f"PERSISTENT_MEMORY: JOURNAL_DIR {directory}: {exc}"
+                            raise ImproperlyConfigured(message) from exc
+                        # The default folder (a read-only app filesystem, say): run as before
+                        # the journal was on by default, rather than not start at all.
+                        if backend.journal is not None:
+                            backend.journal.close()
+                            backend.journal = None
+                        logger.error(
+                            "persistent_memory: the memory backend's default journal folder %s "
+                            "cannot be used (%s); running without a journal: set JOURNAL_DIR to "
+                            "a writable folder, or JOURNAL_DIR False to say so",
+                            directory,
+                            exc,
+                        )
                 store.mirror.restore_safely()
             store.mirror.start()
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)

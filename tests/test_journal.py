@@ -61,12 +61,13 @@ def crash(store: MemoryStore) -> None:
     journal = store.backend.journal
     assert journal is not None
     journal._stop.set()
-    if journal._fd is not None:
-        os.close(journal._fd)
-        journal._fd = None
-    for fd in journal._record_fds.values():
-        os.close(fd)
-    journal._record_fds = {}
+    with journal._fds_lock:  # the sync thread may be about to sync them
+        if journal._fd is not None:
+            os.close(journal._fd)
+            journal._fd = None
+        for fd in [*journal._record_fds.values(), *journal._retired]:
+            os.close(fd)
+        journal._record_fds, journal._retired, journal._unsynced_fds = {}, [], set()
     os.close(journal._lock_fd)  # the kernel releases the flock of a dead process
     journal._lock_fd = -1
 
@@ -503,3 +504,301 @@ def test_health_shows_staff_the_mirror_lag_last_error_and_journal(journaled, mon
     assert mirror["pending_sessions"] == 0 and mirror["last_sync_at"]
     assert mirror["journal_bytes"] < 1000  # only the live run bindings are kept
     monkeypatch.setattr(store_module, "_store", None)
+
+
+# Review fixes ------------------------------------------------------------------
+
+
+POSTGRES = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db.local", "PORT": 5432}
+
+
+def test_a_locmem_outbox_is_no_test_environment(monkeypatch, caplog):
+    # The locmem EmailBackend gives django.core.mail an outbox in any deployment that sends
+    # a mail with it: that must not turn the default journal off.
+    import logging
+
+    from django.core import mail
+    from django.test import utils
+
+    from persistent_memory import journal as journal_module
+    from persistent_memory.journal import in_test_environment
+
+    with monkeypatch.context() as deployed:
+        deployed.delattr(utils._TestState, "saved_data")  # as outside setup_test_environment
+        deployed.setattr(mail, "outbox", [], raising=False)  # what the locmem backend sets
+        assert not in_test_environment()
+        assert journal_directory(None, POSTGRES) is not None
+
+    # In pytest-django's test environment the default journal goes nowhere, which is said once.
+    monkeypatch.setattr(journal_module, "_told_testing", False, raising=False)
+    with caplog.at_level(logging.INFO, logger="persistent_memory.journal"):
+        assert journal_directory(None, POSTGRES) is None
+        assert journal_directory(None, POSTGRES) is None
+    told = [r for r in caplog.records if "test environment" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.INFO]
+
+
+def no_sync_thread(journal: Journal) -> Journal:
+    """``journal`` with its sync thread stopped: the test calls :meth:`Journal.sync`."""
+    journal._stop.set()
+    journal._syncer.join()
+    return journal
+
+
+def test_a_record_after_a_short_write_is_not_appended_to_the_torn_line(tmp_path, monkeypatch):
+    journal = Journal(tmp_path)
+    expires = time.time() + 60
+    journal.remember("~idem:a", "f", expires, 1)
+    real_write = os.write
+
+    def short(fd: int, data: bytes) -> int:  # a full disk: half the record written
+        return real_write(fd, data[: len(data) // 2])
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "write", short)
+        with pytest.raises(OSError):
+            journal.remember("~idem:b", "f", expires, 2)
+    journal.remember("~idem:c", "f", expires, 3)
+    try:
+        assert [ref for ref, *_ in journal.remembered(time.time())] == ["~idem:a", "~idem:c"]
+    finally:
+        journal.close()
+
+
+def test_a_record_file_closed_while_it_is_synced_is_synced_safely(tmp_path, monkeypatch, caplog):
+    # The sync thread fsyncs outside the backend's lock; a checkpoint meanwhile deletes an
+    # expired record file and closes it: the fsync must neither fail nor hit another file.
+    import logging
+
+    journal = no_sync_thread(Journal(tmp_path))
+    journal.append("put", "s", 1.0, None, "k", "1")
+    journal.remember("~idem:a", "f", time.time() + 60, 1)
+    real_fsync = os.fsync
+    in_fsync, closed = threading.Event(), threading.Event()
+
+    def paused(fd: int) -> None:
+        if threading.current_thread() is syncer and not in_fsync.is_set():
+            in_fsync.set()
+            assert closed.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", paused)
+    syncer = threading.Thread(target=journal.sync)
+    with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+        syncer.start()
+        assert in_fsync.wait(30)
+        journal.expire_records(time.time() + 7200)  # the record file's hour is over
+        closed.set()
+        syncer.join(30)
+    assert not syncer.is_alive()
+    assert "fsync failed" not in caplog.text
+    assert journal._record_files() == []
+    journal.close()
+
+
+def open_record_files() -> list[str]:
+    """The idempotency record files this process holds open."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the fd listdir itself used, closed meanwhile
+            continue
+        if os.path.basename(target).startswith("records-"):
+            names.append(os.path.basename(target))
+    return names
+
+
+def test_only_the_newest_record_file_stays_open_and_only_written_files_are_synced(tmp_path, monkeypatch):
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    journal = no_sync_thread(Journal(tmp_path))
+    now = time.time()
+    for hour in range(30):  # a 30 hours' TTL: a file per hour of expiry
+        journal.remember(f"~idem:{hour}", "f", now + 60 + hour * RECORDS_BUCKET_SECONDS, hour)
+    journal.sync()
+    assert len(open_record_files()) == 1
+    journal.remember("~idem:old", "f", now + 60, "late")  # an older hour: opened again
+    journal.sync()
+    assert len(open_record_files()) == 1
+    assert {ref for ref, *_ in journal.remembered(now)} == {f"~idem:{hour}" for hour in range(30)} | {
+        "~idem:old"
+    }
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    journal.sync()
+    assert synced == []  # nothing written since the last sync
+    journal.remember("~idem:new", "f", now + 29 * RECORDS_BUCKET_SECONDS, "new")
+    journal.sync()
+    assert len(synced) == 1
+    journal.close()
+    assert open_record_files() == []
+
+
+def test_the_default_journal_folder_unusable_runs_without_a_journal(settings, tmp_path, monkeypatch, caplog):
+    # A read-only app filesystem (as root chmod stops nothing: BASE_DIR is a file, so
+    # the folder under it cannot be made) worked before the journal was on by default.
+    import logging
+
+    from django.core import mail
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import utils
+
+    from persistent_memory import store as store_module
+
+    base = tmp_path / "app"
+    base.write_text("not a folder")
+    settings.BASE_DIR = base
+    # The default journal as deployed (nor the outbox, which older checks went by).
+    monkeypatch.delattr(utils._TestState, "saved_data")
+    monkeypatch.delattr(mail, "outbox", raising=False)
+    if journal_directory(None, connections.databases["default"]) is None:
+        # The in-memory SQLite test database has no default journal: ask for the folder
+        # of a server database (on PostgreSQL the test database's own folder is used).
+        real = store_module.journal_directory
+        monkeypatch.setattr(store_module, "journal_directory", lambda setting, _: real(setting, POSTGRES))
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
+    with caplog.at_level(logging.ERROR, logger="persistent_memory.store"):
+        store = MemoryStore.from_settings()
+    try:
+        assert store.backend.journal is None
+        assert "running without a journal" in caplog.text
+        store.create_session("works")
+        assert store.list_sessions() == ["works"]
+    finally:
+        store.mirror.stop()
+        store.backend.close()
+    settings.PERSISTENT_MEMORY = {
+        "BACKEND": "memory",
+        "MIRROR_MODE": "immediate",
+        "JOURNAL_DIR": str(base / "j"),
+    }
+    with pytest.raises(ImproperlyConfigured, match="JOURNAL_DIR"):
+        MemoryStore.from_settings()  # asked for by name: a start without it would surprise
+
+
+def test_journal_size_counts_segments_only_and_a_file_gone_meanwhile(journaled, monkeypatch):
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from persistent_memory import store as store_module
+    from persistent_memory.idempotency import Idempotency
+
+    store = journaled()
+    store.create_session("s")
+    store.put("s", "k", 1, idempotency=Idempotency.of("kept-for-a-day", "put"))
+    assert store.mirror.checkpoint() is True and store.mirror.checkpoint() is True
+    journal = store.backend.journal
+    segments = sum(path.stat().st_size for path in journal.segments())
+    records = sum(path.stat().st_size for _, path in journal._record_files())
+    assert records > 0
+    monkeypatch.setattr(store_module, "_store", store)
+    staff = APIClient()
+    staff.force_authenticate(get_user_model()(username="ops", is_staff=True))
+    mirror = staff.get("/api/memory/health/").json()["mirror"]
+    assert (mirror["journal_bytes"], mirror["idempotency_bytes"]) == (segments, records)
+
+    # A segment the owner drops between listing and measuring is no error.
+    real_exists = Path.exists
+
+    def dropped_meanwhile(path: Path, *args: Any, **kwargs: Any) -> bool:
+        found = real_exists(path, *args, **kwargs)
+        path.unlink(missing_ok=True)
+        return found
+
+    listed = journal.segments()
+    monkeypatch.setattr(Path, "exists", dropped_meanwhile)
+    monkeypatch.setattr(journal, "segments", lambda: [*listed, journal.directory / "9.journal"])
+    assert journal.size() <= segments
+    monkeypatch.undo()
+
+
+def records_file(directory: Path) -> Path:
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    return directory / f"records-{int(time.time() // RECORDS_BUCKET_SECONDS) + 100}"
+
+
+def test_malformed_record_lines_are_skipped_with_a_warning(tmp_path, caplog):
+    import logging
+
+    later = time.time() + 3600
+    lines = [
+        "[1,2]",
+        '"a string"',
+        '{"a": 1}',
+        f'["~idem:unknown","f",{later},{{"t":["Nope",[]]}}]',  # decoded(): KeyError
+        f'["~idem:flat","f",{later},{{"t":5}}]',  # decoded(): TypeError
+        '["~idem:when","f","soon",1]',
+        f'["~idem:good","f",{later},{{"t":["",[1,2]]}}]',
+    ]
+    records_file(tmp_path).write_text("".join(line + "\n" for line in lines))
+    backend = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+    with caplog.at_level(logging.WARNING, logger="persistent_memory"):
+        backend.open_journal(tmp_path)
+    try:
+        assert {ref: recorded.result for ref, recorded in backend._records.items()} == {"~idem:good": (1, 2)}
+        assert len([r for r in caplog.records if "idempotency record" in r.getMessage()]) == 6
+    finally:
+        backend.close()
+
+
+def test_a_replay_keeps_the_answer_read_back_from_the_record_files(tmp_path):
+    # The mirror restored a state the keyed write's replay gives another result on: the
+    # retry still gets the answer the client got, and the record is not written again.
+    from persistent_memory.backends.base import IdempotencyRecord
+
+    once = IdempotencyRecord("~idem:inc", "f", 600)
+    backend = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+    backend.open_journal(tmp_path)
+    backend.create_session("s", None)
+    assert backend.increment("s", "n", 5, idempotency=once) == 5
+    backend.close()
+    [(_, path)] = backend.journal._record_files()
+    written = path.read_bytes()
+
+    replica = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True)
+    replica.open_journal(tmp_path)
+    with replica.restoring():  # what the mirror held: n already 10
+        replica.create_session("s", None)
+        replica.put("s", "n", "10")
+    replica.replay({})
+    try:
+        assert replica.increment("s", "n", 5, idempotency=once) == 5
+        assert path.read_bytes() == written
+    finally:
+        replica.close()
+
+
+def test_forgetting_an_owner_whose_records_cannot_be_rewritten_is_retryable(journaled, monkeypatch):
+    from persistent_memory.idempotency import Idempotency
+    from persistent_memory.memories.forget import forget_owner
+
+    store = journaled()
+    alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
+    alice.create_session("s", idempotency=Idempotency.of("alice-key", "create"))
+    bob.create_session("s", idempotency=Idempotency.of("bob-key", "create"))
+    journal = store.backend.journal
+    [(_, path)] = journal._record_files()
+    blocker = path.with_name(f".{path.name}.tmp")
+    blocker.mkdir()  # the rewrite cannot be written (as a full disk would refuse it)
+    with pytest.raises(BackendUnavailable, match="again"):
+        forget_owner("user:1", store=store)
+    assert b"alice-key" in path.read_bytes()  # the file as it was, whole
+    blocker.rmdir()
+
+    real_replace = os.replace
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(BackendUnavailable):
+        forget_owner("user:1", store=store)
+    assert sorted(p.name for p in journal.directory.iterdir() if p.name.endswith(".tmp")) == []
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    forget_owner("user:1", store=store)  # the retry finishes it
+    assert b"alice-key" not in path.read_bytes() and b"bob-key" in path.read_bytes()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 from django.db import OperationalError, connection
 
 from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
+from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 from persistent_memory.store import MemoryStore
 from tests.timing import LIVE_TTL, wait_past, wait_until
@@ -320,19 +320,23 @@ def test_memory_store_restores_from_the_mirror_after_restart(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_restore_keeps_the_most_recent_sessions_within_the_cap(settings, caplog):
+def test_restore_loads_every_session_under_a_lowered_max_sessions(settings, caplog):
+    """The cap applies to new sessions: a restart loses none it had acknowledged (it kept
+    the newest six and left four in the mirror only before)."""
     settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 10}
     store = get_store()
     for i in range(10):
         store.record_answer(f"s{i}", "a")
-        time.sleep(0.002)
     reset_store()
-    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 4}
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 6}
     with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
         fresh = MemoryStore.from_settings()
     try:
-        assert fresh.list_sessions() == ["s6", "s7", "s8", "s9"]
-        assert "6 older sessions stay in the mirror only" in caplog.text
+        assert fresh.list_sessions() == [f"s{i}" for i in range(10)]
+        assert "mirror only" not in caplog.text
+        with pytest.raises(CapacityExceeded):  # unowned: over its share (6) of a full process
+            fresh.create_session("s10")
+        fresh.for_owner("user:1").create_session("a")  # a newcomer's share: 6 // 2
     finally:
         fresh.close()
 
@@ -420,12 +424,13 @@ def test_an_older_snapshot_never_replaces_a_newer_row(mirrored):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_restore_skips_only_what_one_owners_cap_refuses(settings, caplog):
+def test_restore_loads_every_session_of_an_owner_over_a_lowered_cap(settings, caplog):
+    """The owner's cap applies to its new sessions: a restart keeps all four it had
+    acknowledged (it kept its newest two before), and refuses it a fifth."""
     settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate", "MAX_SESSIONS": 100}
     store = get_store()
     for i in range(4):
         store.for_owner("user:1").record_answer(f"a{i}", "a")
-        time.sleep(0.002)
     store.for_owner("user:2").record_answer("b0", "b")
     store.record_answer("node", "n")
     reset_store()
@@ -433,9 +438,12 @@ def test_restore_skips_only_what_one_owners_cap_refuses(settings, caplog):
     with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
         fresh = MemoryStore.from_settings()
     try:
-        assert fresh.for_owner("user:1").list_sessions() == ["a2", "a3"]  # its newest two
+        assert fresh.for_owner("user:1").list_sessions() == ["a0", "a1", "a2", "a3"]
         assert fresh.for_owner("user:2").get("b0", "last_answer") == "b"
         assert fresh.get("node", "answer_count") == 1
-        assert "maximum of 2 sessions" in caplog.text
+        assert "mirror only" not in caplog.text
+        with pytest.raises(QuotaExceeded):
+            fresh.for_owner("user:1").create_session("a4")
+        fresh.for_owner("user:2").create_session("b1")
     finally:
         fresh.close()

@@ -214,6 +214,11 @@ class MirrorHealth(serializers.Serializer):
     journal_bytes = serializers.IntegerField(
         required=False, allow_null=True, help_text="The memory backend's crash journal (null: none)."
     )
+    idempotency_bytes = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="The idempotency records kept beside the journal, whatever the mirror's lag (null: none).",
+    )
 
 
 class SummarizerHealth(serializers.Serializer):

@@ -396,6 +396,10 @@ class BaseBackend(ABC):
         """Bytes of journal kept for the mirror to catch up with (None: no journal)."""
         return None
 
+    def idempotency_size(self) -> int | None:
+        """Bytes of idempotency records kept on disk beside the journal (None: none)."""
+        return None
+
     def describe(self) -> str:
         """Where the data lives, safe to show (never a password)."""
         return self.name

@@ -84,6 +84,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
     the owners (see :meth:`_admit`)."""
 
     name = "memory"
+    #: A full process admits owners below their fair share until it holds this many times
+    #: ``max_sessions``; then it refuses every new session (see :meth:`_admit`).
+    CEILING = 2
 
     def __init__(self, *, max_sessions: int, **options: Any) -> None:
         super().__init__(**options)
@@ -100,7 +103,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         # No session expires before this (a lower bound; 0: unknown), so that a create in
         # a full process scans for expired sessions only when one may have expired.
         self._expiry_floor = 0.0
-        # Whether a restore from the mirror is loading sessions (see _admit).
+        # Whether a restore (the mirror's rows, the journal's replay) is loading sessions:
+        # they were all admitted once, so _admit admits them.
         self._restoring = False
         self._dirty: set[str] = set()
         # run_id -> (session_id, expires_at); expired ones are pruned when the dict has
@@ -141,7 +145,11 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         self.journal = Journal(directory)
         with self._lock:
             for ref, fingerprint, expires_at, result in self.journal.remembered(time.time()):
-                self._records[ref] = Recorded(fingerprint, decoded(result), expires_at)
+                try:
+                    self._records[ref] = Recorded(fingerprint, decoded(result), expires_at)
+                except (KeyError, TypeError, ValueError):  # not what encoded() makes
+                    # A start must not fail on one bad record: that key is merely not kept.
+                    logger.warning("persistent_memory: skipping an idempotency record that does not decode")
 
     # Helpers, called with the lock held ---------------------------------------
 
@@ -225,26 +233,41 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if now >= self._expiry_floor:
             self._prune(now)
 
-    def _admit(self, owner: str, now: float) -> None:
-        """Raise unless ``owner`` (a namespace; "": unowned) may create a session now.
+    def _admit(self, session_id: str, now: float) -> None:
+        """Raise unless a write may create the session ``session_id`` now; a no-op when it
+        is live (the write does not create it) and while a restore loads sessions.
 
-        An owner is held to its cap (``max_sessions_per_owner``: ``QuotaExceeded``). A full
-        process (``max_sessions`` live) still admits an owner holding fewer sessions than its
-        fair share, ``max_sessions // owners`` (owners holding sessions, this one counted),
-        and refuses the others (``CapacityExceeded``): owners who filled the process cannot
-        lock a newcomer out, and nothing acknowledged is evicted to make room. The total can
-        then go over ``max_sessions``, but not without bound: admitting only below the fair
-        share keeps the j-th largest holding at most ``max_sessions // j`` (it holds when
-        the process is not full, and each admission and deletion keeps it), so the process
-        holds at most ``sum(min(cap, max_sessions // j) for j in 1..owners)`` sessions,
-        owners being at most ``max_sessions`` (unowned sessions have no cap: their term is
-        ``max_sessions // j``); with the default cap (a tenth) that is about
-        ``max_sessions * (1 + ln(owners / 10))`` in the worst order of arrivals.
+        Every write that may create a session calls this before it is journaled, so that
+        the journal holds only admitted writes, and a restore (the mirror's rows, then the
+        journal's replay) admits everything unconditionally: all of it was admitted once,
+        and a restart must not lose an acknowledged session nor bring back a refused one.
+        The caps apply to new sessions: a restart with a lower ``MAX_SESSIONS`` or
+        ``max_sessions_per_owner`` loads every session and refuses new ones until deletions
+        and expiries bring the owner, or the process, under them again.
 
-        A restore loads the mirror's sessions newest first, an order unrelated to the one
-        they were admitted in, so it admits exactly what keeps that invariant: any part of a
-        state this rule reached loads, in any order, and nothing acknowledged is left out.
+        An owner (a namespace; "": unowned) is held to its cap (``max_sessions_per_owner``:
+        ``QuotaExceeded``). A full process (``max_sessions`` live) still admits an owner
+        holding fewer sessions than its fair share, ``max_sessions // owners`` (owners
+        holding sessions, this one counted), and refuses the others (``CapacityExceeded``):
+        owners who filled the process cannot lock a newcomer out, and nothing acknowledged
+        is evicted to make room. The total may then go over ``max_sessions``, never past
+        ``CEILING * max_sessions``, where even a newcomer is refused, so that
+        ``max_sessions`` still bounds the process's memory. Below that ceiling the fair
+        share alone bounds it: admitting only below the share keeps the j-th largest
+        holding at most ``max_sessions // j``, so the total stays within
+        ``sum(min(cap, max_sessions // j) for j in 1..owners)``, about
+        ``max_sessions * (1 + ln(owners / 10))`` with the default cap (a tenth) in the worst
+        order of arrivals: the ceiling is reached after about 27 such owners.
         """
+        if self._restoring:
+            return
+        existing = self._sessions.get(session_id)
+        if existing is not None:
+            if not existing.expired(now):
+                return
+            self._drop(session_id)  # as _live does: the place it held is free
+            self._mark(session_id)
+        owner = namespace_of(session_id)
         held = self._owned.get(owner, 0)
         cap = self.max_sessions_per_owner
         if owner and cap is not None and held >= cap:
@@ -255,12 +278,12 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         if len(self._sessions) >= self.max_sessions:
             self._reclaim(now)
             held = self._owned.get(owner, 0)
-            if self._restoring:  # O(owners), for a restore only
-                # One more keeps the j-th largest holding within max_sessions // j.
-                rank = 1 + sum(1 for count in self._owned.values() if count > held)
-                share = self.max_sessions // rank
-            else:
-                share = self.max_sessions // (len(self._owned) + (owner not in self._owned))
+            share = self.max_sessions // (len(self._owned) + (owner not in self._owned))
+            if len(self._sessions) >= self.CEILING * self.max_sessions:
+                raise CapacityExceeded(
+                    f"The memory backend holds {len(self._sessions)} sessions, {self.CEILING} times "
+                    f"its maximum of {self.max_sessions}: make room by deleting sessions."
+                )
             if len(self._sessions) >= self.max_sessions and held >= share:
                 raise CapacityExceeded(
                     f"The memory backend holds its maximum of {self.max_sessions} sessions, and "
@@ -276,13 +299,13 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         created_at: float | None = None,
         idle_ttl_seconds: Any = "default",
     ) -> _Session:
-        """A new session; ``idle_ttl_seconds`` defaults to the backend's (for the lanes)."""
+        """A new session; ``idle_ttl_seconds`` defaults to the backend's (for the lanes).
+        The caller has admitted it (:meth:`_admit`) before journaling the write."""
         existing = self._sessions.get(session_id)
         if existing is not None and not existing.expired(now):
             raise SessionExists(f"Session {session_id!r} already exists.")
         self._drop(session_id)
         owner = namespace_of(session_id)  # "": unowned (no per-owner cap; a fair share)
-        self._admit(owner, now)
         expires_at = now + ttl_seconds if ttl_seconds else None
         created_at = now if created_at is None else created_at
         session = self._sessions[session_id] = _Session(created_at, ttl_seconds, expires_at)
@@ -409,6 +432,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
     def _create_op(
         self, now: float, session_id: str, ttl_seconds: float | None, idle_ttl_seconds: float | None = None
     ) -> SessionInfo:
+        self._admit(session_id, now)  # a refused create is not journaled
         self._log("create", session_id, now, ttl_seconds, idle_ttl_seconds)
         session = self._create(session_id, ttl_seconds, now, idle_ttl_seconds=idle_ttl_seconds)
         return self._info(session_id, session)
@@ -586,6 +610,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
             tree = (live.conversations.get(asked[0]) if live else None) or Tree()
             plan = tree.plan(None, [prepared(asked[1])])
             self._check_room(live, plan)
+        if live is None:
+            self._admit(session_id, now)
         self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl, *([asked] if asked else []))
         session = live or self._create(session_id, ttl_seconds, now)
         if self.refresh_on_read:
@@ -663,6 +689,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         answered: list[Any] | None = None,
         run_id: str | None = None,
     ) -> AnswerRecord:
+        self._admit(session_id, now)
         self._log(
             "answer", session_id, now, answer_json, ttl_seconds, *([answered, run_id] if answered else [])
         )
@@ -722,6 +749,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         kept = {
             key: snapshot[key] for key in ("info", "values", "history", "conversations") if key in snapshot
         }
+        self._admit(session_id, now)  # replacing a live session takes no new place
         self._log("restore", session_id, now, kept, replace)
         self._drop(session_id)
         session = self._create(session_id, info["ttl_seconds"], now, created_at=info["created_at"])
@@ -771,8 +799,12 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
                     result = ops[op](now, session_id, *args)
                 except PersistentMemoryError:
                     continue  # it failed the same way when it was made
-                if idempotency is not None:  # its answer may have been lost: a retry gets it
-                    self._remember(IdempotencyRecord(*idempotency), result, now)
+                # Its answer may have been lost: a retry gets it. Not one read back from the
+                # record files: that is the answer the client got (a replay onto a state the
+                # mirror restored may differ), and it is on disk already.
+                keyed = IdempotencyRecord(*idempotency) if idempotency is not None else None
+                if keyed is not None and keyed.ref not in kept:
+                    self._remember(keyed, result, now)
                 if op != "bind":
                     replayed[session_id] = None
                     self._mark(session_id)
@@ -836,6 +868,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
 
     def journal_size(self) -> int | None:
         return None if self.journal is None else self.journal.size()
+
+    def idempotency_size(self) -> int | None:
+        return None if self.journal is None else self.journal.records_size()
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
         # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go

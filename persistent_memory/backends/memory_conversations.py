@@ -174,6 +174,8 @@ class MemoryConversations(ConversationBackend):
         tree = (session.conversations.get(conversation) if session else None) or Tree()
         plan = tree.plan(parent_id, batch)
         self._check_room(session, plan)
+        if session is None:
+            self._admit(session_id, now)
         if self.journal is not None:
             journal_items = [journaled(message) for message in batch]
             self._log("messages", session_id, now, conversation, parent_id, journal_items, ttl_seconds)
