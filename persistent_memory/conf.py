@@ -220,11 +220,12 @@ def mirror_mode(conf: MemorySettings) -> str:
     return "immediate" if conf.BACKEND == "memory" else "deferred"
 
 
+#: Settings whose change reaches the store (CACHES too: REDIS_CACHE_ALIAS borrows a
+#: cache's connection). The store module's own receiver rebuilds the store on them.
+RELOADED_BY = (SETTING_NAME, "CACHES")
+
+
 @receiver(setting_changed)
 def _reload_settings(*, setting: str, **kwargs: Any) -> None:
-    # CACHES matters too: REDIS_CACHE_ALIAS borrows a cache's connection.
-    if setting in (SETTING_NAME, "CACHES"):
+    if setting in RELOADED_BY:
         memory_settings.reload()
-        from persistent_memory.store import reset_store
-
-        reset_store()

@@ -25,7 +25,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.dispatch import receiver
 
 from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import (
@@ -36,7 +38,7 @@ from persistent_memory.backends.base import (
     SessionInfo,
 )
 from persistent_memory.backends.memory import MemoryBackend
-from persistent_memory.conf import MemorySettings, memory_settings, mirror_mode, summaries_on
+from persistent_memory.conf import RELOADED_BY, MemorySettings, memory_settings, mirror_mode, summaries_on
 from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, validate_message_id
 from persistent_memory.conversations.signals import messages_added
 from persistent_memory.conversations.store import (
@@ -529,3 +531,11 @@ def reset_store() -> None:
 
 
 atexit.register(reset_store)
+
+
+@receiver(setting_changed)
+def _rebuild_on_settings_change(*, setting: str, **kwargs: Any) -> None:
+    # Here, not in conf: the settings module must not import the store (and every
+    # service with it). conf's own receiver clears the cached values.
+    if setting in RELOADED_BY:
+        reset_store()

@@ -1,0 +1,55 @@
+"""The import graph reads top to bottom: a backend or the settings module imports no service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.servers import ROOT, demo_env
+
+ENV = demo_env(DJANGO_SETTINGS_MODULE="memory_site.settings")
+
+#: Modules that make up the services: the store and what it brings in.
+SERVICES = ("persistent_memory.store", "persistent_memory.conversations.store", "persistent_memory.mirror")
+
+
+def imported_by(module: str) -> set[str]:
+    """The persistent_memory modules a fresh interpreter has after importing ``module``."""
+    # Without django.setup(): the admin's autodiscovery would load the store (the admin
+    # uses it, as it should); what is loaded here is ``module``'s own doing.
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, check=True
+    )
+    return {name for name in json.loads(result.stdout) if name.startswith("persistent_memory")}
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["persistent_memory.backends.redis", "persistent_memory.backends.memory_tree", "persistent_memory.conf"],
+)
+def test_a_backend_or_the_settings_import_no_service(module):
+    loaded = imported_by(module)
+    assert module in loaded
+    assert not loaded & set(SERVICES), sorted(loaded & set(SERVICES))
+
+
+def test_the_package_still_offers_the_store():
+    loaded = imported_by("persistent_memory")
+    assert not loaded & set(SERVICES)  # lazily: only when asked for
+    code = "import django; django.setup(); import persistent_memory as pm; print(pm.get_store().backend.name)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert result.stdout.split()[-1] == "memory", result.stderr
+
+
+def test_a_settings_change_rebuilds_the_store(settings):
+    from persistent_memory import get_store
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off", "MAX_HISTORY": 7}
+    first = get_store()
+    assert first.backend.max_history == 7
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off", "MAX_HISTORY": 9}
+    assert get_store() is not first and get_store().backend.max_history == 9
