@@ -12,7 +12,15 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
-from persistent_memory.conf import DEFAULTS, MIRROR_MODES, PROFILES, SETTING_NAME, MemorySettings
+from persistent_memory.conf import (
+    DEFAULTS,
+    MIRROR_MODES,
+    PROFILES,
+    REDIS_LAYOUTS,
+    SETTING_NAME,
+    MemorySettings,
+    redis_layout,
+)
 from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.debug import SafeExceptionReporterFilter, secret_passwords
 
@@ -307,13 +315,77 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
 
     if not issubclass(cls, RedisBackend):
         return []
+    errors = _check_redis(conf)
     alias = conf.REDIS_CACHE_ALIAS
     if alias:
         cache = getattr(settings, "CACHES", {}).get(alias)
         if not cache or not str(cache.get("BACKEND", "")).startswith("django_redis."):
             hint = "Name a CACHES entry whose BACKEND is django_redis.cache.RedisCache."
-            return [_bad("REDIS_CACHE_ALIAS", alias, hint, "E004", ": not a django-redis cache in CACHES")]
-        return []
+            errors.append(
+                _bad("REDIS_CACHE_ALIAS", alias, hint, "E004", ": not a django-redis cache in CACHES")
+            )
+        return errors
+    if errors:
+        return errors
+    return _check_topology(conf)
+
+
+def _check_redis(conf: MemorySettings) -> list[CheckMessage]:
+    """The Redis backend's layout and replication settings (whatever gives its connection)."""
+    from persistent_memory.backends.redis_topology import TOPOLOGIES
+
+    errors: list[CheckMessage] = []
+    if conf.REDIS_TOPOLOGY not in TOPOLOGIES:
+        hint = f"Use one of {', '.join(TOPOLOGIES)}."
+        errors.append(_bad("REDIS_TOPOLOGY", conf.REDIS_TOPOLOGY, hint, "E015"))
+    if conf.REDIS_LAYOUT is not None and conf.REDIS_LAYOUT not in REDIS_LAYOUTS:
+        hint = f"Use one of {', '.join(REDIS_LAYOUTS)}, or None for the topology's default."
+        errors.append(_bad("REDIS_LAYOUT", conf.REDIS_LAYOUT, hint, "E015"))
+    elif conf.REDIS_TOPOLOGY == "cluster" and redis_layout(conf) != "cluster":
+        hint = "Use 'cluster' (or None): on Redis Cluster every key an operation touches must share a slot."
+        errors.append(_bad("REDIS_LAYOUT", conf.REDIS_LAYOUT, hint, "E015", " with REDIS_TOPOLOGY 'cluster'"))
+    if not _is_int(conf.REDIS_WAIT_REPLICAS, 0):
+        hint = "Use the number of replicas a write waits for: an integer of 0 (none) or more."
+        errors.append(_bad("REDIS_WAIT_REPLICAS", conf.REDIS_WAIT_REPLICAS, hint, "E017"))
+    if not _is_int(conf.REDIS_WAIT_TIMEOUT_MS, 1):
+        hint = "Use a positive number of milliseconds (WAIT's 0 would wait forever)."
+        errors.append(_bad("REDIS_WAIT_TIMEOUT_MS", conf.REDIS_WAIT_TIMEOUT_MS, hint, "E017"))
+    return errors
+
+
+def _url_database(conf: MemorySettings) -> Any:
+    """The database the connection would select: REDIS_URL's (path or ?db=), else REDIS_DB."""
+    from redis.connection import parse_url
+
+    if not conf.REDIS_URL:
+        return conf.REDIS_DB
+    try:
+        return parse_url(conf.REDIS_URL).get("db", 0)
+    except ValueError:
+        return 0  # E003 reports the URL
+
+
+def _check_topology(conf: MemorySettings) -> list[CheckMessage]:
+    """The address each REDIS_TOPOLOGY needs (REDIS_CACHE_ALIAS replaces all of them)."""
+    from persistent_memory.backends.redis_topology import parse_sentinels
+
+    if conf.REDIS_TOPOLOGY == "sentinel":
+        try:
+            sentinels = parse_sentinels(conf.REDIS_SENTINELS)
+        except ValueError as exc:
+            hint = "Use a list of 'host:port' strings, such as ['sentinel-1:26379', 'sentinel-2:26379']."
+            return [_bad("REDIS_SENTINELS", conf.REDIS_SENTINELS, hint, "E016", f": {exc}")]
+        errors: list[CheckMessage] = []
+        if not sentinels:
+            hint = "List the sentinels as 'host:port' strings, such as ['sentinel-1:26379']."
+            errors.append(
+                _bad("REDIS_SENTINELS", conf.REDIS_SENTINELS, hint, "E016", " with REDIS_TOPOLOGY 'sentinel'")
+            )
+        service = conf.REDIS_SENTINEL_SERVICE
+        if not isinstance(service, str) or not service:
+            hint = "Use the master's name in the sentinels' configuration, such as 'mymaster'."
+            errors.append(_bad("REDIS_SENTINEL_SERVICE", service, hint, "E016"))
+        return errors
     if not conf.REDIS_URL and not conf.REDIS_HOST:
         return [
             Error(
@@ -322,7 +394,45 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
                 id="persistent_memory.E003",
             )
         ]
+    database = _url_database(conf)
+    if conf.REDIS_TOPOLOGY == "cluster" and database != 0:
+        hint = "Redis Cluster has database 0 only: drop the URL's /db (or ?db=) and REDIS_DB."
+        return [
+            Error(
+                f"{SETTING_NAME} selects database {database!r} on REDIS_TOPOLOGY 'cluster'.",
+                hint=hint,
+                id="persistent_memory.E015",
+            )
+        ]
     return []
+
+
+def _unreachable_sentinels(conf: MemorySettings) -> str | None:
+    """Why no sentinel of REDIS_SENTINELS answers PING within REDIS_SOCKET_TIMEOUT (None: one does)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from persistent_memory.backends.redis_topology import parse_sentinels
+
+    reasons = []
+    for host, port in parse_sentinels(conf.REDIS_SENTINELS):
+        client = redis.Redis(
+            host=host,
+            port=port,
+            password=conf.REDIS_SENTINEL_PASSWORD or None,
+            socket_timeout=conf.REDIS_SOCKET_TIMEOUT,
+            socket_connect_timeout=conf.REDIS_SOCKET_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            client.ping()
+            return None
+        except redis.RedisError as exc:
+            reasons.append(f"{host}:{port}: {exc}")
+        finally:
+            client.close()
+    return "; ".join(reasons)
 
 
 @register(Tags.compatibility)
@@ -450,6 +560,37 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         )
     return warnings
+
+
+@register(Tags.compatibility, deploy=True)
+def check_sentinels(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when no sentinel answers (a deployment check: the only one that opens a
+    connection, so that `check` stays offline; `check --deploy` asks the network)."""
+    user = getattr(settings, SETTING_NAME, {})
+    if not isinstance(user, dict) or check_settings():
+        return []  # the errors come first
+    conf = MemorySettings(user)
+    from persistent_memory.backends.redis import RedisBackend
+
+    if (
+        not issubclass(backend_class(conf.BACKEND), RedisBackend)
+        or conf.REDIS_CACHE_ALIAS
+        or conf.REDIS_TOPOLOGY != "sentinel"
+    ):
+        return []
+    reason = _unreachable_sentinels(conf)
+    if reason is None:
+        return []
+    return [
+        Warning(
+            f"None of REDIS_SENTINELS answers PING within REDIS_SOCKET_TIMEOUT: {reason}.",
+            hint=(
+                f"Check {SETTING_NAME}['REDIS_SENTINELS'] and REDIS_SENTINEL_PASSWORD, and that the "
+                "sentinels run and this host reaches them: without one the store cannot find the master."
+            ),
+            id="persistent_memory.W007",
+        )
+    ]
 
 
 @register(Tags.security)

@@ -29,6 +29,19 @@ DEFAULTS: dict[str, Any] = {
     # Alias of a django-redis cache in CACHES whose connection to reuse.
     "REDIS_CACHE_ALIAS": None,
     "REDIS_SOCKET_TIMEOUT": 5.0,
+    # "single" (one server), "cluster" (Redis Cluster, seeded by REDIS_URL or REDIS_HOST)
+    # or "sentinel" (the master that REDIS_SENTINELS name for REDIS_SENTINEL_SERVICE).
+    "REDIS_TOPOLOGY": "single",
+    # Sentinels as "host:port" strings, the master's service name, the sentinels' password.
+    "REDIS_SENTINELS": [],
+    "REDIS_SENTINEL_SERVICE": "mymaster",
+    "REDIS_SENTINEL_PASSWORD": None,
+    # Key layout: "node" or "cluster" (a session's keys in one hash slot); None: "cluster" on a
+    # cluster, else "node".
+    "REDIS_LAYOUT": None,
+    # Replicas a write waits for (Redis WAIT; 0: none), and for at most how many milliseconds.
+    "REDIS_WAIT_REPLICAS": 0,
+    "REDIS_WAIT_TIMEOUT_MS": 1000,
     "KEY_PREFIX": "rr:memory",
     "SESSION_TTL_HOURS": 0,
     # Idle expiry: sessions expire this long after their last write (None/0: off), and
@@ -211,6 +224,17 @@ def summaries_on(conf: MemorySettings) -> bool:
 def summarize_after_tokens(conf: MemorySettings) -> int | None:
     """The backend's marking threshold: SUMMARIZE_AFTER_TOKENS when summaries are on."""
     return conf.SUMMARIZE_AFTER_TOKENS if summaries_on(conf) else None
+
+
+#: The values of REDIS_LAYOUT (besides None).
+REDIS_LAYOUTS = ("node", "cluster")
+
+
+def redis_layout(conf: MemorySettings) -> str:
+    """The effective REDIS_LAYOUT: "cluster" on REDIS_TOPOLOGY "cluster" unless set."""
+    if conf.REDIS_LAYOUT is not None:
+        return conf.REDIS_LAYOUT
+    return "cluster" if conf.REDIS_TOPOLOGY == "cluster" else "node"
 
 
 def mirror_mode(conf: MemorySettings) -> str:

@@ -62,8 +62,8 @@ def _cache_passwords(alias: Any) -> set[str]:
 
 def redis_passwords() -> set[str]:
     """Every Redis password the settings configure, in each form a report could show it."""
-    password = memory_settings.REDIS_PASSWORD
-    found = {password} if isinstance(password, str) and password else set()
+    given = (memory_settings.REDIS_PASSWORD, memory_settings.REDIS_SENTINEL_PASSWORD)
+    found = {password for password in given if isinstance(password, str) and password}
     return (
         found
         | _url_passwords(memory_settings.REDIS_URL)

@@ -27,6 +27,10 @@ from persistent_memory.store import MemoryStore
 
 BACKENDS = ["memory", "redis"]
 
+#: What the contract suites run on: both backends, and Redis as one server in the node and
+#: the cluster layout, a real Redis Cluster, and a Sentinel-managed primary and replica.
+TOPOLOGIES = ["memory", "redis", "redis-cluster-layout", "redis-cluster", "redis-sentinel"]
+
 
 @pytest.fixture(autouse=True)
 def no_extraction_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,16 +182,36 @@ def backend_name(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+def topology_settings(name: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """PERSISTENT_MEMORY keys for Redis setup ``name`` (one of TOPOLOGIES but "memory"), on a
+    clean keyspace."""
+    if name in ("redis", "redis-cluster-layout"):
+        request.getfixturevalue("redis_client")  # a clean keyspace
+        layout = {"REDIS_LAYOUT": "cluster"} if name == "redis-cluster-layout" else {}
+        return {"REDIS_URL": request.getfixturevalue("redis_url"), **layout}
+    if name == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        request.getfixturevalue("redis_cluster_client")  # whole again, and flushed
+        return {"REDIS_TOPOLOGY": "cluster", "REDIS_URL": cluster.url}
+    sentinel = request.getfixturevalue("redis_sentinel")
+    sentinel.heal()
+    sentinel.flush()
+    return {
+        "REDIS_TOPOLOGY": "sentinel",
+        "REDIS_URL": None,
+        "REDIS_SENTINELS": sentinel.sentinels,
+        "REDIS_SENTINEL_SERVICE": sentinel.service,
+    }
+
+
 @pytest.fixture
 def configure(backend_name: str, settings: Any, request: pytest.FixtureRequest):
     """Point PERSISTENT_MEMORY at the parametrized backend; call again with extra keys."""
-    url = None
-    if backend_name == "redis":
-        request.getfixturevalue("redis_client")  # a clean keyspace
-        url = request.getfixturevalue("redis_url")
+    topology = topology_settings(backend_name, request) if backend_name != "memory" else {}
+    backend = "memory" if backend_name == "memory" else "redis"
 
     def apply(**extra: Any) -> MemoryStore:
-        settings.PERSISTENT_MEMORY = memory_settings_for(backend_name, url, **extra)
+        settings.PERSISTENT_MEMORY = {**memory_settings_for(backend, None), **topology, **extra}
         return get_store()
 
     return apply
@@ -242,3 +266,46 @@ def server():
 
     with chat_server() as running:
         yield running
+
+
+def _topology(kind: type[Any]) -> Iterator[Any]:
+    """Start a ``tests.redis_topologies`` topology for the session (each pytest-xdist worker
+    is a session of its own, so workers never share one), stop it at the end."""
+    from tests.redis_topologies import redis_binaries_missing
+
+    missing = redis_binaries_missing()
+    if missing:
+        _no_redis(missing)
+    servers = kind()
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A Redis Cluster of our own: 3 masters with a replica each (``ClusterServers``)."""
+    from tests.redis_topologies import ClusterServers
+
+    yield from _topology(ClusterServers)
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[Any]:
+    """A primary, a replica and 3 sentinels of our own, without passwords (``SentinelServers``)."""
+    from tests.redis_topologies import SentinelServers
+
+    yield from _topology(SentinelServers)
+
+
+@pytest.fixture
+def redis_cluster_client(redis_cluster: Any) -> Iterator[redis.cluster.RedisCluster]:
+    """A ``RedisCluster`` client on the session's cluster, whole again (a test may have killed
+    a node) and flushed."""
+    redis_cluster.heal()
+    redis_cluster.flush()
+    client = redis.cluster.RedisCluster.from_url(redis_cluster.url)
+    yield client
+    client.close()

@@ -26,10 +26,16 @@ from persistent_memory.exceptions import (
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, ids, result, system, tool_call, user
-from tests.conftest import CountingConnection, memory_settings_for, pttls
+from tests.conftest import TOPOLOGIES, CountingConnection, memory_settings_for, pttls
 from tests.timing import LIVE_TTL, wait_past
 
 PREFIX = "rr:memory"
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """This suite runs on every Redis setup (tests.conftest.TOPOLOGIES), not only one server."""
+    return request.param
 
 
 def thread(store: MemoryStore, session_id: str = "s1", **options: Any) -> list[dict[str, Any]]:

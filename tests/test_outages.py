@@ -294,12 +294,12 @@ def test_debug_page_never_shows_the_redis_password(settings):
 
 def test_error_reports_hide_the_locals_below_building_the_redis_client(settings):
     """DEBUG off (error mails): Django's own filter hides every local variable of
-    ``_build_client`` and the redis-py calls under it (``sensitive_variables``)."""
+    ``build_client``'s topology function and the redis-py calls under it (``sensitive_variables``)."""
     settings.DEBUG = False
     settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": URL}
     data, _ = _report(django_debug.SafeExceptionReporterFilter())
     frames = {frame["function"]: str(frame["vars"]) for frame in data["frames"]}
-    assert "from_url" in frames and "_build_client" in frames
+    assert "from_url" in frames and "_single" in frames
     assert not any(PASSWORD in variables for variables in frames.values())
 
 
@@ -315,6 +315,8 @@ def test_redis_passwords_in_every_place_and_form(settings):
     assert redis_passwords() == {"p%40ss", "p@ss", "q%2Bq", "q+q"}
     settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_HOST": "h", "REDIS_PASSWORD": "hostpw"}
     assert redis_passwords() == {"hostpw"}
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_TOPOLOGY": "sentinel", "REDIS_SENTINEL_PASSWORD": "sp"}
+    assert redis_passwords() == {"sp"}
     settings.CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "redis": {

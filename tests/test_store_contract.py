@@ -15,6 +15,7 @@ from persistent_memory.exceptions import (
     SessionNotFound,
 )
 from persistent_memory.history import operation_count
+from tests.conftest import TOPOLOGIES
 from tests.timing import LIVE_TTL, wait_past
 
 INFO_FIELDS = {
@@ -28,6 +29,12 @@ INFO_FIELDS = {
     "idle_ttl_seconds",
     "expires_by",
 }
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """This suite runs on every Redis setup (tests.conftest.TOPOLOGIES), not only one server."""
+    return request.param
 
 
 class TestSessions:

@@ -376,9 +376,9 @@ local function settle(name)
     local totals = redis.call('HMGET', c, 'tokens', 'covered_tokens')
     local pending = (tonumber(totals[1]) or 0) - (tonumber(totals[2]) or 0)
     if pending > summarize_after then
-      redis.call('SADD', prefix .. ':~summarize', sid .. ' ' .. name)
+      redis.call('SADD', KEYS[11], sid .. ' ' .. name)
     else
-      redis.call('SREM', prefix .. ':~summarize', sid .. ' ' .. name)
+      redis.call('SREM', KEYS[11], sid .. ' ' .. name)
     end
   end
 end
@@ -529,7 +529,7 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
   local c = conv_key(name)
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
-    state = redis.call('HGET', prefix .. ':~summarizer', 'state') or 'healthy'
+    state = redis.call('HGET', KEYS[12], 'state') or 'healthy'
     local anchor
     after, anchor = anchor_position(c)
     if after then

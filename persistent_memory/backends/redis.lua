@@ -2,44 +2,60 @@
 -- a write, its history entry, its TTL alignment, its summarization and its mark for
 -- the ORM mirror happen atomically.
 --
--- ARGV: 1 operation, 2 key prefix, 3 storage id of the session ('' when an answer's
--- session comes from its run binding, or for operations on no one session), 4 now
--- (JSON number text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7 mark writes dirty
--- ('1'/'0'), 8 sessions per owner ('0': no cap), 9 bytes per session ('0': no cap),
--- 10 messages per conversation (MAX_MESSAGES), 11 the idle TTL of sessions the lanes
--- and appends create (ms, '0': none), 12 whether reads refresh an idle TTL ('1'/'0'),
--- 13 the pending tokens that mark a conversation for a summarizer ('0': summaries are
--- off), 14 the write's idempotency record below the prefix ('' for none), 15 the
+-- KEYS, in this order on every call (persistent_memory.backends.redis_layout builds
+-- them; a key the operation does not use is given as KEYS[8], so that every key of a
+-- call is in one hash slot in the cluster layout):
+--   1 the session's meta, 2 its key set, 3 its history, 4 its run index, 5 the set of its
+--   conversation names, 6 its namespace's listing by creation time, 7 by name, 8 the
+--   node's set of (unowned) session ids, 9 the set of owned ids, 10 the ORM mirror's dirty
+--   set, 11 the summarizers' queue, 12 the summarizers' health, 13 the call's idempotency
+--   record, 14 the run binding it names, 15 the value key it names, 16 the listing's
+--   scratch set, 17-24 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
+--   ':s', ':k', ':o', ':y'), then the keys a maintenance operation is given.
+-- Every key a call can name from its arguments is declared there and used as declared.
+-- The others are named from what Redis holds (the members of a session's key set, its
+-- conversation names, its run index, the ids in a listing), under the root of KEYS[8]:
+-- the node's prefix in the node layout, '{prefix}:{bucket tag}' in the cluster layout,
+-- whose hash tag puts every key of a bucket's sessions and of its indexes in one slot.
+--
+-- ARGV: 1 operation, 2 'bound' for an answer whose session came from its run (else ''), 3 storage id of the
+-- session ('' when an answer's session comes from its run binding, or for operations on
+-- no one session), 4 now (JSON number text), 5 MAX_HISTORY, 6 AUTO_SUMMARIZE ('1'/'0'), 7
+-- mark writes dirty ('1'/'0'), 8 sessions per owner ('0': no cap), 9 bytes per session
+-- ('0': no cap), 10 messages per conversation (MAX_MESSAGES), 11 the idle TTL of sessions
+-- the lanes and appends create (ms, '0': none), 12 whether reads refresh an idle TTL
+-- ('1'/'0'), 13 the pending tokens that mark a conversation for a summarizer ('0':
+-- summaries are off), 14 '1' when the call has an idempotency record (KEYS[13]), 15 the
 -- request's fingerprint, 16 how long the record is kept (ms), then the operation's own
 -- arguments, read with arg(i).
 --
 -- Idle expiry: a session created with an idle TTL has 'idle_ttl_ms' in its meta (and
 -- 'deadline_ms', its fixed expiry, when it has a TTL too). Every write (and with 12,
 -- every read of its data) pushes the expiry of each of its keys to now plus the idle
--- TTL, never past the deadline (touch()). Sessions without it (the node's) are as before. Keys are built here from the prefix in the node's
--- layout; auxiliary keys hold '~', which no session id can.
+-- TTL, never past the deadline (touch()). Sessions without it (the node's) are as before.
+-- Auxiliary keys hold '~', which no session id can.
 -- Errors come back as "PM_<CODE> message" replies.
 --
 -- Owned sessions (persistent_memory.owners) have storage ids '~o:{owner}~{id}', so
 -- their keys are the node's layout with that id; every owned id is in the set
--- '{prefix}:~owned', for the operator's view (the node's '__sessions__' holds unowned
+-- '{root}:~owned', for the operator's view (the node's '__sessions__' holds unowned
 -- ones only). Each namespace (an owner's, or the unowned one) has two sorted sets of
 -- its ids for the listing: by creation time (score: created_at, seconds) and by name
--- (score 0, for a prefix range): '{prefix}:~o:{owner}~:sessions' and
--- '{prefix}:~o:{owner}~:names', or '{prefix}:~sessions' and '{prefix}:~names'.
--- A session's run references are in '{prefix}:{id}:~runs' (score: when the binding
+-- (score 0, for a prefix range): '{root}:~o:{owner}~:sessions' and
+-- '{root}:~o:{owner}~:names', or '{root}:~sessions' and '{root}:~names'.
+-- A session's run references are in '{root}:{id}:~runs' (score: when the binding
 -- expires, server ms), so that deleting it drops its bindings; '~' keeps that name
 -- apart from the session's value keys, and it expires with the session.
 
-local op, prefix, sid, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local op, sid, now = ARGV[1], ARGV[3], ARGV[4]
+-- The root every key name below starts with (see above): KEYS[8] is '{root}:__sessions__'.
+local root = string.sub(KEYS[8], 1, #KEYS[8] - #':__sessions__')
 local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
 local owner_cap, byte_cap = tonumber(ARGV[8]), tonumber(ARGV[9])
 local arg_max_messages = ARGV[10]
 local default_idle_ms, refresh_reads = ARGV[11], ARGV[12] == '1'
 local summarize_after = tonumber(ARGV[13])
-local NODE_SESSIONS = prefix .. ':__sessions__'
-local OWNED = prefix .. ':~owned'
-local DIRTY = prefix .. ':~dirty'
+local NODE_SESSIONS, OWNED, DIRTY = KEYS[8], KEYS[9], KEYS[10]
 local base, META, KEYSET, HISTORY, RUNS, BY_TIME
 -- Defined by conversations.lua, included below; used by helpers defined before it.
 local drop_conversations, conversation_bytes
@@ -57,7 +73,7 @@ end
 -- goes out through remember(), which records it; error replies are not recorded
 -- (nothing was written, so a retry runs again). Checked before anything else, the
 -- fast path below included.
-local IDEMPOTENCY = ARGV[14] ~= '' and prefix .. ':' .. ARGV[14]
+local IDEMPOTENCY = ARGV[14] ~= '' and KEYS[13]
 
 -- A reply as a JSON-able value that gives it back exactly: cjson would turn integers
 -- into doubles, so strings are kept as 's..', integers as 'i..', nil as 'n'.
@@ -150,22 +166,23 @@ end
 local function listing_sets(id)
   local namespace = namespace_of(id)
   if namespace then
-    return prefix .. ':' .. namespace .. ':sessions', prefix .. ':' .. namespace .. ':names'
+    return root .. ':' .. namespace .. ':sessions', root .. ':' .. namespace .. ':names'
   end
-  return prefix .. ':~sessions', prefix .. ':~names'
+  return root .. ':~sessions', root .. ':~names'
 end
 
 local function use_session(id)
   sid = id
-  base = prefix .. ':' .. id .. ':'
+  base = root .. ':' .. id .. ':'
   META, KEYSET, HISTORY = base .. '__meta__', base .. '__keys__', base .. '__history__'
   RUNS = base .. '~runs'
   BY_TIME = listing_sets(id)
 end
 
--- A run reference (persistent_memory.owners.run_ref) holds its owner's namespace.
+-- A run reference (persistent_memory.owners.run_ref) holds its owner's namespace; the
+-- one the call names is declared (KEYS[14]), those a session's run index holds are not.
 local function run_key(ref)
-  return prefix .. ':' .. ref
+  return root .. ':' .. ref
 end
 
 -- A binding's value: the session's storage id, then, when the enrich lane recorded the
@@ -201,8 +218,10 @@ local function bind(ref, ttl_ms, question)
   end
 end
 
-if sid ~= '' then
-  use_session(sid)
+if sid ~= '' then -- the call's session: its keys as declared
+  sid = ARGV[3]
+  base = string.sub(KEYS[1], 1, #KEYS[1] - #'__meta__')
+  META, KEYSET, HISTORY, RUNS, BY_TIME = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 end
 
 -- Lua's unpack() takes at most a few thousand items: call in chunks.
@@ -405,7 +424,7 @@ local function owner_has_room()
     return true
   end
   for _, id in ipairs(redis.call('ZRANGE', BY_TIME, 0, -1)) do
-    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 0 then
+    if redis.call('EXISTS', root .. ':' .. id .. ':__meta__') == 0 then
       unindex(id)
       mark_dirty(id)
     end
@@ -657,7 +676,7 @@ local function catch_up_unowned()
     return
   end
   for _, id in ipairs(only_in(NODE_SESSIONS, by_time)) do
-    local meta = prefix .. ':' .. id .. ':__meta__'
+    local meta = root .. ':' .. id .. ':__meta__'
     if redis.call('EXISTS', meta) == 1 then
       index(id, redis.call('HGET', meta, 'created_at'))
     else
@@ -666,7 +685,7 @@ local function catch_up_unowned()
     end
   end
   for _, id in ipairs(only_in(by_time, NODE_SESSIONS)) do
-    if redis.call('EXISTS', prefix .. ':' .. id .. ':__meta__') == 1 then
+    if redis.call('EXISTS', root .. ':' .. id .. ':__meta__') == 1 then
       redis.call('SADD', NODE_SESSIONS, id)
     else
       unindex(id)
@@ -710,7 +729,7 @@ if op == 'page' then
   if #wanted > #namespace then
     total = redis.call('ZLEXCOUNT', by_name, from, to)
   end
-  local search = prefix .. ':~search'
+  local search = KEYS[16]
 
   -- The matches ordered by time, in ``search``; their number.
   local function sorted_matches()
@@ -795,19 +814,29 @@ if op == 'page' then
   return reply
 end
 
--- The sweep, one batch of SCAN results at a time: check and remove in one atomic
--- step, so a session created meanwhile is never touched. arg(1) '1' for a dry run.
--- A live session the listing lacks (one the node wrote) is indexed. 'sweep_listed'
--- takes ids from the unowned listing, and leaves those in the node's set to
--- 'sweep_ids' (which reads that set), so that none is counted twice.
-if op == 'sweep_ids' or op == 'sweep_listed' then
+-- The sweep of a set of ids, one SSCAN (ZSCAN) step at a time, read here so that the ids
+-- come from Redis, not from the caller: check and remove in one atomic step, so a
+-- session created meanwhile is never touched. arg(1) '1' for a dry run, 2 the set's
+-- place in KEYS (8 the node's set, 9 the owned set, 6 a listing by time: a sorted set),
+-- 3 the cursor, 4 the COUNT, 5 a MATCH pattern ('': all). A live session the listing
+-- lacks (one the node wrote) is indexed. Over the unowned listing (6) it leaves the ids
+-- in the node's set to the pass over that set, so that none is counted twice. Replies
+-- the next cursor and how many ids had no live session.
+if op == 'sweep_ids' then
+  local set, listing = KEYS[tonumber(arg(2))], arg(2) == '6'
+  local command = {listing and 'ZSCAN' or 'SSCAN', set, arg(3), 'COUNT', arg(4)}
+  if arg(5) ~= '' then
+    command[#command + 1] = 'MATCH'
+    command[#command + 1] = arg(5)
+  end
+  local scanned = redis.call(unpack(command))
   local removed = 0
-  local i = 2
-  while arg(i) do
-    local id = arg(i)
-    local meta = prefix .. ':' .. id .. ':__meta__'
-    if op == 'sweep_listed' and redis.call('SISMEMBER', NODE_SESSIONS, id) == 1 then
-      -- read by 'sweep_ids'
+  for j, id in ipairs(scanned[2]) do
+    local meta = root .. ':' .. id .. ':__meta__'
+    if listing and j % 2 == 0 then
+      -- a score
+    elseif listing and not namespace_of(id) and redis.call('SISMEMBER', NODE_SESSIONS, id) == 1 then
+      -- read by the pass over the node's set
     elseif redis.call('EXISTS', meta) == 0 then
       removed = removed + 1
       if arg(1) ~= '1' then
@@ -817,17 +846,17 @@ if op == 'sweep_ids' or op == 'sweep_listed' then
     elseif arg(1) ~= '1' and not redis.call('ZSCORE', (listing_sets(id)), id) then
       index(id, redis.call('HGET', meta, 'created_at'))
     end
-    i = i + 1
   end
-  return removed
+  return {scanned[1], removed}
 end
 
+-- Keys found by a SCAN (declared, from KEYS[25] on): those of sessions whose meta is gone
+-- are removed. arg(1) '1' for a dry run. Replies the leftover keys and run bindings.
 if op == 'sweep_keys' then
   local leftovers, runs = 0, 0
-  local i = 2
-  while arg(i) do
-    local key = arg(i)
-    local rest = string.sub(key, #prefix + 2)
+  for i = 25, #KEYS do
+    local key = KEYS[i]
+    local rest = string.sub(key, #root + 2)
     -- Only keys of this deployment's layout: "{id}:{key}" (id unowned or owned) or a
     -- run binding, "~run:{run id}" or "~o:{owner}~:run:{run id}". Anything else (another
     -- deployment whose prefix starts with ours) is not ours to touch. Idempotency
@@ -856,7 +885,7 @@ if op == 'sweep_keys' then
         owner = id
       end
     end
-    if owner and redis.call('EXISTS', prefix .. ':' .. owner .. ':__meta__') == 0 then
+    if owner and redis.call('EXISTS', root .. ':' .. owner .. ':__meta__') == 0 then
       if run_id then runs = runs + 1 else leftovers = leftovers + 1 end
       if arg(1) ~= '1' then
         redis.call('DEL', key)
@@ -865,7 +894,6 @@ if op == 'sweep_keys' then
       -- A live session's index: references whose binding has expired go.
       redis.call('ZREMRANGEBYSCORE', key, '-inf', server_ms())
     end
-    i = i + 1
   end
   return {leftovers, runs}
 end
@@ -922,17 +950,19 @@ end
 -- arg(1) ttl text, 2 ttl ms, 3 the answer's JSON, 4 run reference ('' none); with a
 -- message to record (conversations.lua): 5 conversation ('' none), 6 parent id ('': the
 -- run's question, else the head), 7-9 the message (id, body, link).
+-- ARGV[2] 'bound': the session was found through the run (the cluster layout's pointer),
+-- so it is answered only while the run's binding names it, as without a session.
 if op == 'answer' then
-  local bound, asked_in, asked = binding(arg(4) ~= '' and redis.call('GET', run_key(arg(4))))
-  if sid == '' then
-    if not bound then
+  local bound, asked_in, asked = binding(arg(4) ~= '' and redis.call('GET', KEYS[14]))
+  if sid == '' or ARGV[2] == 'bound' then
+    if not bound or (sid ~= '' and bound ~= sid) then
       return remember({})
     end
-    use_session(bound)
+    if sid == '' then use_session(bound) end
     if redis.call('EXISTS', META) == 0 then
       -- Deleted or expired since it was bound: the binding goes too, so that it never
       -- recreates the session (or reaches a new one under the same id).
-      redis.call('DEL', run_key(arg(4)))
+      redis.call('DEL', KEYS[14])
       return remember({})
     end
   end

@@ -1,8 +1,9 @@
-"""The Redis backend: the node's key layout, one round trip per operation.
+"""The Redis backend: one round trip per operation, on one server, Sentinel or a cluster.
 
 Every operation is one EVALSHA of ``redis.lua``, which keeps each write atomic with
-its history entry, TTL alignment and summarization. Layout, byte for byte the
-original node's (so either can read the other's data)::
+its history entry, TTL alignment and summarization, and declares its keys
+(:mod:`.redis_layout` names them). The node layout, byte for byte the original node's
+(so either can read the other's data)::
 
     {prefix}:{session_id}:{key}         value as JSON text (counters: Redis integers)
     {prefix}:{session_id}:__keys__      set of the session's keys
@@ -18,6 +19,10 @@ owner, ``{prefix}:~sessions`` and ``{prefix}:~names`` for the unowned namespace.
 session's run references are in ``{prefix}:{session_id}:~runs``.
 Idempotency records (:mod:`persistent_memory.idempotency`) are ``{prefix}:~idem:{key}``
 and ``{prefix}:~o:{owner}~:idem:{key}``, each expiring after its TTL.
+
+The cluster layout is the same below a bucket's root, ``{prefix}:{<bucket tag>}``, in
+place of the prefix (see :mod:`.redis_layout`): what walks every session (listing, the
+sweep, the mirror's and the summarizers' queues) reads every bucket.
 """
 
 from __future__ import annotations
@@ -26,15 +31,13 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
 
 import redis
-from django.core.exceptions import ImproperlyConfigured
-from django.views.decorators.debug import sensitive_variables
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
 from persistent_memory.backends.base import (
     AnswerRecord,
@@ -54,7 +57,15 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
+from persistent_memory.backends.redis_layout import Layout
+from persistent_memory.backends.redis_topology import build_client, describe
+from persistent_memory.conf import (
+    MemorySettings,
+    mirror_mode,
+    owner_session_cap,
+    redis_layout,
+    summarize_after_tokens,
+)
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
@@ -107,6 +118,25 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
 #: ARGV 14-16 of a call without an idempotency key (see redis.lua).
 _NO_IDEMPOTENCY = ("", "", "0")
 
+#: KEYS places (see redis.lua) of the bucket queues.
+_DIRTY, _SUMMARIZE, _SUMMARIZER = 10, 11, 12
+
+#: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
+_READS = frozenset(
+    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "snapshot"}
+    | {"read_messages", "context", "conversations", "summary_source"}
+)
+
+#: Replies that say a cluster node did not run the command (it belongs elsewhere, or the
+#: cluster is between states): sending it again through the cluster client, which follows
+#: them, cannot apply a write twice.
+_REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
+
+
+class ReplicasBehind(BackendUnavailable):
+    """A write was applied on the primary but fewer replicas than REDIS_WAIT_REPLICAS
+    confirmed it in time."""
+
 
 def _ttl_text(ttl_seconds: float | None) -> str:
     # The node writes "None" for no TTL and a number otherwise.
@@ -148,50 +178,30 @@ def _idle_args(info: SessionInfo) -> str:
     return f"{_ttl_ms(idle)} {max(1, round(left * 1000))}"
 
 
-# Error reports (DEBUG off) hide every local of this call and of the calls it makes
-# (redis-py's URL parsing holds the password).
-@sensitive_variables()
-def _build_client(conf: MemorySettings) -> redis.Redis:
-    """A client from REDIS_CACHE_ALIAS, REDIS_URL, or host/port (in that order)."""
-    if conf.REDIS_CACHE_ALIAS:
-        from django_redis import get_redis_connection
-
-        return get_redis_connection(conf.REDIS_CACHE_ALIAS)
-    options: dict[str, Any] = {
-        "socket_timeout": conf.REDIS_SOCKET_TIMEOUT,
-        "socket_connect_timeout": conf.REDIS_SOCKET_TIMEOUT,
-        # No retries: a reply lost after the script ran cannot be told from a command
-        # never sent, and running a write twice (an increment, a history entry) is
-        # wrong. The caller gets BackendUnavailable (the API: 503 with Retry-After).
-        "retry": Retry(NoBackoff(), 0),
-    }
-    if conf.REDIS_URL:
-        return redis.Redis.from_url(conf.REDIS_URL, **options)
-    if not conf.REDIS_HOST:
-        raise ImproperlyConfigured("PERSISTENT_MEMORY: the redis backend needs REDIS_URL or REDIS_HOST.")
-    return redis.Redis(
-        host=conf.REDIS_HOST, port=conf.REDIS_PORT, db=conf.REDIS_DB, password=conf.REDIS_PASSWORD, **options
-    )
-
-
 class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
-    """Sessions in Redis, shared by every process that points at the same server."""
+    """Sessions in Redis, shared by every process that points at the same server or cluster."""
 
     name = "redis"
 
     def __init__(
         self,
         *,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         key_prefix: str = "rr:memory",
         owns_client: bool = True,
+        layout: str = "node",
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
         **options: Any,
     ) -> None:
         super().__init__(**options)
         self.client = client
         self.owns_client = owns_client
         self.key_prefix = key_prefix
-        self._dirty_key = f"{key_prefix}:~dirty"
+        self.layout = Layout(key_prefix, cluster=layout == "cluster")
+        self.on_cluster = isinstance(client, RedisCluster)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         # ARGV 5-13 of every call (see redis.lua); 14-16 are the idempotency key's.
         self._policy = (
             str(self.max_history),
@@ -204,14 +214,16 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             "1" if self.refresh_on_read else "0",
             str(self.summarize_after_tokens or 0),
         )
-        self._script = client.register_script(SCRIPT)
-        self._sha = self._script.sha
+        self._sha = client.register_script(SCRIPT).sha
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
         return cls(
-            client=_build_client(conf),
+            client=build_client(conf),
             key_prefix=conf.KEY_PREFIX,
+            layout=redis_layout(conf),
+            wait_replicas=conf.REDIS_WAIT_REPLICAS,
+            wait_timeout_ms=conf.REDIS_WAIT_TIMEOUT_MS,
             max_history=conf.MAX_HISTORY,
             auto_summarize=conf.AUTO_SUMMARIZE,
             track_dirty=mirror_mode(conf) != "off",
@@ -225,11 +237,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         )
 
     def describe(self) -> str:
-        """``redis://host:port/db`` with no credentials."""
-        kwargs = self.client.connection_pool.connection_kwargs
-        if "path" in kwargs:
-            return f"redis+unix://{kwargs['path']}"
-        return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        """The server (or the cluster's primaries, or Sentinel's current master) in use,
+        with no credentials."""
+        return describe(self.client)
 
     def _error(self, exc: redis.RedisError) -> Exception:
         """The store's exception for a redis-py error."""
@@ -252,45 +262,161 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         try:
             yield
         except redis.RedisError as exc:
+            if self.on_cluster and isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self._refresh_slots()
             raise self._error(exc) from None
 
     def _args(
-        self, op: str, session_id: str, args: tuple[Any, ...], idempotency: IdempotencyRecord | None = None
+        self,
+        op: str,
+        session_id: str,
+        args: tuple[Any, ...],
+        idempotency: IdempotencyRecord | None = None,
+        bound: bool = False,
     ) -> tuple[Any, ...]:
         once = _NO_IDEMPOTENCY
         if idempotency is not None:
-            once = (idempotency.ref, idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
-        return (op, self.key_prefix, session_id, repr(time.time()), *self._policy, *once, *args)
+            once = ("1", idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
+        return (op, "bound" if bound else "", session_id, repr(time.time()), *self._policy, *once, *args)
 
-    def _run(self, op: str, session_id: str, *args: Any, idempotency: IdempotencyRecord | None = None) -> Any:
-        """One EVALSHA of the script (it builds its keys from the prefix and session id).
+    def _command(
+        self,
+        op: str,
+        session_id: str,
+        args: tuple[Any, ...],
+        idempotency: IdempotencyRecord | None = None,
+        bound: bool = False,
+        **names: Any,
+    ) -> tuple[Any, ...]:
+        """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`)."""
+        keys = self.layout.keys(session_id, idempotency=idempotency.ref if idempotency else None, **names)
+        return ("EVALSHA", self._sha, len(keys), *keys, *self._args(op, session_id, args, idempotency, bound))
+
+    def _run(
+        self,
+        op: str,
+        session_id: str,
+        *args: Any,
+        idempotency: IdempotencyRecord | None = None,
+        bound: bool = False,
+        **names: Any,
+    ) -> Any:
+        """One EVALSHA of the script, its keys declared, on the primary of their slot.
 
         Sent on a pooled connection directly rather than through ``Redis.evalsha``:
         the client's command wrapper (retries, which are off, and instrumentation)
-        costs more on this hot path than the rest of the store's Python code.
+        costs more on this hot path than the rest of the store's Python code. With
+        REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet.
         """
-        pool = self.client.connection_pool
-        command = ("EVALSHA", self._sha, 0, *self._args(op, session_id, args, idempotency))
+        command = self._command(op, session_id, args, idempotency, bound, **names)
+        wait = 0 if op in _READS else self.wait_replicas
         try:
+            pool = self._pool(command[3])
             connection = pool.get_connection()
             try:
-                connection.send_command(*command)
-                try:
-                    return connection.read_response()
-                except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                    connection.send_command("SCRIPT", "LOAD", SCRIPT)
-                    connection.read_response()
-                    connection.send_command(*command)
-                    return connection.read_response()
+                return self._exchange(connection, command, wait)
             except redis.ResponseError:
-                raise  # a whole reply was read: the connection is fine
+                raise  # whole replies were read: the connection is fine
             except BaseException:
                 connection.disconnect()  # a reply may be left half read
                 raise
             finally:
                 pool.release(connection)
+        except _REDIRECTS:
+            return self._redirected(command, wait)
         except redis.RedisError as exc:
-            raise self._error(exc) from None
+            with self._errors():
+                raise exc
+
+    def _redirected(self, command: tuple[Any, ...], wait: int) -> Any:
+        """A command a cluster node did not run (the slot moved, or is moving): the cluster
+        client sends it where it belongs (ASKING included) and learns the new slot map."""
+        with self._errors():
+            reply = self.client.execute_command(*command)
+            if wait:
+                node = self.client.get_node_from_key(command[3])
+                self._check_replicas(
+                    self.client.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
+                )
+            return reply
+
+    def _pool(self, key: str) -> redis.ConnectionPool:
+        """The connection pool of the primary that serves ``key``."""
+        if not self.on_cluster:
+            return self.client.connection_pool
+        node = self.client.get_node_from_key(key)
+        return self.client.get_redis_connection(node).connection_pool
+
+    def _refresh_slots(self) -> None:
+        """After a lost connection: the cluster may have failed over; read its slots again."""
+        with suppress(redis.RedisError):  # the next call finds out
+            self.client.nodes_manager.initialize()
+
+    def _exchange(self, connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
+        if not wait:
+            connection.send_command(*command)
+            try:
+                return connection.read_response()
+            except redis.exceptions.NoScriptError:  # a restarted or flushed server
+                connection.send_command("SCRIPT", "LOAD", SCRIPT)
+                connection.read_response()
+                return self._exchange(connection, command, wait)
+        connection.send_packed_command(
+            connection.pack_commands([command, ("WAIT", wait, self.wait_timeout_ms)])
+        )
+        try:
+            reply = connection.read_response()
+        except redis.exceptions.NoScriptError:
+            connection.read_response()  # WAIT's reply: nothing was written
+            connection.send_command("SCRIPT", "LOAD", SCRIPT)
+            connection.read_response()
+            return self._exchange(connection, command, wait)
+        except redis.ResponseError:
+            connection.read_response()
+            raise
+        self._check_replicas(connection.read_response())
+        return reply
+
+    def _check_replicas(self, acknowledged: int) -> None:
+        if acknowledged < self.wait_replicas:
+            raise ReplicasBehind(
+                f"The write reached {acknowledged} of {self.wait_replicas} replicas within "
+                f"{self.wait_timeout_ms} ms (REDIS_WAIT_REPLICAS). It may be applied: retry it "
+                "with the same Idempotency-Key."
+            )
+
+    def _pipeline(self) -> Any:
+        """A pipeline over every primary (the cluster client groups its commands by node)."""
+        return self.client.pipeline() if self.on_cluster else self.client.pipeline(transaction=False)
+
+    def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Several EVALSHAs in one pipeline (per primary on a cluster); replies or errors."""
+        if not commands:
+            return []
+        with self._errors():
+            for attempt in (1, 2):
+                pipe = self._pipeline()
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+                if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                    self.client.script_load(SCRIPT)  # every primary, on a cluster
+                    continue
+                return replies
+        raise AssertionError("unreachable")
+
+    def _each_root(self, op: str, *args: Any, namespace: str = "") -> list[Any]:
+        """``op`` (on no one session) in every bucket of the layout; their replies, errors raised."""
+        roots = self.layout.roots()
+        if len(roots) == 1:
+            return [self._run(op, "", *args, root=roots[0], namespace=namespace)]
+        replies = self._run_many(
+            [self._command(op, "", args, root=root, namespace=namespace) for root in roots]
+        )
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise self._error(reply)
+        return replies
 
     @staticmethod
     def _info(session_id: str, reply: list[Any]) -> SessionInfo:
@@ -340,16 +466,23 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
 
     def list_sessions(self) -> list[str]:
         try:
-            return sorted(item.decode() for item in self._run("list", "", "", str(ONE_STEP_LIST_LIMIT)))
+            replies = self._each_root("list", "", str(ONE_STEP_LIST_LIMIT))
         except _TooMany:
             return sorted(info["session_id"] for info in self._scan_infos(""))
+        return sorted(item.decode() for reply in replies for item in reply)
 
     def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
         try:
-            flat = self._run("list_info", "", prefix, str(ONE_STEP_LIST_LIMIT))
+            replies = self._each_root(
+                "list_info", prefix, str(ONE_STEP_LIST_LIMIT), namespace=namespace_of(prefix)
+            )
         except _TooMany:
             return self._scan_infos(prefix)
-        return [self._info(flat[i].decode(), flat[i + 1 : i + 7]) for i in range(0, len(flat), 7)]
+        return [
+            self._info(flat[i].decode(), flat[i + 1 : i + 7])
+            for flat in replies
+            for i in range(0, len(flat), 7)
+        ]
 
     def _scan_infos(self, prefix: str) -> list[SessionInfo]:
         """Many sessions: SSCAN and one pipelined step per batch, so Redis is never held long."""
@@ -363,9 +496,19 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 return list({info["session_id"]: info for info in infos}.values())
 
     def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
-        flat = self._run("page", "", prefix, str(offset), str(limit))
-        infos = [self._info(flat[i].decode(), flat[i + 1 : i + 7]) for i in range(1, len(flat), 7)]
-        return flat[0], infos
+        # In the cluster layout every bucket gives its first offset + limit, merged here.
+        roots = self.layout.roots()
+        first = (str(offset), str(limit)) if len(roots) == 1 else ("0", str(offset + limit))
+        replies = self._each_root("page", prefix, *first, namespace=namespace_of(prefix))
+        infos = [
+            self._info(flat[i].decode(), flat[i + 1 : i + 7])
+            for flat in replies
+            for i in range(1, len(flat), 7)
+        ]
+        if len(roots) > 1:
+            infos.sort(key=lambda info: (info["created_at"], info["session_id"]), reverse=True)
+            infos = infos[offset : offset + limit]
+        return sum(flat[0] for flat in replies), infos
 
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
         return sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))
@@ -375,10 +518,10 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     def put(
         self, session_id: str, key: str, value_json: str, *, idempotency: IdempotencyRecord | None = None
     ) -> None:
-        self._run("put", session_id, key, value_json, idempotency=idempotency)
+        self._run("put", session_id, key, value_json, idempotency=idempotency, key=key)
 
     def get(self, session_id: str, key: str) -> str:
-        return self._run("get", session_id, key).decode()
+        return self._run("get", session_id, key, key=key).decode()
 
     def get_all(self, session_id: str) -> str:
         return self._run("get_all", session_id).decode()
@@ -389,12 +532,13 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     def increment(
         self, session_id: str, key: str, amount: int, *, idempotency: IdempotencyRecord | None = None
     ) -> int:
-        return int(self._run("increment", session_id, key, str(amount), idempotency=idempotency))
+        return int(self._run("increment", session_id, key, str(amount), idempotency=idempotency, key=key))
 
     def clear(
         self, session_id: str, key: str | None, *, idempotency: IdempotencyRecord | None = None
     ) -> list[str]:
-        return [item.decode() for item in self._run("clear", session_id, key or "", idempotency=idempotency)]
+        reply = self._run("clear", session_id, key or "", idempotency=idempotency, key=key)
+        return [item.decode() for item in reply]
 
     # History ----------------------------------------------------------------
 
@@ -425,8 +569,20 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             *run_args,
             "",  # no question to record (enrich_recording)
             idempotency=idempotency,
+            run=run.run_id if run else None,
         )
+        self._bind_pointer(session_id, run)
         return reply.decode()
+
+    def _bind_pointer(self, session_id: str, run: RunBinding | None) -> None:
+        """The cluster layout's pointer from a run to its session (see :mod:`.redis_layout`),
+        written once the script has bound the run in the session's bucket. The binding
+        there is what counts: a pointer left behind by a deleted session leads nowhere."""
+        if run and self.layout.cluster:
+            with self._errors():
+                self.client.set(
+                    self.layout.run_pointer(run.run_id), session_id, px=int(_ttl_ms(run.ttl_seconds))
+                )
 
     def record_answer(
         self,
@@ -441,6 +597,15 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         recorded = ()
         if message is not None:
             recorded = (message.conversation, message.parent_id or "", *message_args([message.message]))
+        bound = not session_id and bool(run_id) and self.layout.cluster
+        if bound:
+            # The one operation of two round trips: the run's pointer names its session.
+            with self._errors():
+                pointer = self.client.get(self.layout.run_pointer(run_id))
+            if pointer is None:
+                return None
+            session_id = pointer.decode()
+        conversation = message.conversation if message is not None and session_id else None
         reply = self._run(
             "answer",
             session_id or "",
@@ -450,6 +615,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             run_id or "",
             *recorded,
             idempotency=idempotency,
+            bound=bound,
+            run=run_id,
+            conversation=conversation,
         )
         return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
 
@@ -477,6 +645,11 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         info = snapshot["info"]
         remaining = remaining_seconds(info)
         values = snapshot["values"]
+        conversations = snapshot.get("conversations") or {}
+        sid = info["session_id"]
+        declared = [self.layout.value_key(sid, key) for key in values]
+        for name in conversations:
+            declared.extend(self.layout.conversation_keys(sid, name))
         self._run(
             "restore",
             info["session_id"],
@@ -484,27 +657,31 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             repr(info["created_at"]),
             _ttl_text(info["ttl_seconds"]),
             _ttl_ms(remaining),
-            restore_blob(snapshot.get("conversations") or {}),
+            restore_blob(conversations),
             _idle_args(info),
             str(len(values)),
             *[part for key, value_json in values.items() for part in (key, value_json)],
             *[json.dumps(entry) for entry in snapshot["history"]],
+            extra=declared,
         )
 
     # Maintenance in batches -------------------------------------------------
 
-    def _session_sets(self, prefix: str) -> list[str]:
-        """The sets ``prefix`` selects (the rule of redis.lua's ``sets_for``); an owner's
-        is a sorted set."""
+    def _session_sets(self, root: str, prefix: str) -> list[str]:
+        """The sets ``prefix`` selects in the bucket ``root`` (the rule of redis.lua's
+        ``sets_for``); an owner's is a sorted set."""
         namespace = namespace_of(prefix)
         if namespace:
-            return [f"{self.key_prefix}:{namespace}:sessions"]
-        node = f"{self.key_prefix}:__sessions__"
-        return [node] if prefix else [node, f"{self.key_prefix}:~owned"]
+            return [f"{root}:{namespace}:sessions"]
+        node = f"{root}:__sessions__"
+        return [node] if prefix else [node, f"{root}:~owned"]
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
-        # One cursor over up to two sets: the low bit says which, the rest is its SSCAN (ZSCAN) cursor.
-        sets = self._session_sets(prefix)
+        # One cursor over every bucket and up to two sets in each: cursor = (position * 2
+        # + set) * buckets + bucket, position being the set's SSCAN (ZSCAN) cursor.
+        roots = self.layout.roots()
+        cursor, bucket = divmod(cursor, len(roots))
+        sets = self._session_sets(roots[bucket], prefix)
         phase, position = cursor % 2, cursor // 2
         owner_set = bool(namespace_of(prefix))
         following, ids = self._scan_set(sets[phase], position, count, prefix, sorted_set=owner_set)
@@ -512,7 +689,11 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             following = following * 2 + phase
         elif phase + 1 < len(sets):
             following = 1  # the next set, from its start
-        return following, ids
+        elif bucket + 1 < len(roots):
+            return bucket + 1, ids  # the next bucket, from its start
+        else:
+            return 0, ids
+        return following * len(roots) + bucket, ids
 
     def _scan_set(
         self, key: str, cursor: int, count: int, prefix: str, *, sorted_set: bool
@@ -528,26 +709,22 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
 
     def existing(self, session_ids: list[str]) -> set[str]:
         with self._errors():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self._pipeline()
             for session_id in session_ids:
-                pipe.exists(f"{self.key_prefix}:{session_id}:__meta__")
+                pipe.exists(self.layout.session_keys(session_id)[0])
             found = pipe.execute()
         return {sid for sid, exists in zip(session_ids, found, strict=True) if exists}
 
     def _pipelined(self, op: str, session_ids: list[str], *args: Any) -> dict[str, Any]:
-        """Run ``op`` for each session in one round trip; sessions gone meanwhile are left out."""
-        with self._errors():
-            pipe = self.client.pipeline(transaction=False)
-            for session_id in session_ids:
-                self._script(args=self._args(op, session_id, args), client=pipe)
-            replies = pipe.execute(raise_on_error=False)
+        """Run ``op`` for each session in one round trip per primary; sessions gone meanwhile
+        are left out."""
+        replies = self._run_many([self._command(op, session_id, args) for session_id in session_ids])
         result: dict[str, Any] = {}
         for session_id, reply in zip(session_ids, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
                 if str(reply).startswith(("PM_NOT_FOUND", "PM_EXPIRED")):
                     continue
-                with self._errors():
-                    raise reply
+                raise self._error(reply)
             result[session_id] = reply
         return result
 
@@ -557,71 +734,145 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
         return self._pipelined("summarize", session_ids, str(max_entries))
 
-    def forget_namespace(self, namespace: str) -> int:
-        # Every per-owner key that is no session's starts with "{namespace}:" (a session id
-        # never starts with ':'); SCAN, never KEYS.
-        pattern = _glob_escape(f"{self.key_prefix}:{namespace}:") + "*"
+    def _unlink_matching(self, patterns: list[str], batch_size: int = 500) -> int:
+        """UNLINK every key matching ``patterns`` (SCAN on every primary, never KEYS; the
+        cluster client splits a batch by slot)."""
         deleted = 0
         with self._errors():
-            batch: list[bytes] = []
-            for key in self.client.scan_iter(match=pattern, count=500):
-                batch.append(key)
-                if len(batch) >= 500:
+            for pattern in patterns:
+                batch: list[bytes] = []
+                for key in self.client.scan_iter(match=pattern, count=batch_size):
+                    batch.append(key)
+                    if len(batch) >= batch_size:
+                        deleted += self.client.unlink(*batch)
+                        batch = []
+                if batch:
                     deleted += self.client.unlink(*batch)
-                    batch = []
-            if batch:
-                deleted += self.client.unlink(*batch)
         return deleted
+
+    def _key_patterns(self, below: str) -> list[str]:
+        """SCAN patterns of this deployment's keys whose name below the root starts with
+        ``below`` (a literal): one for the node layout, one for every bucket otherwise."""
+        literal = _glob_escape(below) + "*"
+        if not self.layout.cluster:
+            return [_glob_escape(f"{self.key_prefix}:") + literal]
+        return [_glob_escape(f"{self.key_prefix}:") + "{*}:" + literal]
+
+    def forget_namespace(self, namespace: str) -> int:
+        # Every per-owner key that is no session's starts with "{namespace}:" below its root
+        # (a session id never starts with ':'); in the cluster layout, run pointers too.
+        patterns = self._key_patterns(f"{namespace}:")
+        if self.layout.cluster:
+            patterns.append(_glob_escape(f"{self.key_prefix}:{namespace}:") + "*")
+        return self._unlink_matching(patterns)
 
     def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
         dry = "1" if dry_run else "0"
         counts = {"expired_sessions": 0, "leftover_keys": 0, "run_bindings": 0}
-        cursor = 0
-        while True:  # ids in the sessions sets whose meta has expired
-            cursor, ids = self.scan_sessions(cursor, batch_size, prefix)
-            if ids:
-                counts["expired_sessions"] += self._run("sweep_ids", "", dry, *ids)
-            if cursor == 0:
-                break
-        if not namespace_of(prefix):  # the unowned listing: ids the node's set no longer holds
-            listing = f"{self.key_prefix}:~sessions"
-            while True:
-                cursor, ids = self._scan_set(listing, cursor, batch_size, prefix, sorted_set=True)
-                if ids:
-                    counts["expired_sessions"] += self._run("sweep_listed", "", dry, *ids)
-                if cursor == 0:
-                    break
-        # Every key under the prefix, never KEYS: SCAN in batches.
-        pattern = _glob_escape(f"{self.key_prefix}:{prefix}") + "*"
+        namespace = namespace_of(prefix)
+        match = _glob_escape(prefix) + "*" if prefix else ""
+        # Ids in the sessions sets (and the unowned listing) whose meta has expired: the
+        # script reads them itself, one SSCAN step per call, in every bucket.
+        places = ["6"] if namespace else ["8"] if prefix else ["8", "9"]
+        if not namespace:
+            places.append("6")  # the unowned listing: ids the node's set no longer holds
+        for root in self.layout.roots():
+            for place in places:
+                cursor = "0"
+                while True:
+                    following, removed = self._run(
+                        "sweep_ids",
+                        "",
+                        dry,
+                        place,
+                        cursor,
+                        str(batch_size),
+                        match,
+                        root=root,
+                        namespace=namespace,
+                    )
+                    counts["expired_sessions"] += removed
+                    cursor = following.decode() if isinstance(following, bytes) else str(following)
+                    if cursor == "0":
+                        break
+        # Every key under the prefix, never KEYS: SCAN in batches, grouped by bucket.
         with self._errors():
-            batches = self.client.scan_iter(match=pattern, count=batch_size)
-            batch: list[bytes] = []
-            for key in batches:
-                batch.append(key)
-                if len(batch) >= batch_size:
-                    self._sweep_keys(batch, dry, counts)
-                    batch = []
-            self._sweep_keys(batch, dry, counts)
+            for pattern in self._key_patterns(prefix):
+                batches: dict[str, list[str]] = {}
+                for raw in self.client.scan_iter(match=pattern, count=batch_size):
+                    key = raw.decode()
+                    root = self._root_of_key(key)
+                    batch = batches.setdefault(root, [])
+                    batch.append(key)
+                    if len(batch) >= batch_size:
+                        self._sweep_keys(root, batches.pop(root), dry, counts)
+                for root, batch in batches.items():
+                    self._sweep_keys(root, batch, dry, counts)
         return counts
 
-    def _sweep_keys(self, keys: list[bytes], dry: str, counts: dict[str, int]) -> None:
+    def _root_of_key(self, key: str) -> str:
+        if not self.layout.cluster:
+            return self.key_prefix
+        return key[: key.index("}", len(self.key_prefix)) + 1]
+
+    def _sweep_keys(self, root: str, keys: list[str], dry: str, counts: dict[str, int]) -> None:
         if keys:
-            leftovers, runs = self._run("sweep_keys", "", dry, *keys)
+            leftovers, runs = self._run("sweep_keys", "", dry, root=root, extra=keys)
             counts["leftover_keys"] += leftovers
             counts["run_bindings"] += runs
 
-    def pop_dirty(self, count: int) -> list[str]:
+    # The bucket queues: the mirror's dirty set, the summarizers' marks ----------------
+
+    def _queue_keys(self, place: int) -> list[str]:
+        """KEYS[place] (1-based, see redis.lua) of every bucket."""
+        return [self.layout.bucket_keys(root, "")[place - 1] for root in self.layout.roots()]
+
+    def _queue_pop(self, place: int, count: int) -> list[bytes]:
+        """Take up to ``count`` members of a queue kept in every bucket: the sizes first
+        (one pipelined step), then from the buckets that hold some."""
+        keys = self._queue_keys(place)
+        if len(keys) == 1:
+            with self._errors():
+                return self.client.spop(keys[0], count) or []
         with self._errors():
-            return [item.decode() for item in self.client.spop(self._dirty_key, count) or []]
+            pipe = self._pipeline()
+            for key in keys:
+                pipe.scard(key)
+            sizes = pipe.execute()
+            pipe = self._pipeline()
+            left = count
+            for key, size in zip(keys, sizes, strict=True):
+                if size and left > 0:
+                    pipe.spop(key, min(size, left))
+                    left -= size
+            popped = pipe.execute()
+        return [item for items in popped for item in items or ()]
+
+    def _queue_count(self, place: int) -> int:
+        with self._errors():
+            pipe = self._pipeline()
+            for key in self._queue_keys(place):
+                pipe.scard(key)
+            return sum(pipe.execute())
+
+    def _queue_add(self, place: int, members: list[tuple[str, str]]) -> None:
+        """Add ``(storage id, member)`` pairs, each to its session's bucket."""
+        if not members:
+            return
+        with self._errors():
+            pipe = self._pipeline()
+            for sid, member in members:
+                pipe.sadd(self.layout.session_keys(sid)[place - 1], member)
+            pipe.execute()
+
+    def pop_dirty(self, count: int) -> list[str]:
+        return [item.decode() for item in self._queue_pop(_DIRTY, count)]
 
     def dirty_count(self) -> int:
-        with self._errors():
-            return self.client.scard(self._dirty_key)
+        return self._queue_count(_DIRTY)
 
     def mark_dirty(self, session_ids: list[str]) -> None:
-        if session_ids:
-            with self._errors():
-                self.client.sadd(self._dirty_key, *session_ids)
+        self._queue_add(_DIRTY, [(sid, sid) for sid in session_ids])
 
     # Health -----------------------------------------------------------------
 
@@ -633,4 +884,5 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         # A connection borrowed from a django-redis cache belongs to that cache.
         if self.owns_client:
             self.client.close()
-            self.client.connection_pool.disconnect()
+            if not self.on_cluster:
+                self.client.connection_pool.disconnect()

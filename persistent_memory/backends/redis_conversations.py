@@ -25,6 +25,9 @@ from persistent_memory.backends.conversations import (
 from persistent_memory.backends.memory_tree import Tree
 from persistent_memory.conversations.messages import PreparedMessage
 
+#: KEYS places (see redis.lua) of the summarizers' queue and health in a bucket.
+_SUMMARIZE, _SUMMARIZER = 11, 12
+
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, RunBinding
     from persistent_memory.backends.redis import RedisBackend
@@ -131,13 +134,16 @@ class RedisConversations(ConversationBackend):
             _ttl_ms(ttl_seconds),
             *message_args(messages),
             idempotency=idempotency,
+            conversation=conversation,
         )
         return Appended(reply[0].decode(), [text.decode() for text in reply[1:]])
 
     def get_messages(
         self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
     ) -> tuple[str | None, list[str]]:
-        reply = self._run("read_messages", session_id, conversation, leaf or "", str(limit))
+        reply = self._run(
+            "read_messages", session_id, conversation, leaf or "", str(limit), conversation=conversation
+        )
         return reply[0].decode() or None, [text.decode() for text in reply[1:]]
 
     def get_context(
@@ -152,7 +158,13 @@ class RedisConversations(ConversationBackend):
     ) -> WindowTexts:
         flags = ("1" if rolling else "0", "1" if reserve_summary else "0")
         reply = self._run(
-            "context", session_id, conversation, _limit(max_tokens), _limit(max_messages), *flags
+            "context",
+            session_id,
+            conversation,
+            _limit(max_tokens),
+            _limit(max_messages),
+            *flags,
+            conversation=conversation,
         )
         return window_texts(reply)
 
@@ -178,7 +190,10 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> str:
-        return self._run("head", session_id, conversation, message_id, idempotency=idempotency).decode()
+        reply = self._run(
+            "head", session_id, conversation, message_id, idempotency=idempotency, conversation=conversation
+        )
+        return reply.decode()
 
     def clear_messages(
         self: RedisBackend,
@@ -187,7 +202,9 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> int:
-        return self._run("clear_messages", session_id, conversation, idempotency=idempotency)
+        return self._run(
+            "clear_messages", session_id, conversation, idempotency=idempotency, conversation=conversation
+        )
 
     def enrich_recording(
         self: RedisBackend,
@@ -214,34 +231,31 @@ class RedisConversations(ConversationBackend):
             "1" if question.rolling else "0",
             "1" if question.reserve_summary else "0",
             idempotency=idempotency,
+            run=run.run_id if run else None,
+            conversation=question.conversation,
         )
+        self._bind_pointer(session_id, run)
         return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
 
 
 class RedisSummaries(SummaryBackend):
     """Rolling summaries in each conversation's ``:y`` hash (by anchor); marked conversations in
-    ``{prefix}:~summarize`` ("{storage id} {conversation}"), the summarizers' health in
-    ``{prefix}:~summarizer`` (``state``, and the whole record as JSON)."""
-
-    def _marked_key(self: RedisBackend) -> str:
-        return f"{self.key_prefix}:~summarize"
+    each bucket's ``~summarize`` set ("{storage id} {conversation}"), the summarizers' health in
+    ``~summarizer`` (``state``, and the whole record as JSON), a copy in every bucket so that a
+    window's one script call reads it beside the conversation."""
 
     def pop_unsummarized(self: RedisBackend, count: int) -> list[tuple[str, str]]:
-        with self._errors():
-            items = self.client.spop(self._marked_key(), count) or []
+        items = self._queue_pop(_SUMMARIZE, count)
         return [tuple(item.decode().split(" ", 1)) for item in items]  # type: ignore[misc]
 
     def mark_unsummarized(self: RedisBackend, items: list[tuple[str, str]]) -> None:
-        if items:
-            with self._errors():
-                self.client.sadd(self._marked_key(), *[f"{sid} {name}" for sid, name in items])
+        self._queue_add(_SUMMARIZE, [(sid, f"{sid} {name}") for sid, name in items])
 
     def unsummarized_count(self: RedisBackend) -> int:
-        with self._errors():
-            return self.client.scard(self._marked_key())
+        return self._queue_count(_SUMMARIZE)
 
     def summary_source(self: RedisBackend, session_id: str, conversation: str) -> SummarySource:
-        reply = self._run("summary_source", session_id, conversation)
+        reply = self._run("summary_source", session_id, conversation, conversation=conversation)
         return SummarySource(_summary(reply[:5]), [text.decode() for text in reply[5:]])
 
     def commit_summary(
@@ -257,17 +271,19 @@ class RedisSummaries(SummaryBackend):
             str(summary.anchor_seq),
             str(summary.tokens),
             str(summary.covered_tokens),
+            conversation=conversation,
         )
         return reply == 1
 
     def summarizer_health(self: RedisBackend) -> dict[str, Any]:
         with self._errors():
-            record = self.client.hget(f"{self.key_prefix}:~summarizer", "record")
+            record = self.client.hget(self._queue_keys(_SUMMARIZER)[0], "record")
         return json.loads(record) if record else {}
 
     def set_summarizer_health(self: RedisBackend, health: dict[str, Any]) -> None:
+        mapping = {"state": health.get("state", "healthy"), "record": json.dumps(health)}
         with self._errors():
-            self.client.hset(
-                f"{self.key_prefix}:~summarizer",
-                mapping={"state": health.get("state", "healthy"), "record": json.dumps(health)},
-            )
+            pipe = self._pipeline()
+            for key in self._queue_keys(_SUMMARIZER):
+                pipe.hset(key, mapping=mapping)
+            pipe.execute()

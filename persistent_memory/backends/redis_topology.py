@@ -1,0 +1,179 @@
+"""The Redis backend's client for each ``REDIS_TOPOLOGY``: one server, Redis Cluster, Sentinel.
+
+Every topology shares one rule: a command is sent once. A reply lost to a timeout or a
+dropped connection cannot be told from a command never sent, and running a write twice
+(an increment, a history entry) is wrong, so the caller gets the error instead (the
+store's BackendUnavailable, the API's 503 with Retry-After). Redirections that prove the
+command did not run (Cluster's MOVED, ASK, TRYAGAIN; Sentinel's new master on the next
+connection) are still followed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.views.decorators.debug import sensitive_variables
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.connection import SSLConnection, parse_url
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from persistent_memory.conf import MemorySettings
+
+#: The values of REDIS_TOPOLOGY.
+TOPOLOGIES = ("single", "cluster", "sentinel")
+
+#: A Redis client of any topology.
+Client = redis.Redis | RedisCluster
+
+
+def _no_retry() -> Retry:
+    """A fresh no-retry policy (each client gets its own: Retry objects hold state)."""
+    return Retry(NoBackoff(), 0)
+
+
+def _timeouts(conf: MemorySettings) -> dict[str, Any]:
+    return {"socket_timeout": conf.REDIS_SOCKET_TIMEOUT, "socket_connect_timeout": conf.REDIS_SOCKET_TIMEOUT}
+
+
+def parse_sentinels(entries: Any) -> list[tuple[str, int]]:
+    """REDIS_SENTINELS' ``"host:port"`` strings as (host, port) pairs; ValueError if malformed."""
+    if not isinstance(entries, list | tuple):
+        raise ValueError("REDIS_SENTINELS must be a list of 'host:port' strings")
+    pairs = []
+    for entry in entries:
+        host, sep, port = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{entry!r} is not 'host:port'")
+        pairs.append((host.strip("[]"), int(port)))  # [::1]:26379 is an IPv6 address
+    return pairs
+
+
+# Error reports (DEBUG off) hide every local of this call and of the calls it makes
+# (redis-py's URL parsing holds the password).
+@sensitive_variables()
+def _single(conf: MemorySettings) -> redis.Redis:
+    """One server from REDIS_URL or host/port."""
+    options: dict[str, Any] = {
+        **_timeouts(conf),
+        # No retries: a reply lost after the script ran cannot be told from a command
+        # never sent, and running a write twice (an increment, a history entry) is
+        # wrong. The caller gets BackendUnavailable (the API: 503 with Retry-After).
+        "retry": _no_retry(),
+    }
+    if conf.REDIS_URL:
+        return redis.Redis.from_url(conf.REDIS_URL, **options)
+    if not conf.REDIS_HOST:
+        raise ImproperlyConfigured("PERSISTENT_MEMORY: the redis backend needs REDIS_URL or REDIS_HOST.")
+    return redis.Redis(
+        host=conf.REDIS_HOST, port=conf.REDIS_PORT, db=conf.REDIS_DB, password=conf.REDIS_PASSWORD, **options
+    )
+
+
+@sensitive_variables()
+def _cluster(conf: MemorySettings) -> RedisCluster:
+    """A Redis Cluster client from REDIS_URL (or REDIS_HOST/PORT/PASSWORD) as its seed node.
+
+    ``retry`` is the cluster client's own loop around a whole command: on a
+    ConnectionError or TimeoutError (also ClusterDownError, SlotNotCoveredError) it
+    refreshes the slot map and, with retries left, sends the command again. With none
+    the refresh still happens and the error reaches the caller. MOVED, ASK and TRYAGAIN
+    are followed by an inner loop that does not read ``retry`` (the node refused the
+    command, so it never ran). The per-node connections never retry: redis-py fixes
+    that itself. (``cluster_error_retry_attempts`` is deprecated and ignored with a
+    ``retry``.)
+    """
+    options: dict[str, Any] = {**_timeouts(conf), "retry": _no_retry()}
+    if conf.REDIS_URL:
+        return RedisCluster.from_url(conf.REDIS_URL, **options)
+    if not conf.REDIS_HOST:
+        raise ImproperlyConfigured(
+            "PERSISTENT_MEMORY: REDIS_TOPOLOGY 'cluster' needs REDIS_URL or REDIS_HOST."
+        )
+    return RedisCluster(host=conf.REDIS_HOST, port=conf.REDIS_PORT, password=conf.REDIS_PASSWORD, **options)
+
+
+@sensitive_variables()
+def _sentinel(conf: MemorySettings) -> redis.Redis:
+    """The master of REDIS_SENTINEL_SERVICE as the sentinels name it.
+
+    The pool asks the sentinels for the master on every new connection: after a
+    failover the command that met the dead master fails (once, not re-sent), the
+    connection is dropped, and the next one goes to the new master. REDIS_URL, when
+    set, gives only the master's credentials, database and TLS (its host is ignored).
+    """
+    try:
+        sentinels = parse_sentinels(conf.REDIS_SENTINELS)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"PERSISTENT_MEMORY: {exc}.") from None
+    if not sentinels:
+        raise ImproperlyConfigured("PERSISTENT_MEMORY: REDIS_TOPOLOGY 'sentinel' needs REDIS_SENTINELS.")
+    # The sentinels are only asked where the master is: no retries either, since every
+    # sentinel is asked in turn, and retries would multiply the wait when all are down.
+    sentinel_options: dict[str, Any] = {**_timeouts(conf), "retry": _no_retry()}
+    if conf.REDIS_SENTINEL_PASSWORD:
+        sentinel_options["password"] = conf.REDIS_SENTINEL_PASSWORD
+    master: dict[str, Any] = {"db": conf.REDIS_DB, "password": conf.REDIS_PASSWORD}
+    if conf.REDIS_URL:
+        url = parse_url(conf.REDIS_URL)
+        for address in ("host", "port", "path"):
+            url.pop(address, None)
+        if url.pop("connection_class", None) is SSLConnection:
+            url["ssl"] = True
+        master = {**master, **url}
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
+    return manager.master_for(conf.REDIS_SENTINEL_SERVICE, **master, **_timeouts(conf), retry=_no_retry())
+
+
+_BUILDERS = {"single": _single, "cluster": _cluster, "sentinel": _sentinel}
+
+
+def build_client(conf: MemorySettings) -> Client:
+    """A client from REDIS_CACHE_ALIAS (a django-redis cache's own connection, whatever
+    its kind) or else for REDIS_TOPOLOGY."""
+    if conf.REDIS_CACHE_ALIAS:
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(conf.REDIS_CACHE_ALIAS)
+    try:
+        builder = _BUILDERS[conf.REDIS_TOPOLOGY]
+    except (KeyError, TypeError):
+        raise ImproperlyConfigured(
+            f"PERSISTENT_MEMORY: REDIS_TOPOLOGY must be one of {', '.join(TOPOLOGIES)}."
+        ) from None
+    return builder(conf)
+
+
+def describe(client: Client) -> str:
+    """The server ``client`` uses now, without credentials; never raises.
+
+    ``redis://host:port/db`` (``redis+unix://path``) for one server,
+    ``redis-cluster://host:port,...`` with the primaries of the client's slot map,
+    ``redis-sentinel://service@host:port/db`` with the master the sentinels name now.
+    """
+    try:
+        if isinstance(client, RedisCluster):
+            primaries = sorted(f"{node.host}:{node.port}" for node in client.get_primaries())
+            return f"redis-cluster://{','.join(primaries)}"
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        if isinstance(pool, SentinelConnectionPool):
+            return _describe_sentinel(pool)
+        if "path" in kwargs:
+            return f"redis+unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    except Exception:  # noqa: BLE001 - an error message must not fail on its own description
+        return f"redis ({type(client).__name__})"
+
+
+def _describe_sentinel(pool: SentinelConnectionPool) -> str:
+    try:
+        # Also what a new connection would do: asks the sentinels, and drops idle
+        # connections to a master they no longer name.
+        host, port = pool.get_master_address()
+    except (redis.RedisError, OSError):
+        return f"redis-sentinel://{pool.service_name} (master unknown)"
+    return f"redis-sentinel://{pool.service_name}@{host}:{port}/{pool.connection_kwargs.get('db', 0)}"
