@@ -120,6 +120,21 @@ def start_redis(
     return process
 
 
+def on_free_port(spawn: Callable[[int], None], find: Callable[[], int] = _free_port) -> int:
+    """Call ``spawn`` with a port from ``find`` until it starts (another process may take a
+    port between our finding it free and redis-server binding it); the port."""
+    for _attempt in range(4):
+        port = find()
+        try:
+            spawn(port)
+            return port
+        except OSError:
+            continue
+    port = find()
+    spawn(port)
+    return port
+
+
 def stop_process(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     """Send ``sig`` to ``process`` (SIGKILL if it has not exited 10 s later) and reap it."""
     if process.poll() is None:
@@ -164,17 +179,9 @@ class ClusterServers:
         """Start the nodes, create the cluster with redis-cli, and wait until it is ok."""
         atexit.register(self.stop)
         for _ in range(self.primary_count * (1 + self.replicas)):
-            for attempt in range(5):  # another process may take a port we found free
-                port = _free_cluster_port()
-                try:
-                    self._spawn(port)
-                    break
-                except OSError:
-                    if attempt == 4:
-                        raise
-            self.ports.append(port)
+            self.ports.append(on_free_port(self._spawn, _free_cluster_port))
         self.url = f"redis://{HOST}:{self.ports[0]}/0"
-        subprocess.run(
+        create = subprocess.run(
             [
                 shutil.which("redis-cli") or "redis-cli",
                 "--cluster",
@@ -183,11 +190,13 @@ class ClusterServers:
                 "--cluster-replicas",
                 str(self.replicas),
                 "--cluster-yes",
-            ],  # fmt: skip
-            check=True,
+            ],
             capture_output=True,
+            text=True,
             timeout=TIMEOUT,
         )
+        if create.returncode:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{create.stdout}{create.stderr}")
         self.wait_ok()
 
     def stop(self) -> None:
@@ -393,26 +402,13 @@ class SentinelServers:
             [str(conf), "--sentinel"], port, log, password=self.sentinel_password
         )
 
-    def _with_free_port(self, spawn: Callable[[int], None]) -> int:
-        for attempt in range(5):  # another process may take a port we found free
-            port = _free_port()
-            try:
-                spawn(port)
-                return port
-            except OSError:
-                if attempt == 4:
-                    raise
-        raise AssertionError("unreachable")
-
     def start(self) -> None:
         """Start the primary, its replica and three sentinels; wait until the replica is in
         sync and every sentinel knows the primary, the replica and the two other sentinels."""
         atexit.register(self.stop)
-        self.primary_port = self._with_free_port(self._spawn_data)
-        self.replica_port = self._with_free_port(
-            lambda port: self._spawn_data(port, replica_of=self.primary_port)
-        )
-        self.sentinel_ports = [self._with_free_port(self._spawn_sentinel) for _ in range(3)]
+        self.primary_port = on_free_port(self._spawn_data)
+        self.replica_port = on_free_port(lambda port: self._spawn_data(port, replica_of=self.primary_port))
+        self.sentinel_ports = [on_free_port(self._spawn_sentinel) for _ in range(3)]
         poll(self._settled, "the sentinels to see the primary, its replica and each other")
 
     def stop(self) -> None:

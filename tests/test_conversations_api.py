@@ -39,6 +39,12 @@ ANSWER = {"id": "a1", "role": "assistant", "content": "18 C and sunny.", "metada
 STORE_FIELDS = {"id", "parent_id", "seq", "tokens", "tokenizer", "created_at"}
 
 
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """The API on both backends, and on a real Redis Cluster."""
+    return request.param
+
+
 def make_user(username: str) -> tuple[Any, APIClient]:
     """An ordinary user and an API client that authenticates with its token."""
     user = get_user_model().objects.create_user(username, password="pw-for-tests")

@@ -1,7 +1,7 @@
 """The Redis backend: one round trip per operation, on one server, Sentinel or a cluster.
 
-Every operation is one EVALSHA of ``redis.lua``, which keeps each write atomic with
-its history entry, TTL alignment and summarization, and declares its keys
+Every operation is one EVALSHA of ``lua/redis.lua`` (with the files it includes), which
+keeps each write atomic with its history entry, TTL alignment and summarization, and declares its keys
 (:mod:`.redis_layout` names them). The node layout, byte for byte the original node's
 (so either can read the other's data)::
 
@@ -85,8 +85,9 @@ from persistent_memory.owners import namespace_of
 
 
 def _script() -> str:
-    """redis.lua with the files it includes (``-- @include name.lua`` lines) in their place."""
-    files = resources.files("persistent_memory.backends")
+    """lua/redis.lua with the files it includes (``-- @include name.lua`` lines) in their place:
+    one script, so that every operation stays one EVALSHA."""
+    files = resources.files("persistent_memory.backends").joinpath("lua")
     text = files.joinpath("redis.lua").read_text()
     return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
 
@@ -299,6 +300,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         *args: Any,
         idempotency: IdempotencyRecord | None = None,
         bound: bool = False,
+        aside: tuple[Any, ...] | None = None,
         **names: Any,
     ) -> Any:
         """One EVALSHA of the script, its keys declared, on the primary of their slot.
@@ -306,14 +308,19 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         Sent on a pooled connection directly rather than through ``Redis.evalsha``:
         the client's command wrapper (retries, which are off, and instrumentation)
         costs more on this hot path than the rest of the store's Python code. With
-        REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet.
+        REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet. A command
+        ``aside`` (another slot's) is sent before the script's reply is read: both
+        replies come back in one round trip.
         """
         command = self._command(op, session_id, args, idempotency, bound, **names)
         wait = 0 if op in _READS else self.wait_replicas
+        side = None
         try:
             pool = self._pool(command[3])
             connection = pool.get_connection()
             try:
+                if aside is not None:
+                    side = self._send(aside)
                 return self._exchange(connection, command, wait)
             except redis.ResponseError:
                 raise  # whole replies were read: the connection is fine
@@ -322,11 +329,40 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 raise
             finally:
                 pool.release(connection)
+                if side is not None:
+                    self._receive(aside, *side)
         except _REDIRECTS:
             return self._redirected(command, wait)
         except redis.RedisError as exc:
             with self._errors():
                 raise exc
+
+    def _send(self, command: tuple[Any, ...]) -> tuple[redis.ConnectionPool, redis.Connection]:
+        """Send a plain command on its key's primary; its reply is read by :meth:`_receive`."""
+        pool = self._pool(command[1])
+        connection = pool.get_connection()
+        try:
+            connection.send_command(*command)
+        except BaseException:
+            connection.disconnect()
+            pool.release(connection)
+            raise
+        return pool, connection
+
+    def _receive(
+        self, command: tuple[Any, ...], pool: redis.ConnectionPool, connection: redis.Connection
+    ) -> Any:
+        try:
+            return connection.read_response()
+        except _REDIRECTS:
+            return self.client.execute_command(*command)
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     def _redirected(self, command: tuple[Any, ...], wait: int) -> Any:
         """A command a cluster node did not run (the slot moved, or is moving): the cluster
@@ -570,19 +606,17 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             "",  # no question to record (enrich_recording)
             idempotency=idempotency,
             run=run.run_id if run else None,
+            aside=self._run_pointer(session_id, run),
         )
-        self._bind_pointer(session_id, run)
         return reply.decode()
 
-    def _bind_pointer(self, session_id: str, run: RunBinding | None) -> None:
+    def _run_pointer(self, session_id: str, run: RunBinding | None) -> tuple[Any, ...] | None:
         """The cluster layout's pointer from a run to its session (see :mod:`.redis_layout`),
-        written once the script has bound the run in the session's bucket. The binding
-        there is what counts: a pointer left behind by a deleted session leads nowhere."""
+        set beside the script that binds the run in the session's bucket. The binding there
+        is what counts: a pointer whose session failed to bind, or was deleted, leads nowhere."""
         if run and self.layout.cluster:
-            with self._errors():
-                self.client.set(
-                    self.layout.run_pointer(run.run_id), session_id, px=int(_ttl_ms(run.ttl_seconds))
-                )
+            return ("SET", self.layout.run_pointer(run.run_id), session_id, "PX", _ttl_ms(run.ttl_seconds))
+        return None
 
     def record_answer(
         self,

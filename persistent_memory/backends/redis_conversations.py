@@ -233,8 +233,8 @@ class RedisConversations(ConversationBackend):
             idempotency=idempotency,
             run=run.run_id if run else None,
             conversation=question.conversation,
+            aside=self._run_pointer(session_id, run),
         )
-        self._bind_pointer(session_id, run)
         return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
 
 

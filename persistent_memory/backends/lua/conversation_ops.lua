@@ -1,0 +1,162 @@
+-- The conversation operations (messages, read_messages, context, conversations, head,
+-- clear_messages, summary_source, commit_summary).
+--
+-- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
+-- Keys used here: 1 meta, 5 conversation names, 17-24 the conversation named; through sessions.lua, the
+-- session's keys and indexes when an append creates it.
+
+-- The conversation operations: arg(1) is the conversation's name (but for 'conversations').
+
+-- Append (add_messages): arg(2) parent id ('': the head), 3 ttl text, 4 ttl ms, then
+-- (id, body, link) triples. Creates the session when it is not live. Replies the head,
+-- then the batch's stored texts.
+if op == 'messages' then
+  local name = arg(1)
+  local live = redis.call('EXISTS', META) == 1
+  if not live then
+    purge_leftovers() -- of a session gone: what a new one under this id must not see
+  end
+  local plan, failure = plan_append(name, text_or_nil(arg(2) ~= '' and arg(2)), 5)
+  if not plan then return failure end
+  local ok, total = true, new_bytes(plan)
+  if live then
+    ok, total = fits({}, total)
+  elseif byte_cap > 0 then
+    ok = total <= byte_cap
+  end
+  if not ok then return too_big(total) end
+  if not live then
+    if not owner_has_room() then return no_room() end
+    create(now, arg(3), arg(4), default_idle_ms)
+  end
+  local reply = {commit(name, plan) or ''}
+  for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
+  return remember(reply)
+end
+
+if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'head'
+  or op == 'clear_messages' then
+  local err = check_live()
+  if err then return err end
+end
+
+-- The thread ending at arg(2) ('': the head), its newest arg(3) messages ('0': all):
+-- the head ('' for none), then the texts, oldest first.
+if (op == 'read_messages' or op == 'context') and refresh_reads then
+  touch()
+end
+
+if op == 'read_messages' then
+  local c = conv_key(arg(1))
+  local leaf, limit = text_or_nil(arg(2) ~= '' and arg(2)), tonumber(arg(3))
+  local reply = {redis.call('HGET', c, 'head') or ''}
+  local ids
+  if leaf then
+    if redis.call('HEXISTS', c .. ':m', leaf) == 0 then
+      return fail('MESSAGE_NOT_FOUND', "Conversation '" .. arg(1) .. "' has no message '" .. leaf .. "'.")
+    end
+    ids = path(c, leaf, limit)
+  elseif limit > 0 then
+    ids = redis.call('LRANGE', c .. ':t', -limit, -1)
+  else
+    ids = redis.call('LRANGE', c .. ':t', 0, -1)
+  end
+  for _, text in ipairs(texts_of(arg(1), ids)) do reply[#reply + 1] = text end
+  return reply
+end
+
+-- The window: arg(2) max tokens, 3 max messages ('': no limit). Replies tokens,
+-- truncated (1/0), then the texts.
+-- arg(4) '1': rolling, 5 '1': reserve the summary's tokens.
+if op == 'context' then
+  return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1')
+end
+
+-- Flat name, head ('' for none), message count, tokens, branch count, trimmed.
+if op == 'conversations' then
+  local reply = {}
+  for _, name in ipairs(redis.call('SMEMBERS', base .. '~convs')) do
+    local c = conv_key(name)
+    local meta = redis.call('HMGET', c, 'head', 'tokens', 'trimmed')
+    local count = redis.call('HLEN', c .. ':m')
+    reply[#reply + 1] = name
+    reply[#reply + 1] = meta[1] or ''
+    reply[#reply + 1] = count
+    reply[#reply + 1] = tonumber(meta[2]) or 0
+    reply[#reply + 1] = count - redis.call('SCARD', c .. ':k')
+    reply[#reply + 1] = tonumber(meta[3]) or 0
+  end
+  return reply
+end
+
+-- Move the head to arg(2).
+if op == 'head' then
+  local c = conv_key(arg(1))
+  if redis.call('HEXISTS', c .. ':m', arg(2)) == 0 then
+    return fail('MESSAGE_NOT_FOUND', "Conversation '" .. arg(1) .. "' has no message '" .. arg(2) .. "'.")
+  end
+  move_thread(c, arg(2))
+  redis.call('HSET', c, 'head', arg(2))
+  mark_dirty()
+  return remember(arg(2))
+end
+
+-- Remove the conversation; reply how many messages it held.
+if op == 'clear_messages' then
+  local name = arg(1)
+  local c = conv_key(name)
+  local count = redis.call('HLEN', c .. ':m')
+  if redis.call('EXISTS', c) == 0 then
+    return remember(0)
+  end
+  redis.call('DEL', unpack(conv_keys(name)))
+  redis.call('SREM', base .. '~convs', name)
+  record(history_entry('clear_messages', nil, ', "conversation": ' .. cjson.encode(name)
+    .. ', "removed": ' .. count))
+  return remember(count)
+end
+
+
+-- The summary (text, anchor, anchor seq, tokens, covered tokens: false when none applies
+-- to the current thread), then the current thread's stored texts after its anchor.
+if op == 'summary_source' then
+  local err = check_live()
+  if err then return err end
+  local c = conv_key(arg(1))
+  local after, anchor = anchor_position(c)
+  local reply = {false, false, 0, 0, 0}
+  if after then
+    reply = summary_fields(c, anchor, tonumber(redis.call('HGET', c, 'covered_tokens')))
+  end
+  local ids = redis.call('LRANGE', c .. ':t', after and after + 1 or 0, -1)
+  for _, text in ipairs(texts_of(arg(1), ids)) do reply[#reply + 1] = text end
+  return reply
+end
+
+-- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it continues ('' for
+-- none: the current thread had no summary), 3 text, 4 anchor, 5 its seq, 6 tokens, 7
+-- covered tokens (counted again here). 1 when stored as the current thread's summary
+-- (those anchored on the thread before it, which it continues, go; those of other
+-- branches stay; then trimmed and marked as an append would be), 0 when the thread's
+-- anchor moved or the new one is no longer on the thread.
+if op == 'commit_summary' then
+  if redis.call('EXISTS', META) == 0 then return 0 end
+  local name = arg(1)
+  local c = conv_key(name)
+  if redis.call('EXISTS', c) == 0 then return 0 end
+  local position = thread_position(c, arg(4))
+  local after, current = anchor_position(c)
+  if not position or (current or '') ~= arg(2) or position <= (after or -1) then return 0 end
+  for _, anchor in ipairs(redis.call('HKEYS', c .. ':y')) do
+    if thread_position(c, anchor) then redis.call('HDEL', c .. ':y', anchor) end -- all before it
+  end
+  redis.call('HSET', c .. ':y', arg(4),
+    cjson.encode({text = arg(3), anchor_seq = tonumber(arg(5)), tokens = tonumber(arg(6))}))
+  new_key(c .. ':y')
+  -- What it covers, counted here: a trim between the read and this commit changed it.
+  redis.call('HSET', c, 'anchor', arg(4), 'covered_tokens', thread_tokens(c, position + 1))
+  settle(name)
+  mark_dirty()
+  align_new_keys() -- not remember(): a summary does not keep an idle session alive
+  return 1
+end

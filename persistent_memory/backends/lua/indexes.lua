@@ -1,0 +1,222 @@
+-- Listing: the operations on no one session that read a bucket's indexes (list, list_info,
+-- page).
+--
+-- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
+-- Keys used here: 6-7 the listing of the namespace searched, 8 node set, 9 owned set, 10 dirty set, 16 the
+-- scratch set of a search; each listed id's meta, named from the index.
+
+-- Operations on no one session -------------------------------------------------
+
+-- Live sessions whose id starts with arg(1); 'list_info' adds each one's info. With
+-- more than arg(2) ids in the set it declines (PM_TOO_MANY) rather than hold Redis
+-- for long: the caller then reads the set in batches.
+-- The sets a prefix selects, each with whether it is a sorted set: one owner's
+-- listing, the node's set, or (for '') the node's and every owned id.
+local function sets_for(wanted)
+  if namespace_of(wanted) then
+    return {{(listing_sets(wanted)), true}}
+  elseif wanted == '' then
+    return {{NODE_SESSIONS, false}, {OWNED, false}}
+  end
+  return {{NODE_SESSIONS, false}}
+end
+
+if op == 'list' or op == 'list_info' then
+  local wanted = arg(1) or ''
+  local sets = sets_for(wanted)
+  local total = 0
+  for _, set in ipairs(sets) do
+    total = total + redis.call(set[2] and 'ZCARD' or 'SCARD', set[1])
+  end
+  if total > tonumber(arg(2)) then
+    return fail('TOO_MANY', 'Too many sessions for one step.')
+  end
+  local live, stale = {}, {}
+  for _, set in ipairs(sets) do
+    local ids = set[2] and redis.call('ZRANGE', set[1], 0, -1) or redis.call('SMEMBERS', set[1])
+    for _, id in ipairs(ids) do
+      if wanted == '' or string.sub(id, 1, #wanted) == wanted then
+        use_session(id)
+        if redis.call('EXISTS', META) == 0 then
+          stale[#stale + 1] = id
+          mark_dirty(id)
+        else
+          live[#live + 1] = id
+          if op == 'list_info' then
+            for _, field in ipairs(info()) do live[#live + 1] = field end
+          end
+        end
+      end
+    end
+  end
+  for _, id in ipairs(stale) do unindex(id) end
+  return live
+end
+
+-- Members of ``a`` that ``b`` lacks (sets or sorted sets): ZDIFF (Redis 6.2) in one
+-- command, else one by one.
+local function only_in(a, b)
+  local reply = redis.pcall('ZDIFF', 2, a, b)
+  if type(reply) == 'table' and not reply.err then
+    return reply
+  end
+  local function members(key)
+    if redis.call('TYPE', key).ok == 'zset' then
+      return redis.call('ZRANGE', key, 0, -1)
+    end
+    return redis.call('SMEMBERS', key)
+  end
+  local inside, ids = {}, {}
+  for _, id in ipairs(members(b)) do inside[id] = true end
+  for _, id in ipairs(members(a)) do
+    if not inside[id] then ids[#ids + 1] = id end
+  end
+  return ids
+end
+
+-- The original node writes unowned sessions into its set only. The listing indexes
+-- those it lacks (and drops what the node deleted) when the set and the index differ
+-- in size: a check that costs nothing while the app alone writes.
+local function catch_up_unowned()
+  local by_time = listing_sets('')
+  if redis.call('SCARD', NODE_SESSIONS) == redis.call('ZCARD', by_time) then
+    return
+  end
+  for _, id in ipairs(only_in(NODE_SESSIONS, by_time)) do
+    local meta = root .. ':' .. id .. ':__meta__'
+    if redis.call('EXISTS', meta) == 1 then
+      index(id, redis.call('HGET', meta, 'created_at'))
+    else
+      unindex(id)
+      mark_dirty(id)
+    end
+  end
+  for _, id in ipairs(only_in(by_time, NODE_SESSIONS)) do
+    if redis.call('EXISTS', root .. ':' .. id .. ':__meta__') == 1 then
+      redis.call('SADD', NODE_SESSIONS, id)
+    else
+      unindex(id)
+      mark_dirty(id)
+    end
+  end
+end
+
+-- One page of one namespace's live sessions, newest first (equal times: greater id
+-- first). arg(1) the storage id prefix (a namespace, then the id prefix searched),
+-- arg(2) offset, arg(3) limit. Replies the count, then each session's id and info.
+--
+-- Without a search the page is a range of the time index: O(log N + limit). A
+-- search counts its matches in the name index (ZLEXCOUNT, O(log N)), then either
+-- walks the time index newest first keeping the ids with the prefix, when the page
+-- should come within WALK times the matches' number of ids, or orders the matches
+-- by time in a sorted set of the script's own, '{prefix}:~search' (ZRANGESTORE of
+-- the lex range, then ZINTERSTORE with the time index), deleted before it returns.
+-- A walk that reads past its budget (matches bunched far back) turns to the latter,
+-- so a search costs O(log N + matches log matches) at most, and a first page of a
+-- wide search far less.
+--
+-- An id whose session has gone (expired, not yet swept) is dropped from the indexes
+-- where the page meets it and the page reads on past it, so it still holds ``limit``
+-- sessions; the count leaves out those met.
+local WALK = 4
+
+if op == 'page' then
+  local wanted, offset, limit = arg(1), tonumber(arg(2)), tonumber(arg(3))
+  local namespace = namespace_of(wanted) or ''
+  local by_time, by_name = listing_sets(wanted)
+  if namespace == '' then
+    catch_up_unowned()
+  end
+  local from, to = '[' .. wanted, '(' .. wanted .. '\255'
+  local everyone = redis.call('ZCARD', by_time)
+  local total = everyone
+  -- Past the end is an empty page; and Lua numbers are doubles, which Redis refuses as
+  -- indexes once they are too large to print as integers.
+  offset, limit = math.min(offset, everyone), math.min(limit, everyone)
+  if #wanted > #namespace then
+    total = redis.call('ZLEXCOUNT', by_name, from, to)
+  end
+  local search = KEYS[16]
+
+  -- The matches ordered by time, in ``search``; their number.
+  local function sorted_matches()
+    local stored = redis.pcall('ZRANGESTORE', search, by_name, from, to, 'BYLEX') -- Redis 6.2
+    if type(stored) ~= 'number' then
+      redis.call('DEL', search)
+      local scored = {}
+      for _, id in ipairs(redis.call('ZRANGEBYLEX', by_name, from, to)) do
+        scored[#scored + 1] = 0
+        scored[#scored + 1] = id
+      end
+      if #scored > 0 then
+        call_chunked('ZADD', search, scored) -- CHUNK is even: no pair is split
+      end
+    end
+    return redis.call('ZINTERSTORE', search, 2, search, by_time, 'WEIGHTS', 0, 1)
+  end
+
+  -- Read ``ordered`` newest first from ``position``, keeping the ids that start with
+  -- ``filter`` (nil: all), skipping ``skip`` of them, up to ``limit`` live ones. With
+  -- a ``budget``, false when more ids than that were read before the page was full.
+  local reply, found = {0}, 0
+  local function walk(ordered, filter, position, skip, budget)
+    local read = 0
+    while found < limit do
+      local want = limit - found
+      if filter then
+        want = math.min(CHUNK, math.ceil((want + skip) * everyone / total) + 16)
+      end
+      local ids = redis.call('ZREVRANGE', ordered, position, position + want - 1)
+      for _, id in ipairs(ids) do
+        if found == limit then
+          return true
+        end
+        if filter and string.sub(id, 1, #filter) ~= filter then
+          position = position + 1
+        elseif skip > 0 then
+          skip = skip - 1
+          position = position + 1
+        else
+          use_session(id)
+          if redis.call('EXISTS', META) == 1 then
+            reply[#reply + 1] = id
+            for _, field in ipairs(info()) do reply[#reply + 1] = field end
+            found = found + 1
+            position = position + 1
+          else -- gone: the next id moves up to its place
+            unindex(id)
+            if ordered == search then
+              redis.call('ZREM', search, id)
+            end
+            mark_dirty(id)
+            total = total - 1
+          end
+        end
+      end
+      read = read + #ids
+      if #ids < want then
+        return true
+      end
+      if budget and read > budget then
+        return false
+      end
+    end
+    return true
+  end
+
+  if total == 0 then
+    return reply
+  elseif total == everyone then -- no search, or every id matches
+    walk(by_time, nil, offset, 0)
+  elseif (offset + limit) * everyone / total <= WALK * total
+    and walk(by_time, wanted, 0, offset, WALK * total) then
+    -- the page came from the walk
+  else
+    reply, found = {0}, 0
+    total = sorted_matches()
+    walk(search, nil, offset, 0)
+    redis.call('DEL', search)
+  end
+  reply[1] = total
+  return reply
+end

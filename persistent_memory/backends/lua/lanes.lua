@@ -1,0 +1,129 @@
+-- Operations that create a missing session: create and the pipeline lanes (enrich, answer).
+--
+-- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
+-- Keys used here: 1-10 the session and its bucket's indexes, 13 idempotency record, 14 the run binding
+-- named, 17-24 the conversation a lane records into.
+
+-- Operations that create a missing session -----------------------------------
+
+if op == 'create' then
+  if redis.call('EXISTS', META) == 1 then
+    return fail('EXISTS', "Session '" .. sid .. "' already exists.")
+  end
+  if not owner_has_room() then return no_room() end
+  local expires, idle = create(now, arg(1), arg(2), arg(3))
+  return remember({now, arg(1), 0, 0, expires, idle}) -- as set, not read back (see create)
+end
+
+-- arg(1) ttl text, 2 ttl ms, 3 run reference ('' none), 4 its TTL ms; with a question
+-- to record (conversations.lua): 5 conversation ('' none), 6 max tokens, 7 max messages
+-- ('' no limit), 8-10 the question (id, body, link), 11 '1' for a rolling window, 12 '1'
+-- to reserve its summary's tokens. Replies the values' object, and
+-- with a question: the question's id, the window's tokens, truncated and texts.
+if op == 'enrich' then
+  local name, plan = arg(5), nil
+  if name ~= '' then -- checked before anything is written
+    if redis.call('EXISTS', META) == 0 then
+      purge_leftovers() -- of a session gone: what a new one under this id must not see
+    end
+    local failure
+    plan, failure = plan_append(name, nil, 8, 1)
+    if not plan then return failure end
+    local ok, total = true, new_bytes(plan)
+    if redis.call('EXISTS', META) == 1 then
+      ok, total = fits({}, total)
+    elseif byte_cap > 0 then
+      ok = total <= byte_cap
+    end
+    if not ok then return too_big(total) end
+  end
+  if redis.call('EXISTS', META) == 0 then
+    if not owner_has_room() then return no_room() end
+    create(now, arg(1), arg(2), default_idle_ms)
+  end
+  if arg(3) ~= '' then
+    bind(arg(3), arg(4), plan and (name .. ' ' .. arg(8)))
+  end
+  if not plan then
+    return remember(values_object())
+  end
+  local reply = {values_object(), arg(8)}
+  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1')
+  commit(name, plan)
+  return remember(reply)
+end
+
+-- arg(1) ttl text, 2 ttl ms, 3 the answer's JSON, 4 run reference ('' none); with a
+-- message to record (conversations.lua): 5 conversation ('' none), 6 parent id ('': the
+-- run's question, else the head), 7-9 the message (id, body, link).
+-- ARGV[2] 'bound': the session was found through the run (the cluster layout's pointer),
+-- so it is answered only while the run's binding names it, as without a session.
+if op == 'answer' then
+  local bound, asked_in, asked = binding(arg(4) ~= '' and redis.call('GET', KEYS[14]))
+  if sid == '' or ARGV[2] == 'bound' then
+    if not bound or (sid ~= '' and bound ~= sid) then
+      return remember({})
+    end
+    if sid == '' then use_session(bound) end
+    if redis.call('EXISTS', META) == 0 then
+      -- Deleted or expired since it was bound: the binding goes too, so that it never
+      -- recreates the session (or reaches a new one under the same id).
+      redis.call('DEL', KEYS[14])
+      return remember({})
+    end
+  end
+  local name, plan = arg(5) or '', nil
+  if name ~= '' then -- after the run's question when the binding names one here, else the parent given
+    if redis.call('EXISTS', META) == 0 then
+      purge_leftovers()
+    end
+    local parent = text_or_nil(arg(6) ~= '' and arg(6))
+    local c = conv_key(name)
+    if bound == sid and asked_in == name and redis.call('HEXISTS', c .. ':m', asked) == 1 then
+      parent = asked
+    elseif parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
+      parent = nil
+    end
+    local failure
+    plan, failure = plan_append(name, parent, 7)
+    if not plan then return failure end
+  end
+  local created = redis.call('EXISTS', META) == 0
+  if created then
+    if not owner_has_room() then return no_room() end
+    create(now, arg(1), arg(2), default_idle_ms)
+  end
+  local count, err = add('answer_count', 1)
+  if err then
+    if created then
+      purge_leftovers()
+      redis.call('DEL', META)
+      unindex(sid)
+    end
+    return err
+  end
+  local ok, total = fits({last_answer = #arg(3), answer_count = #tostring(count)}, plan and new_bytes(plan))
+  if not ok then -- undo, so that nothing of this call stays
+    if count == 1 and redis.call('SISMEMBER', KEYSET, 'answer_count') == 0 then
+      redis.call('DEL', base .. 'answer_count')
+    else
+      redis.call('DECRBY', base .. 'answer_count', 1)
+    end
+    if created then
+      purge_leftovers()
+      redis.call('DEL', META)
+      unindex(sid)
+    end
+    return too_big(total)
+  end
+  redis.call('SET', base .. 'last_answer', arg(3))
+  new_key(base .. 'last_answer')
+  if count == 1 then new_key(base .. 'answer_count') end
+  if redis.call('SADD', KEYSET, 'last_answer', 'answer_count') > 0 then new_key(KEYSET) end
+  record(history_entry('put', 'last_answer'))
+  record(history_entry('increment', 'answer_count'))
+  if plan then
+    commit(name, plan)
+  end
+  return remember({sid, count})
+end

@@ -1,0 +1,412 @@
+"""Which keys the Redis backend writes, checked on real servers.
+
+1. Every EVALSHA declares its keys: each call, sent one at a time, is matched with the
+   keys Redis reports written by it (keyspace notifications). A key written is either
+   declared in that call's KEYS, or named from what Redis stores under the same root
+   (``KEYS[8]`` less ``:__sessions__``), before or after the call:
+
+   * the fixed keys (``__meta__``, ``__keys__``, ``__history__``, ``~runs``, ``~convs``) of
+     a session whose id the call names (ARGV[3]), that a declared index set holds
+     (``__sessions__``, ``~owned``, a namespace's ``:sessions``/``:names``), or that a run
+     binding names;
+   * that session's value keys, each a member of its ``__keys__`` set;
+   * its conversation keys (``~c:{name}`` and its suffixes), ``name`` a member of its ``~convs``;
+   * run bindings (``~run:{id}``, ``~o:{owner}~:run:{id}``) held in a ``~runs`` index;
+   * the listing sets of the namespace of an id an index set holds.
+
+   In the cluster layout, besides: every key of a call (declared or written) is in the slot
+   of its KEYS[1]. The only other write is the cluster layout's run pointer (a SET of
+   ``{prefix}:{run ref}``, its own slot, see ``redis_layout``).
+2. In the cluster layout every key is in its session's bucket, expires with its session,
+   and the sweep and forgetting an owner leave nothing of what they remove.
+3. The cluster layout spreads sessions evenly over a real cluster's primaries.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from persistent_memory import get_store, maintenance
+from persistent_memory.backends.conversations import Summary
+from persistent_memory.backends.redis import SCRIPT, RedisBackend
+from persistent_memory.backends.redis_layout import TAGS, Layout
+from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.idempotency import Idempotency
+from persistent_memory.memories.forget import forget_owner
+from persistent_memory.owners import split_storage_id, storage_id
+from persistent_memory.store import MemoryStore
+from tests.conftest import memory_settings_for
+from tests.timing import LIVE_TTL, wait_past
+
+PREFIX = "rr:memory"
+#: Long enough that nothing expires while test 1 runs (an expiry is a write of no call's).
+LONG_TTL = 3600
+OWNERS = ("", "user:a", "user:b")
+CONVERSATIONS = ("default", "side")
+MARK = "pm-test:mark"
+FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs")
+RUN_REF = re.compile(r"(~run:[\w-]+|~o:[^~]+~:run:[\w-]+)")
+INDEX = re.compile(r"(~sessions|~names|__sessions__|~owned|(~o:[^~]+~):(sessions|names))")
+SESSION_KEY = re.compile(r"(~o:[^~]+~[\w-]+|[\w-]+):(.+)")
+#: Bucket-level keys of the cluster layout, below the bucket's root.
+BUCKET_KEYS = re.compile(r"(~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names))")
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _root(key: str) -> str:
+    """The root a cluster-layout key starts with (``{prefix}:{tag}``), else the prefix."""
+    match = re.match(re.escape(PREFIX) + r":\{[^}]+\}", key)
+    return match.group(0) if match else PREFIX
+
+
+def _below_root(key: str) -> str:
+    return key[len(_root(key)) + 1 :]
+
+
+Stored = dict[str, set[str]]
+
+
+def stored(client: redis.Redis) -> Stored:
+    """Members of every set and sorted set, and the value of every run binding, by key."""
+    names = [_text(key) for key in client.scan_iter(count=1000)]
+    pipe = client.pipeline(transaction=True)
+    for name in names:
+        pipe.type(name)
+    kinds = [_text(kind) for kind in pipe.execute()]
+    pipe = client.pipeline(transaction=True)
+    read = []
+    for name, kind in zip(names, kinds, strict=True):
+        if kind == "set":
+            pipe.smembers(name)
+        elif kind == "zset":
+            pipe.zrange(name, 0, -1)
+        elif kind == "string" and RUN_REF.fullmatch(_below_root(name)):
+            pipe.get(name)
+        else:
+            continue
+        read.append(name)
+    result: Stored = {}
+    for name, reply in zip(read, pipe.execute(), strict=True):
+        items = reply if isinstance(reply, (set, list)) else [reply] if reply else []
+        result[name] = {_text(item) for item in items}
+    return result
+
+
+# 1. Every EVALSHA call declares its keys ------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One EVALSHA: its KEYS and ARGV, the keys Redis reported written, what was stored
+    before and after it."""
+
+    keys: list[str]
+    argv: list[str]
+    written: set[str]
+    before: Stored
+    after: Stored
+
+    def members(self, key: str) -> set[str]:
+        return self.before.get(key, set()) | self.after.get(key, set())
+
+    @property
+    def root(self) -> str:
+        return self.keys[7].removesuffix(":__sessions__")
+
+
+class WriteRecorder:
+    """Sends the backend's commands one at a time and, after each, reads the keyspace
+    notifications Redis published for it: up to a PUBLISH of our own on a channel the
+    same subscriber follows, which Redis delivers after them (one thread, one output
+    buffer per subscriber), so no wait depends on timing."""
+
+    def __init__(self, backend: RedisBackend, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.backend = backend
+        self.client = client
+        self.calls: list[Call] = []
+        self.others: list[tuple[tuple[Any, ...], set[str]]] = []
+        self.marks = 0
+        client.config_set("notify-keyspace-events", "KEA")
+        database = client.connection_pool.connection_kwargs.get("db", 0)
+        self.pubsub = client.pubsub()
+        self.pubsub.psubscribe(f"__keyevent@{database}__:*")
+        self.pubsub.subscribe(MARK)
+        client.script_load(SCRIPT)  # a NOSCRIPT retry would be a second call of one command
+        self.state = stored(client)
+        monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
+        monkeypatch.setattr(backend, "_run_many", self._run_many)
+        monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
+        monkeypatch.setattr(backend, "_pipeline", self._pipeline(backend._pipeline))
+
+    def close(self) -> None:
+        self.pubsub.close()
+        self.client.config_set("notify-keyspace-events", "")
+
+    def written(self) -> set[str]:
+        """The keys written since the last call of this."""
+        self.marks += 1
+        self.client.publish(MARK, str(self.marks))
+        written: set[str] = set()
+        deadline = time.monotonic() + 60  # only so that a broken run ends
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            if message["type"] == "pmessage":
+                written.add(_text(message["data"]))
+            elif message["type"] == "message" and _text(message["data"]) == str(self.marks):
+                return written
+        raise AssertionError("the mark never came back")
+
+    def _between(self) -> None:
+        stray = self.written()
+        assert not stray, f"keys written by no command of the backend's: {stray}"
+
+    def _exchange(self, exchange: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
+            self._between()
+            try:
+                return exchange(connection, command, wait)
+            finally:
+                written, after = self.written(), stored(self.client)
+                count = command[2]
+                keys, argv = [str(k) for k in command[3 : 3 + count]], [str(a) for a in command[3 + count :]]
+                self.calls.append(Call(keys, argv, written, self.state, after))
+                self.state = after
+
+        return spy
+
+    def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The pipelined EVALSHAs one by one, so that each one's writes are its own."""
+        pool = self.backend.client.connection_pool
+        replies: list[Any] = []
+        for command in commands:
+            connection = pool.get_connection()
+            try:
+                replies.append(self.backend._exchange(connection, command, 0))
+            except redis.ResponseError as exc:  # as a pipeline gives it (raise_on_error=False)
+                replies.append(exc)
+            finally:
+                pool.release(connection)
+        return replies
+
+    def _execute(self, execute: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(*args: Any, **options: Any) -> Any:
+            self._between()
+            try:
+                return execute(*args, **options)
+            finally:
+                self.others.append((args, self.written()))
+                self.state = stored(self.client)
+
+        return spy
+
+    def _pipeline(self, pipeline: Callable[[], Any]) -> Callable[[], Any]:
+        def spy() -> Any:
+            pipe = pipeline()
+            run = pipe.execute
+
+            def execute(*args: Any, **options: Any) -> Any:
+                commands = tuple(command[0] for command, _ in pipe.command_stack)
+                self._between()
+                try:
+                    return run(*args, **options)
+                finally:
+                    self.others.append((commands, self.written()))
+                    self.state = stored(self.client)
+
+            pipe.execute = execute
+            return pipe
+
+        return spy
+
+
+def named_from_storage(key: str, call: Call) -> str | None:
+    """Why ``key``, written by ``call`` and not declared, may be written (see the module's
+    docstring), or None when nothing the call names or Redis holds leads to it."""
+    root = call.root
+    if not key.startswith(root + ":"):
+        return None
+    rest = key[len(root) + 1 :]
+    index_sets = [name for name in call.before.keys() | call.after.keys() if name.startswith(root + ":")]
+    indexed = {
+        member
+        for name in index_sets
+        if INDEX.fullmatch(name[len(root) + 1 :]) and name in call.keys
+        for member in call.members(name)
+    }
+    # An answer given only a run id: the session its declared binding names.
+    bound = {value.split(" ")[0] for value in call.members(call.keys[13])}
+    sessions = indexed | bound | {call.argv[2]}
+    if RUN_REF.fullmatch(rest):
+        runs = [name for name in index_sets if name.endswith(":~runs")]
+        return "run binding in a run index" if any(rest in call.members(name) for name in runs) else None
+    listing = INDEX.fullmatch(rest)
+    if listing and listing.group(2):
+        return "listing of an indexed id" if any(s.startswith(listing.group(2)) for s in indexed) else None
+    parts = SESSION_KEY.fullmatch(rest)
+    if parts is None or parts.group(1) not in sessions:
+        return None
+    base, suffix = f"{root}:{parts.group(1)}:", parts.group(2)
+    if suffix in FIXED:
+        return "fixed key of a named session"
+    if suffix in call.members(base + "__keys__"):
+        return "value key in a key set"
+    if suffix.startswith("~c:") and suffix[3:].split(":")[0] in call.members(base + "~convs"):
+        return "conversation in a conversation set"
+    return None
+
+
+def check_calls(recorder: WriteRecorder, layout: Layout) -> dict[str, int]:
+    """Assert the rule on every recorded call; how many keys each reason covered."""
+    reasons: dict[str, int] = {}
+    for call in recorder.calls:
+        op = call.argv[0]
+        assert all(key.startswith(call.root + ":") for key in call.keys), (op, call.keys)
+        if layout.cluster:
+            slots = {layout.slot(key) for key in call.keys}
+            assert len(slots) == 1, f"{op} declares keys in slots {slots}: {call.keys}"
+            strays = {key for key in call.written if layout.slot(key) not in slots}
+            assert not strays, f"{op} wrote keys outside the slot of its KEYS: {strays}"
+        for key in call.written:
+            reason = "declared" if key in call.keys else named_from_storage(key, call)
+            assert reason, f"{op} wrote {key!r}, neither declared nor named from storage: KEYS {call.keys}"
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for command, written in recorder.others:
+        if not written:
+            continue
+        # The cluster layout's run pointer: the one write outside a script (redis_layout).
+        assert layout.cluster and command[0] == "SET", (command, written)
+        assert written == {command[1]} and RUN_REF.fullmatch(command[1].removeprefix(PREFIX + ":")), written
+        reasons["run pointer"] = reasons.get("run pointer", 0) + 1
+    return reasons
+
+
+class Workload:
+    """Seeded random operations of every kind on a few sessions of three namespaces (the
+    unowned one and two owners); failures the store reports (a session not found, a
+    message id gone with its conversation) are part of the workload."""
+
+    def __init__(self, store: MemoryStore, seed: int, lifetimes: list[tuple[float, float | None]]) -> None:
+        self.store = store
+        self.rng = random.Random(seed)
+        self.lifetimes = lifetimes  # (ttl_seconds, idle_ttl_seconds) a create picks from
+        self.messages: dict[tuple[str, str, str], list[str]] = {}
+        self.runs: list[tuple[str, str]] = []
+        self.created: dict[tuple[str, str], float | None] = {}  # (owner, id) -> expires_at
+        self.count = 0
+
+    def _scoped(self) -> tuple[str, MemoryStore, str]:
+        owner = self.rng.choice(OWNERS)
+        scoped = self.store.for_owner(owner) if owner else self.store
+        return owner, scoped, f"s{self.rng.randrange(4)}"
+
+    def _name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def step(self) -> str:
+        """One random operation; its name."""
+        owner, scoped, sid = self._scoped()
+        conversation = self.rng.choice(CONVERSATIONS)
+        ids = self.messages.setdefault((owner, sid, conversation), [])
+        operations: dict[str, Callable[[], Any]] = {
+            "create": lambda: self._create(owner, scoped, sid),
+            "put": lambda: scoped.put(sid, self.rng.choice("abc"), {"n": self.rng.randrange(9)}),
+            "put_once": lambda: scoped.put(
+                sid, "a", 1, idempotency=Idempotency.of(self._name("k"), "put", sid)
+            ),
+            "increment": lambda: scoped.increment(sid, "n", 1),
+            "clear_one": lambda: scoped.clear(sid, self.rng.choice("abc")),
+            "clear_all": lambda: scoped.clear(sid, None),
+            "delete": lambda: scoped.delete_session(sid),
+            "enrich": lambda: self._enrich(owner, scoped, sid, conversation),
+            "answer_by_run": lambda: self._answer(owner, scoped),
+            "answer": lambda: scoped.record_answer(sid, "an answer", conversation=conversation),
+            "add_messages": lambda: self._add(owner, scoped, sid, conversation, ids),
+            "set_head": lambda: ids and scoped.set_head(sid, self.rng.choice(ids), conversation=conversation),
+            "clear_messages": lambda: scoped.clear_messages(sid, conversation=conversation),
+            "context": lambda: scoped.get_context(sid, conversation=conversation),
+            "summary": lambda: self._summary(owner, scoped, sid, conversation),
+            "list": lambda: scoped.list_sessions(),
+            "page": lambda: scoped.list_session_page(self.rng.choice(["", "s"]), limit=3),
+            "infos": lambda: self.store.list_session_infos(all_owners=True),
+            "sweep": lambda: self.store.backend.sweep(dry_run=False, batch_size=3),
+        }
+        name = self.rng.choice(list(operations))
+        try:
+            operations[name]()
+        except PersistentMemoryError:
+            pass
+        return name
+
+    def _create(self, owner: str, scoped: MemoryStore, sid: str) -> None:
+        ttl, idle = self.rng.choice(self.lifetimes)
+        info = scoped.create_session(sid, ttl_seconds=ttl, idle_ttl_seconds=idle)
+        self.created[(owner, sid)] = info["expires_at"]
+
+    def _enrich(self, owner: str, scoped: MemoryStore, sid: str, conversation: str) -> None:
+        run = self._name("r")
+        self.runs.append((owner, run))
+        if self.rng.random() < 0.5:
+            scoped.enrich(sid, run_id=run)
+        else:
+            scoped.enrich_recording(sid, "a question", conversation=conversation, run_id=run)
+
+    def _answer(self, owner: str, scoped: MemoryStore) -> None:
+        mine = [run for who, run in self.runs if who == owner]
+        run = self.rng.choice(mine) if mine else self._name("r")
+        scoped.record_answer(None, "an answer by run", run_id=run)
+
+    def _add(self, owner: str, scoped: MemoryStore, sid: str, conversation: str, ids: list[str]) -> None:
+        parent = self.rng.choice(ids) if ids and self.rng.random() < 0.3 else None  # a branch
+        batch = [{"role": "user", "content": "hello " * 3}, {"role": "assistant", "content": "hi"}]
+        added = scoped.add_messages(sid, batch, conversation=conversation, parent_id=parent)
+        ids.extend(message["id"] for message in added["messages"])
+
+    def _summary(self, owner: str, scoped: MemoryStore, sid: str, conversation: str) -> None:
+        messages = scoped.get_messages(sid, conversation=conversation)["messages"]
+        if messages:
+            anchor = messages[0]
+            summary = Summary("what came before", anchor["id"], anchor["seq"], 3, 10)
+            self.store.backend.commit_summary(storage_id(owner, sid), conversation, None, summary)
+
+
+@pytest.fixture
+def node_server(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """The test session's server, clean, with keyspace notifications back off at the end."""
+    yield redis_client
+    redis_client.config_set("notify-keyspace-events", "")
+
+
+@pytest.mark.parametrize("layout", ["node", "cluster"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, monkeypatch, layout, seed):
+    settings.PERSISTENT_MEMORY = memory_settings_for(
+        "redis", redis_url, REDIS_LAYOUT=layout, CONTEXT_STRATEGY="rolling_summary"
+    )
+    store = get_store()
+    recorder = WriteRecorder(store.backend, node_server, monkeypatch)
+    try:
+        workload = Workload(store, seed, [(LONG_TTL, None), (LONG_TTL, LONG_TTL), (0, None)])
+        done = {workload.step() for _ in range(120)}
+    finally:
+        recorder.close()
+    reasons = check_calls(recorder, store.backend.layout)
+    # The check saw every kind of write it allows, so it could have failed on each.
+    assert len(done) >= 15, done
+    assert reasons["declared"] > 100
+    assert reasons["value key in a key set"] and reasons["conversation in a conversation set"], reasons
+    assert reasons["run binding in a run index"], reasons
+    assert ("run pointer" in reasons) == (layout == "cluster"), reasons
