@@ -1,4 +1,4 @@
-"""A redis-server of the benchmark's own on a free loopback port (or REDIS_URL)."""
+"""Redis servers of the benchmark's own on free loopback ports: one (or REDIS_URL), or a cluster."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from contextlib import contextmanager
 
 import redis
 
+#: A cluster node's bus listens on its port plus this.
+CLUSTER_BUS_OFFSET = 10000
+CLUSTER_SLOTS = 16384
+
 
 def free_port() -> int:
     """A loopback port nothing listens on now."""
@@ -21,15 +25,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextmanager
-def redis_url(*, use_env: bool = True) -> Iterator[str]:
-    """REDIS_URL when set (and ``use_env``); otherwise a fresh redis-server, stopped on exit."""
-    if use_env and os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    port = free_port()
-    folder = tempfile.mkdtemp(prefix="pm-bench-redis-")
-    server = subprocess.Popen(
+def _server(port: int, folder: str, *options: str) -> subprocess.Popen[bytes]:
+    """A redis-server on ``port`` that keeps nothing on disk (its files go to ``folder``)."""
+    return subprocess.Popen(
         [
             shutil.which("redis-server") or "redis-server",
             "--port",
@@ -42,22 +40,96 @@ def redis_url(*, use_env: bool = True) -> Iterator[str]:
             "no",
             "--dir",
             folder,
+            *options,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _wait_for(url: str) -> None:
+    """Wait (10 s at most) until the server at ``url`` answers PING."""
+    client = redis.Redis.from_url(url)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    client.close()
+
+
+@contextmanager
+def redis_url(*, use_env: bool = True) -> Iterator[str]:
+    """REDIS_URL when set (and ``use_env``); otherwise a fresh redis-server, stopped on exit."""
+    if use_env and os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="pm-bench-redis-")
+    server = _server(port, folder)
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        client.close()
+        _wait_for(url)
         yield url
     finally:
         server.terminate()
         server.wait(timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+
+
+@contextmanager
+def redis_cluster(primaries: int = 3) -> Iterator[str]:
+    """A Redis Cluster of ``primaries`` redis-servers of its own (no replicas), its slots
+    split evenly by ``redis-cli --cluster create``; the URL of its first node. Stopped on exit."""
+    folder = tempfile.mkdtemp(prefix="pm-bench-cluster-")
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = [_free_cluster_port() for _ in range(primaries)]
+        for port in ports:
+            servers.append(
+                _server(port, folder, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf")
+            )
+        for port in ports:
+            _wait_for(f"redis://127.0.0.1:{port}/0")
+        subprocess.run(
+            [shutil.which("redis-cli") or "redis-cli", "--cluster", "create"]
+            + [f"127.0.0.1:{port}" for port in ports]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 60
+        while not all(_cluster_ok(port) for port in ports):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the benchmark's Redis Cluster did not become ok within 60 s")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cluster_ok(port: int) -> bool:
+    """Whether the node on ``port`` says the cluster is ok with every slot served."""
+    with redis.Redis(port=port, decode_responses=True) as client:
+        info = client.cluster("INFO")
+    return info["cluster_state"] == "ok" and int(info["cluster_slots_ok"]) == CLUSTER_SLOTS

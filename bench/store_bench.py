@@ -123,7 +123,7 @@ def build_store(
     if backend == "redis":
         conf["REDIS_URL"] = url
     store = MemoryStore.from_settings(MemorySettings(conf))
-    if backend == "redis":
+    if isinstance(getattr(store.backend, "client", None), redis.Redis):  # a cluster counts otherwise
         count_round_trips(store.backend.client)
     return store
 

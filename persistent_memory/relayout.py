@@ -91,7 +91,8 @@ def _redis_backend(conf: MemorySettings) -> RedisBackend:
     cls = backend_class(conf.BACKEND)
     if not issubclass(cls, RedisBackend):
         raise PersistentMemoryError(
-            f"memory_relayout moves sessions between Redis key layouts: BACKEND is {conf.BACKEND!r}, not redis."
+            "memory_relayout moves sessions between Redis key layouts: "
+            f"BACKEND is {conf.BACKEND!r}, not redis."
         )
     return cls.from_settings(conf)
 
@@ -191,7 +192,11 @@ def _copy_batch(
     ids = list(dict.fromkeys(ids))  # a SCAN may return an id twice
     report.scanned += len(ids)
     snapshots = source.snapshots(ids)
-    live = {sid: snap for sid, snap in snapshots.items() if snap is not None and remaining_seconds(snap["info"]) != 0}
+    live = {
+        sid: snap
+        for sid, snap in snapshots.items()
+        if snap is not None and remaining_seconds(snap["info"]) != 0
+    }
     report.expired += len(ids) - len(live)
     copies = target.snapshots(list(live)) if live else {}
     stale = [sid for sid, snap in live.items() if copies[sid] is None or not same_session(snap, copies[sid])]
@@ -200,7 +205,7 @@ def _copy_batch(
         report.copied += len(stale)
         return
     for sid in stale:
-        target.restore_session(live[sid], replace=True)
+        target.restore_session({**live[sid], "info": {**live[sid]["info"], "expires_at": None}}, replace=True)
     # Read every copy back: what differs (a write to the target meanwhile) keeps its source.
     written = target.snapshots(stale) if stale else {}
     failed = {sid for sid, copy in written.items() if copy is None or not same_session(live[sid], copy)}

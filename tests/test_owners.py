@@ -18,6 +18,7 @@ from persistent_memory.exceptions import (
     SessionNotFound,
 )
 from persistent_memory.owners import split_storage_id, storage_id, validate_owner
+from tests.conftest import TOPOLOGIES
 
 from .conftest import CountingConnection, pttls
 
@@ -120,6 +121,33 @@ class TestNamespaces:
 
 
 class TestQuotas:
+    @pytest.fixture(params=TOPOLOGIES)
+    def backend_name(self, request: pytest.FixtureRequest) -> str:
+        """An owner's cap on every Redis setup: in the cluster layout its sessions are in
+        many buckets, and the cap counts them all."""
+        return request.param
+
+    def test_the_cap_counts_sessions_in_every_bucket(self, configure):
+        alice = configure(MAX_SESSIONS_PER_OWNER=6).for_owner("user:1")
+        alice.create_session("s0")
+        alice.record_answer("s1", "an answer")  # a lane that creates
+        alice.add_messages("s2", [{"role": "user", "content": "hi"}])
+        for i in range(3, 6):
+            alice.enrich(f"s{i}")
+        for call in (
+            lambda: alice.create_session("s6"),
+            lambda: alice.enrich("s6"),
+            lambda: alice.record_answer("s6", "t"),
+            lambda: alice.add_messages("s6", [{"role": "user", "content": "hi"}]),
+        ):
+            with pytest.raises(CapacityExceeded):
+                call()
+        assert alice.list_sessions() == [f"s{i}" for i in range(6)]
+        alice.put("s0", "k", 2)  # its own sessions keep working
+        alice.delete_session("s3")
+        alice.create_session("s6")
+        assert len(alice.list_sessions()) == 6
+
     def test_sessions_per_owner(self, configure):
         store = configure(MAX_SESSIONS_PER_OWNER=2)
         alice, bob = store.for_owner("user:1"), store.for_owner("user:2")

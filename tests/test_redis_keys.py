@@ -77,9 +77,11 @@ def _below_root(key: str) -> str:
 Stored = dict[str, set[str]]
 
 
-def stored(client: redis.Redis) -> Stored:
-    """Members of every set and sorted set, and the value of every run binding, by key."""
-    names = [_text(key) for key in client.scan_iter(count=1000)]
+def stored(client: redis.Redis, root: str) -> Stored:
+    """Members of every set and sorted set, and the value of every run binding, by key,
+    of the keys under ``root``."""
+    match = re.sub(r"([\\*?\[\]])", r"\\\1", root) + ":*"
+    names = [_text(key) for key in client.scan_iter(match=match, count=1000)]
     pipe = client.pipeline(transaction=True)
     for name in names:
         pipe.type(name)
@@ -143,11 +145,15 @@ class WriteRecorder:
         self.pubsub.psubscribe(f"__keyevent@{database}__:*")
         self.pubsub.subscribe(MARK)
         client.script_load(SCRIPT)  # a NOSCRIPT retry would be a second call of one command
-        self.state = stored(client)
         monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
         monkeypatch.setattr(backend, "_run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
         monkeypatch.setattr(backend, "_pipeline", self._pipeline(backend._pipeline))
+        # A command sent beside a script (the run pointer), its reply read after the script's:
+        # here it runs (and its writes are read) before the script is sent.
+        self.replies: dict[int, Any] = {}
+        monkeypatch.setattr(backend, "_send", self._send(backend._send))
+        monkeypatch.setattr(backend, "_receive", self._receive)
 
     def close(self) -> None:
         self.pubsub.close()
@@ -175,17 +181,38 @@ class WriteRecorder:
 
     def _exchange(self, exchange: Callable[..., Any]) -> Callable[..., Any]:
         def spy(connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
+            count = command[2]
+            keys, argv = [str(k) for k in command[3 : 3 + count]], [str(a) for a in command[3 + count :]]
+            root = keys[7].removesuffix(":__sessions__")
             self._between()
+            before = stored(self.client, root)
             try:
                 return exchange(connection, command, wait)
             finally:
-                written, after = self.written(), stored(self.client)
-                count = command[2]
-                keys, argv = [str(k) for k in command[3 : 3 + count]], [str(a) for a in command[3 + count :]]
-                self.calls.append(Call(keys, argv, written, self.state, after))
-                self.state = after
+                written = self.written()
+                self.calls.append(Call(keys, argv, written, before, stored(self.client, root)))
 
         return spy
+
+    def _send(self, send: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(command: tuple[Any, ...]) -> tuple[Any, Any]:
+            self._between()
+            pool, connection = send(command)
+            try:
+                self.replies[id(connection)] = connection.read_response()
+            except redis.ResponseError as exc:
+                self.replies[id(connection)] = exc
+            self.others.append((command, self.written()))
+            return pool, connection
+
+        return spy
+
+    def _receive(self, command: tuple[Any, ...], pool: Any, connection: redis.Connection) -> Any:
+        pool.release(connection)
+        reply = self.replies.pop(id(connection))
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The pipelined EVALSHAs one by one, so that each one's writes are its own."""
@@ -208,7 +235,6 @@ class WriteRecorder:
                 return execute(*args, **options)
             finally:
                 self.others.append((args, self.written()))
-                self.state = stored(self.client)
 
         return spy
 
@@ -224,7 +250,6 @@ class WriteRecorder:
                     return run(*args, **options)
                 finally:
                     self.others.append((commands, self.written()))
-                    self.state = stored(self.client)
 
             pipe.execute = execute
             return pipe
@@ -394,7 +419,11 @@ def node_server(redis_client: redis.Redis) -> Iterator[redis.Redis]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, monkeypatch, layout, seed):
     settings.PERSISTENT_MEMORY = memory_settings_for(
-        "redis", redis_url, REDIS_LAYOUT=layout, CONTEXT_STRATEGY="rolling_summary"
+        "redis",
+        redis_url,
+        REDIS_LAYOUT=layout,
+        CONTEXT_STRATEGY="rolling_summary",
+        SUMMARIZER_WORKER=False,  # its thread would send commands beside the recorded ones
     )
     store = get_store()
     recorder = WriteRecorder(store.backend, node_server, monkeypatch)

@@ -102,6 +102,11 @@ class _TooMany(Exception):
     """redis.lua declined to list every session in one step."""
 
 
+class _RoomCheck(Exception):
+    """The cluster layout: a call would create an owned session under a cap, and the owner's
+    sessions in the other buckets have not been counted (see ``owner_has_room``)."""
+
+
 # Reply prefixes of redis.lua's errors.
 _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_NOT_FOUND": SessionNotFound,
@@ -251,6 +256,8 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 return _SCRIPT_ERRORS[code](text)
             if code == "PM_TOO_MANY":
                 return _TooMany()
+            if code == "PM_ROOM_CHECK":
+                return _RoomCheck()
             # redis-py raises OutOfMemoryError for "OOM ..." replies, without the code.
             if code == "OOM" or isinstance(exc, redis.exceptions.OutOfMemoryError):
                 return CapacityExceeded(f"Redis at {self.describe()} is out of memory: {message}")
@@ -274,11 +281,16 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         args: tuple[Any, ...],
         idempotency: IdempotencyRecord | None = None,
         bound: bool = False,
+        elsewhere: int | None = None,
     ) -> tuple[Any, ...]:
         once = _NO_IDEMPOTENCY
         if idempotency is not None:
             once = ("1", idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
-        return (op, "bound" if bound else "", session_id, repr(time.time()), *self._policy, *once, *args)
+        policy = self._policy
+        if self.layout.cluster and self.max_sessions_per_owner:
+            cap = f"{self.max_sessions_per_owner}" + ("?" if elsewhere is None else f"+{elsewhere}")
+            policy = (*policy[:3], cap, *policy[4:])
+        return (op, "bound" if bound else "", session_id, repr(time.time()), *policy, *once, *args)
 
     def _command(
         self,
@@ -287,19 +299,39 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         args: tuple[Any, ...],
         idempotency: IdempotencyRecord | None = None,
         bound: bool = False,
+        elsewhere: int | None = None,
         **names: Any,
     ) -> tuple[Any, ...]:
         """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`)."""
         keys = self.layout.keys(session_id, idempotency=idempotency.ref if idempotency else None, **names)
-        return ("EVALSHA", self._sha, len(keys), *keys, *self._args(op, session_id, args, idempotency, bound))
+        argv = self._args(op, session_id, args, idempotency, bound, elsewhere)
+        return ("EVALSHA", self._sha, len(keys), *keys, *argv)
 
-    def _run(
+    def _run(self, op: str, session_id: str, *args: Any, **options: Any) -> Any:
+        """:meth:`_call`; in the cluster layout, a call that would create a session of an owner
+        under a cap is sent again with the owner's sessions in the other buckets counted. The
+        count is not reserved: creations in different buckets at the same moment can pass the
+        cap together (by at most their number)."""
+        try:
+            return self._call(op, session_id, *args, **options)
+        except _RoomCheck:
+            return self._call(op, session_id, *args, elsewhere=self._owner_elsewhere(session_id), **options)
+
+    def _owner_elsewhere(self, session_id: str) -> int:
+        """The live sessions of ``session_id``'s owner in every bucket but its own."""
+        namespace = namespace_of(session_id)
+        own = self.layout.root_of(session_id)
+        counts = self._each_root("owner_count", namespace=namespace)
+        return sum(n for root, n in zip(self.layout.roots(), counts, strict=True) if root != own)
+
+    def _call(
         self,
         op: str,
         session_id: str,
         *args: Any,
         idempotency: IdempotencyRecord | None = None,
         bound: bool = False,
+        elsewhere: int | None = None,
         aside: tuple[Any, ...] | None = None,
         **names: Any,
     ) -> Any:
@@ -312,7 +344,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         ``aside`` (another slot's) is sent before the script's reply is read: both
         replies come back in one round trip.
         """
-        command = self._command(op, session_id, args, idempotency, bound, **names)
+        command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
         wait = 0 if op in _READS else self.wait_replicas
         side = None
         try:

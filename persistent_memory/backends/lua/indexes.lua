@@ -53,6 +53,14 @@ if op == 'list' or op == 'list_info' then
   return live
 end
 
+-- How many live sessions the namespace of KEYS[6] (an owner's listing) holds in this
+-- bucket, once the ids of those gone are dropped: for an owner's cap in the cluster layout.
+if op == 'owner_count' then
+  BY_TIME = KEYS[6]
+  prune_owner_index()
+  return redis.call('ZCARD', BY_TIME)
+end
+
 -- Members of ``a`` that ``b`` lacks (sets or sorted sets): ZDIFF (Redis 6.2) in one
 -- command, else one by one.
 local function only_in(a, b)

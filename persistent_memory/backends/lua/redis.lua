@@ -53,7 +53,11 @@ local op, sid, now = ARGV[1], ARGV[3], ARGV[4]
 -- The root every key name below starts with (see above): KEYS[8] is '{root}:__sessions__'.
 local root = string.sub(KEYS[8], 1, #KEYS[8] - #':__sessions__')
 local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
-local owner_cap, byte_cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- ARGV[8] is the cap alone, or in the cluster layout '{cap}?' (not counted yet) or
+-- '{cap}+{sessions of the owner in the other buckets}' (see owner_has_room).
+local owner_cap, owner_elsewhere = string.match(ARGV[8], '^(%d+)(.*)$')
+owner_cap, owner_elsewhere = tonumber(owner_cap), owner_elsewhere ~= '?' and (tonumber(string.sub(owner_elsewhere, 2)) or 0)
+local byte_cap = tonumber(ARGV[9])
 local arg_max_messages = ARGV[10]
 local default_idle_ms, refresh_reads = ARGV[11], ARGV[12] == '1'
 local summarize_after = tonumber(ARGV[13])

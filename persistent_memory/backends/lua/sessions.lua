@@ -136,24 +136,38 @@ end
 
 -- Whether the owner of the current (owned) session may hold it: an id already in its
 -- index keeps its place. Ids of expired sessions stay indexed until swept, so at the
--- cap they are dropped first and the index counted again.
-local function owner_has_room()
-  if owner_cap <= 0 or not namespace_of(sid) or redis.call('ZSCORE', BY_TIME, sid) then
-    return true
-  end
-  if redis.call('ZCARD', BY_TIME) < owner_cap then
-    return true
-  end
+-- cap they are dropped first and the index counted again. In the cluster layout an
+-- owner's sessions are in many buckets: ``owner_elsewhere`` is how many are in the
+-- others, and when the client has not counted them (nil) a call that would create a
+-- session asks it to (PM_ROOM_CHECK, see no_room) before anything is written.
+local function prune_owner_index()
   for _, id in ipairs(redis.call('ZRANGE', BY_TIME, 0, -1)) do
     if redis.call('EXISTS', root .. ':' .. id .. ':__meta__') == 0 then
       unindex(id)
       mark_dirty(id)
     end
   end
-  return redis.call('ZCARD', BY_TIME) < owner_cap
+end
+
+local function owner_has_room()
+  if owner_cap <= 0 or not namespace_of(sid) or redis.call('ZSCORE', BY_TIME, sid) then
+    return true
+  end
+  if not owner_elsewhere then
+    return false
+  end
+  local limit = owner_cap - owner_elsewhere
+  if redis.call('ZCARD', BY_TIME) < limit then
+    return true
+  end
+  prune_owner_index()
+  return redis.call('ZCARD', BY_TIME) < limit
 end
 
 local function no_room()
+  if not owner_elsewhere then
+    return fail('ROOM_CHECK', 'Count the owner\'s sessions in the other buckets.')
+  end
   return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
 end
 

@@ -119,4 +119,6 @@ class Command(MemoryCommand):
         return line + "."
 
     def failure(self, counts: dict[str, Any]) -> str:
-        return f"{counts['failed']} copies differ from their source (written meanwhile?): run the command again."
+        return (
+            f"{counts['failed']} copies differ from their source (written meanwhile?): run the command again."
+        )
