@@ -102,7 +102,9 @@ def redis_cluster(primaries: int = 3) -> Iterator[str]:
         ports = [_free_cluster_port() for _ in range(primaries)]
         for port in ports:
             servers.append(
-                _server(port, folder, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf")
+                _server(
+                    port, folder, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"
+                )
             )
         for port in ports:
             _wait_for(f"redis://127.0.0.1:{port}/0")

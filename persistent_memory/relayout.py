@@ -205,7 +205,7 @@ def _copy_batch(
         report.copied += len(stale)
         return
     for sid in stale:
-        target.restore_session({**live[sid], "info": {**live[sid]["info"], "expires_at": None}}, replace=True)
+        target.restore_session(live[sid], replace=True)
     # Read every copy back: what differs (a write to the target meanwhile) keeps its source.
     written = target.snapshots(stale) if stale else {}
     failed = {sid for sid, copy in written.items() if copy is None or not same_session(live[sid], copy)}

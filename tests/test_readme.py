@@ -168,6 +168,7 @@ EXAMPLES = {
         "mcp-asgi",
         "admin-user",
         "export-import",
+        "scaling-out",
         "settings",
         "exception-filter",
         "demo-on-redis",
@@ -400,6 +401,45 @@ def test_the_settings_example_is_the_defaults():
     left_out = set(defaults) - set(shown)
     assert left_out == {"REDIS_HOST", "REDIS_PORT", "REDIS_PASSWORD", "REDIS_DB"}
     assert "# or REDIS_HOST / REDIS_PORT / REDIS_PASSWORD / REDIS_DB" in readme_blocks.example("settings")
+
+
+def test_the_scaling_out_examples_work_on_a_real_cluster_and_sentinel(
+    settings, redis_cluster_client, redis_cluster
+):
+    """Each settings dict of "Scaling out", pointed at our own servers (the addresses
+    replaced; the password and database kept), passes the checks and stores and reads."""
+    from persistent_memory import get_store
+    from persistent_memory.checks import check_settings
+    from tests.redis_topologies import SentinelServers
+
+    text = readme_blocks.example("scaling-out")
+    confs = []
+    for part in text.split("\n\n# Sentinel:"):
+        namespace: dict[str, Any] = {}
+        readme_blocks.run_python(part if part.startswith("#") else "#" + part, namespace)
+        confs.append(namespace["PERSISTENT_MEMORY"])
+    cluster_conf, sentinel_conf = confs
+    address = ":secret@10.0.0.5:7000"
+    port = redis_cluster.url.rsplit(":", 1)[1].split("/")[0]
+    sentinels = SentinelServers(password="secret")  # the example's password, on the data nodes
+    sentinels.start()
+    try:
+        for conf in (
+            {**cluster_conf, "REDIS_URL": cluster_conf["REDIS_URL"].replace(address, f"127.0.0.1:{port}")},
+            {
+                **sentinel_conf,
+                "REDIS_SENTINELS": sentinels.sentinels,
+                "REDIS_SENTINEL_SERVICE": sentinels.service,
+            },
+        ):
+            settings.PERSISTENT_MEMORY = {**conf, "MIRROR_MODE": "off"}
+            assert [m for m in check_settings() if m.is_serious()] == []
+            store = get_store()
+            store.create_session("example")
+            store.put("example", "k", {"v": 1})
+            assert store.get("example", "k") == {"v": 1}
+    finally:
+        sentinels.stop()
 
 
 def test_the_exception_filter_example(settings):

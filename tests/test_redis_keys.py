@@ -36,7 +36,7 @@ import redis
 
 from persistent_memory import get_store, maintenance
 from persistent_memory.backends.conversations import Summary
-from persistent_memory.backends.redis import SCRIPT, RedisBackend
+from persistent_memory.backends.redis import SCRIPT, RedisBackend, _glob_escape
 from persistent_memory.backends.redis_layout import TAGS, Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
@@ -52,12 +52,16 @@ LONG_TTL = 3600
 OWNERS = ("", "user:a", "user:b")
 CONVERSATIONS = ("default", "side")
 MARK = "pm-test:mark"
+#: The value keys the answer lane writes, named by the script, not declared.
+ANSWER_KEYS = ("last_answer", "answer_count")
 FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs")
 RUN_REF = re.compile(r"(~run:[\w-]+|~o:[^~]+~:run:[\w-]+)")
 INDEX = re.compile(r"(~sessions|~names|__sessions__|~owned|(~o:[^~]+~):(sessions|names))")
 SESSION_KEY = re.compile(r"(~o:[^~]+~[\w-]+|[\w-]+):(.+)")
 #: Bucket-level keys of the cluster layout, below the bucket's root.
-BUCKET_KEYS = re.compile(r"(~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names))")
+BUCKET_KEYS = re.compile(
+    r"(~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names))"
+)
 
 
 def _text(raw: bytes | str) -> str:
@@ -80,7 +84,7 @@ Stored = dict[str, set[str]]
 def stored(client: redis.Redis, root: str) -> Stored:
     """Members of every set and sorted set, and the value of every run binding, by key,
     of the keys under ``root``."""
-    match = re.sub(r"([\\*?\[\]])", r"\\\1", root) + ":*"
+    match = _glob_escape(root) + ":*"
     names = [_text(key) for key in client.scan_iter(match=match, count=1000)]
     pipe = client.pipeline(transaction=True)
     for name in names:
@@ -286,10 +290,21 @@ def named_from_storage(key: str, call: Call) -> str | None:
     base, suffix = f"{root}:{parts.group(1)}:", parts.group(2)
     if suffix in FIXED:
         return "fixed key of a named session"
-    if suffix in call.members(base + "__keys__"):
+    # Value keys and conversations held before the call: one written that the call adds
+    # is named from its arguments, and must be declared.
+    if suffix in call.before.get(base + "__keys__", ()):
         return "value key in a key set"
-    if suffix.startswith("~c:") and suffix[3:].split(":")[0] in call.members(base + "~convs"):
+    conversation = suffix[3:].split(":")[0] if suffix.startswith("~c:") else None
+    if conversation and conversation in call.before.get(base + "~convs", ()):
         return "conversation in a conversation set"
+    if call.argv[0] == "answer" and call.argv[2] == "" and parts.group(1) in bound:
+        # An answer given only its run (one call in the node layout): its session comes
+        # from the binding, so the keys of the conversation it records into cannot be
+        # declared. (The cluster layout reads the session first and declares them.)
+        if suffix in ANSWER_KEYS or conversation == call.argv[20]:
+            return "answer by run: its session's keys"
+    if call.argv[0] == "answer" and suffix in ANSWER_KEYS:
+        return "answer lane's own value keys"
     return None
 
 
@@ -439,3 +454,165 @@ def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, 
     assert reasons["value key in a key set"] and reasons["conversation in a conversation set"], reasons
     assert reasons["run binding in a run index"], reasons
     assert ("run pointer" in reasons) == (layout == "cluster"), reasons
+    if layout == "cluster":  # every key of a call known before it: none named late
+        assert "answer by run: its session's keys" not in reasons, reasons
+
+
+# 2. The cluster layout: buckets, expiry, the sweep and forgetting an owner ----------------
+
+#: Bucket-level keys below a root; run bindings, idempotency records and sessions' keys aside.
+BUCKET_LEVEL = re.compile(
+    r"~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names)"
+)
+IDEMPOTENCY_RECORD = re.compile(r"(~idem:|~o:[^~]+~:idem:).+")
+#: PEXPIRETIME of keys of one session: set from the meta's in the same script (absolute), so
+#: equal; a relative PTTL copy made in the same script stays within this.
+TOLERANCE_MS = 5
+
+
+@pytest.fixture(params=["one-server", "redis-cluster"])
+def cluster_layout(
+    request: pytest.FixtureRequest, settings: Any
+) -> Iterator[tuple[MemoryStore, list[redis.Redis]]]:
+    """The store in the cluster layout, on one server or on a real cluster (clean), and a
+    client on each server that holds its keys."""
+    if request.param == "one-server":
+        nodes = [request.getfixturevalue("redis_client")]
+        conf = memory_settings_for("redis", request.getfixturevalue("redis_url"), REDIS_LAYOUT="cluster")
+    else:
+        cluster = request.getfixturevalue("redis_cluster")
+        request.getfixturevalue("redis_cluster_client")  # whole, and flushed
+        nodes = [redis.Redis(host=host, port=port) for host, port in cluster.primaries()]
+        conf = memory_settings_for("redis", cluster.url, REDIS_TOPOLOGY="cluster")
+    settings.PERSISTENT_MEMORY = {**conf, "CONTEXT_STRATEGY": "rolling_summary", "SUMMARIZER_WORKER": False}
+    store = get_store()
+    assert store.backend.layout.cluster
+    yield store, nodes
+    if request.param != "one-server":
+        for node in nodes:
+            node.close()
+
+
+def keyspace(nodes: list[redis.Redis]) -> dict[str, redis.Redis]:
+    """Every key, with the server that holds it."""
+    return {_text(key): node for node in nodes for key in node.scan_iter(count=1000)}
+
+
+def expiry_times(node: redis.Redis, *keys: str) -> list[int]:
+    """PEXPIRETIME of ``keys`` read at one moment (MULTI), so no key expires between them."""
+    pipe = node.pipeline(transaction=True)
+    for key in keys:
+        pipe.pexpiretime(key)
+    return pipe.execute()
+
+
+def stored_names(nodes: list[redis.Redis]) -> dict[str, set[str]]:
+    """Every member of every set and sorted set, and every run binding's or pointer's
+    session, on every server: each storage id with the keys that hold it."""
+    found: dict[str, set[str]] = {}
+    for key, node in keyspace(nodes).items():
+        kind = _text(node.type(key))
+        if kind == "set":
+            names = {_text(m) for m in node.smembers(key)}
+        elif kind == "zset":
+            names = {_text(m) for m in node.zrange(key, 0, -1)}
+        elif kind == "string" and RUN_REF.fullmatch(_below_root(key)):
+            names = {_text(node.get(key) or b"")}
+        else:
+            continue
+        for name in names:  # a queue's "{id} {conversation}", a binding's "{id} {question}"
+            found.setdefault(name.split(" ")[0], set()).add(key)
+    return found
+
+
+def check_cluster_keys(store: MemoryStore, nodes: list[redis.Redis]) -> dict[str, int]:
+    """Every key is in its session's bucket and expires with its session; how many of each kind."""
+    layout: Layout = store.backend.layout
+    roots = set(layout.roots())
+    kinds: dict[str, int] = {}
+    for key, node in keyspace(nodes).items():
+        below = key.removeprefix(PREFIX + ":")
+        if RUN_REF.fullmatch(below):  # a run pointer: its own slot, its own TTL
+            assert expiry_times(node, key)[0] > 0, key
+            kinds["run pointer"] = kinds.get("run pointer", 0) + 1
+            continue
+        root = _root(key)
+        assert root in roots, f"{key} is in no bucket"
+        rest = key[len(root) + 1 :]
+        if BUCKET_LEVEL.fullmatch(rest):
+            kind = "bucket"
+            if _text(node.type(key)) in ("set", "zset"):
+                members = node.smembers(key) if _text(node.type(key)) == "set" else node.zrange(key, 0, -1)
+                for member in members:
+                    sid = _text(member).split(" ")[0]  # the summarizers' queue: "{id} {conversation}"
+                    assert layout.root_of(sid) == root, f"{sid} of {key} is another bucket's"
+        elif IDEMPOTENCY_RECORD.fullmatch(rest):
+            kind = "idempotency record"
+            assert expiry_times(node, key)[0] > 0, key
+        elif RUN_REF.fullmatch(rest):
+            kind = "run binding"
+            sid = _text(node.get(key) or b" ").split(" ")[0]
+            meta = f"{root}:{sid}:__meta__"
+            assert layout.root_of(sid) == root, f"{key} binds {sid}, of another bucket"
+            binding, session = expiry_times(node, key, meta)
+            assert binding > 0 and (binding == -2 or session < 0 or binding <= session + TOLERANCE_MS), key
+        else:
+            parts = SESSION_KEY.fullmatch(rest)
+            assert parts, f"{key}: not a key of the layout"
+            sid = parts.group(1)
+            assert layout.root_of(sid) == root, f"{key} is not in the bucket of {sid}"
+            own, meta = expiry_times(node, key, f"{root}:{sid}:__meta__")
+            if own != -2:  # expired meanwhile, with its meta (read at one moment)
+                assert meta != -2, f"{key} outlives its session's meta"
+                assert (own == meta == -1) or (min(own, meta) > 0 and abs(own - meta) <= TOLERANCE_MS), (
+                    f"{key} expires at {own}, its session at {meta}"
+                )
+            kind = "session key"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def test_cluster_layout_keys_stay_in_their_bucket_expire_with_their_session_and_go(cluster_layout, db):
+    store, nodes = cluster_layout
+    workload = Workload(store, 7, [(LONG_TTL, None), (LONG_TTL, LONG_TTL), (0, None), (0, LONG_TTL)])
+    for _ in range(150):
+        workload.step()
+    # Sessions that expire soon, by their TTL or their idle TTL, with a key of every kind.
+    doomed: dict[str, float] = {}
+    for owner in OWNERS:
+        scoped = store.for_owner(owner) if owner else store
+        for sid, lifetime in (
+            ("d1", {"ttl_seconds": LIVE_TTL}),
+            ("d2", {"ttl_seconds": 0, "idle_ttl_seconds": LIVE_TTL}),
+        ):
+            scoped.create_session(sid, **lifetime)
+            scoped.put(sid, "a", 1)
+            scoped.enrich_recording(sid, "a question", run_id=f"{sid}run")
+            scoped.record_answer(None, "an answer", run_id=f"{sid}run")
+            scoped.add_messages(sid, [{"role": "user", "content": "hello"}], conversation="side")
+            doomed[storage_id(owner, sid)] = scoped.session_info(sid)["expires_at"]
+    kinds = check_cluster_keys(store, nodes)
+    assert kinds["session key"] > 100 and kinds["bucket"] and kinds["run binding"], kinds
+    assert kinds["idempotency record"] and ("run pointer" in kinds), kinds
+
+    wait_past(max(doomed.values()))
+    assert set(doomed) <= stored_names(nodes)  # indexed until swept
+    report = maintenance.sweep(store=store)
+    assert report.expired_sessions >= len(doomed)
+    left = [key for key in keyspace(nodes) if any(f":{sid}:" in key for sid in doomed)]
+    assert left == []
+    # What still names them: a run pointer only (outside the buckets; it is the run's,
+    # and expires on its own after RUN_BINDING_TTL_SECONDS).
+    holders = stored_names(nodes)
+    named = {key for sid in doomed for key in holders.get(sid, ())}
+    assert all(RUN_REF.fullmatch(key.removeprefix(PREFIX + ":")) for key in named), named
+    check_cluster_keys(store, nodes)
+
+    # Forgetting an owner leaves no key naming it, and no member or pointer naming it.
+    mark = "~o:user:a~"
+    assert any(mark in key for key in keyspace(nodes))
+    forget_owner("user:a", store=store)
+    assert [key for key in keyspace(nodes) if mark in key] == []
+    assert [name for name in stored_names(nodes) if mark in name] == []
+    assert any("~o:user:b~" in key for key in keyspace(nodes))  # the other owner's stay
+    check_cluster_keys(store, nodes)

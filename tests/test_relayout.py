@@ -223,6 +223,22 @@ def test_an_interrupted_run_finishes_when_started_again(single, redis_url):
     target.close()
 
 
+def test_ctrl_c_ends_the_command_with_what_to_do(single, redis_url, monkeypatch):
+    from persistent_memory.management.commands.memory_relayout import Command
+
+    def interrupt(self: Any, report: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Command, "_batch_done", interrupt)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="run the command again"):
+        call_command("memory_relayout", "--to", "cluster", "--batch-size", BATCH, stdout=out)
+    copied, _, _ = counts(out.getvalue())
+    assert 0 < copied == len(every_session(backend(redis_url, "cluster"))) < LIVE
+    monkeypatch.undo()
+    assert counts(run("--to", "cluster"))[:2] == (LIVE - copied, copied)
+
+
 def test_into_a_real_cluster(single, redis_url, redis_cluster, redis_cluster_client, settings):
     run("--to", "cluster")
     # Configured in the cluster layout now; its sessions go into the real cluster.

@@ -80,7 +80,8 @@ def _cluster(conf: MemorySettings) -> RedisCluster:
     ``retry`` is the cluster client's own loop around a whole command: on a
     ConnectionError or TimeoutError (also ClusterDownError, SlotNotCoveredError) it
     refreshes the slot map and, with retries left, sends the command again. With none
-    the refresh still happens and the error reaches the caller. MOVED, ASK and TRYAGAIN
+    the refresh still happens and the error reaches the caller (ClusterDownError too, for
+    the seconds of a failover, though the command never ran). MOVED, ASK and TRYAGAIN
     are followed by an inner loop that does not read ``retry`` (the node refused the
     command, so it never ran). The per-node connections never retry: redis-py fixes
     that itself. (``cluster_error_retry_attempts`` is deprecated and ignored with a
