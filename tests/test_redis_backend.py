@@ -488,3 +488,16 @@ def test_the_sweep_cleans_the_indexes_and_run_indexes(rstore, redis_client):
         (b"live", pytest.approx(time.time(), abs=60)),
     ]
     assert redis_client.zrange("rr:memory:~names", 0, -1) == [b"live", b"node-1"]
+
+
+def test_the_script_is_split_by_concern_each_file_naming_its_keys():
+    """Lua files of at most about 500 lines, each opening with the keys it expects."""
+    from importlib import resources
+
+    files = list(resources.files("persistent_memory.backends").joinpath("lua").iterdir())
+    assert len(files) >= 8
+    for path in files:
+        text = path.read_text()
+        assert len(text.splitlines()) <= 500, path.name
+        opening = "\n".join(text.splitlines()[:30])
+        assert "KEYS" in opening or "Keys used here" in opening, path.name
