@@ -57,7 +57,7 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.backends.redis_layout import Layout
+from persistent_memory.backends.redis_layout import DIRTY, Layout
 from persistent_memory.backends.redis_topology import build_client, describe
 from persistent_memory.conf import (
     MemorySettings,
@@ -123,9 +123,6 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
 
 #: ARGV 14-16 of a call without an idempotency key (see redis.lua).
 _NO_IDEMPOTENCY = ("", "", "0")
-
-#: KEYS places (see redis.lua) of the bucket queues.
-_DIRTY, _SUMMARIZE, _SUMMARIZER = 10, 11, 12
 
 #: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
 _READS = frozenset(
@@ -932,13 +929,13 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             pipe.execute()
 
     def pop_dirty(self, count: int) -> list[str]:
-        return [item.decode() for item in self._queue_pop(_DIRTY, count)]
+        return [item.decode() for item in self._queue_pop(DIRTY, count)]
 
     def dirty_count(self) -> int:
-        return self._queue_count(_DIRTY)
+        return self._queue_count(DIRTY)
 
     def mark_dirty(self, session_ids: list[str]) -> None:
-        self._queue_add(_DIRTY, [(sid, sid) for sid in session_ids])
+        self._queue_add(DIRTY, [(sid, sid) for sid in session_ids])
 
     # Health -----------------------------------------------------------------
 

@@ -23,10 +23,8 @@ from persistent_memory.backends.conversations import (
     WindowTexts,
 )
 from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.backends.redis_layout import SUMMARIZE, SUMMARIZER
 from persistent_memory.conversations.messages import PreparedMessage
-
-#: KEYS places (see redis.lua) of the summarizers' queue and health in a bucket.
-_SUMMARIZE, _SUMMARIZER = 11, 12
 
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, RunBinding
@@ -245,14 +243,14 @@ class RedisSummaries(SummaryBackend):
     window's one script call reads it beside the conversation."""
 
     def pop_unsummarized(self: RedisBackend, count: int) -> list[tuple[str, str]]:
-        items = self._queue_pop(_SUMMARIZE, count)
+        items = self._queue_pop(SUMMARIZE, count)
         return [tuple(item.decode().split(" ", 1)) for item in items]  # type: ignore[misc]
 
     def mark_unsummarized(self: RedisBackend, items: list[tuple[str, str]]) -> None:
-        self._queue_add(_SUMMARIZE, [(sid, f"{sid} {name}") for sid, name in items])
+        self._queue_add(SUMMARIZE, [(sid, f"{sid} {name}") for sid, name in items])
 
     def unsummarized_count(self: RedisBackend) -> int:
-        return self._queue_count(_SUMMARIZE)
+        return self._queue_count(SUMMARIZE)
 
     def summary_source(self: RedisBackend, session_id: str, conversation: str) -> SummarySource:
         reply = self._run("summary_source", session_id, conversation, conversation=conversation)
@@ -277,13 +275,13 @@ class RedisSummaries(SummaryBackend):
 
     def summarizer_health(self: RedisBackend) -> dict[str, Any]:
         with self._errors():
-            record = self.client.hget(self._queue_keys(_SUMMARIZER)[0], "record")
+            record = self.client.hget(self._queue_keys(SUMMARIZER)[0], "record")
         return json.loads(record) if record else {}
 
     def set_summarizer_health(self: RedisBackend, health: dict[str, Any]) -> None:
         mapping = {"state": health.get("state", "healthy"), "record": json.dumps(health)}
         with self._errors():
             pipe = self._pipeline()
-            for key in self._queue_keys(_SUMMARIZER):
+            for key in self._queue_keys(SUMMARIZER):
                 pipe.hset(key, mapping=mapping)
             pipe.execute()

@@ -61,6 +61,10 @@ _CONVERSATION_SUFFIXES = ("", ":m", ":l", ":t", ":s", ":k", ":o", ":y")
 # Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua).
 IDEMPOTENCY, RUN, VALUE = 12, 13, 14
 
+#: KEYS places (1-based, as in redis.lua) of a bucket's queues: the mirror's dirty set, the
+#: summarizers' marks and their health.
+DIRTY, SUMMARIZE, SUMMARIZER = 10, 11, 12
+
 
 def bucket_of(storage_id: str) -> int:
     """The cluster layout's bucket of a session (CRC-32 of its storage id)."""
