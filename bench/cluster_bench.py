@@ -34,6 +34,7 @@ import argparse
 import datetime
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -187,12 +188,29 @@ def round_trip_operations(
     }
 
 
+def open_connections(client: redis.Redis | RedisCluster, count: int = 2) -> None:
+    """Open ``count`` connections to the server, or to every primary, before counting: a new
+    connection's handshake (CLIENT SETINFO) is not a round trip of the operation that needed it."""
+    if isinstance(client, RedisCluster):
+        pools = [client.get_redis_connection(node).connection_pool for node in client.get_primaries()]
+    else:
+        pools = [client.connection_pool]
+    for pool in pools:
+        connections = [pool.get_connection() for _ in range(count)]  # each connected
+        for connection in connections:
+            pool.release(connection)
+
+
 def round_trips(stores: dict[str, Any], calls: int) -> dict[str, dict[str, dict[str, float]]]:
     """Operation -> setup -> packets sent and waited for per call."""
     counter = RoundTrips()
     table: dict[str, dict[str, dict[str, float]]] = {}
     with counter.patched():
         for setup, store in stores.items():
+            open_connections(store.backend.client)
+            # A page reads every bucket: the script is then loaded on every primary (a node's
+            # first call of it otherwise loads it: NOSCRIPT, SCRIPT LOAD, the call again).
+            store.list_session_page(limit=1)
             for name, (prepare, operation) in round_trip_operations(store, setup.replace("/", "-")).items():
                 table.setdefault(name, {})[setup] = counter.count(prepare, operation, calls)
     return table
@@ -409,7 +427,8 @@ def report(results: dict[str, Any]) -> str:
         f"Redis Cluster benchmark, {results['date']}: {results['machine']['cpu']} "
         f"({results['machine']['cores']} cores), Python {results['machine']['python']}, "
         f"redis-server {results['machine']['redis_server']}, redis-py {results['machine']['redis']}. "
-        f"The cluster: 3 primaries, no replicas, on this machine. Options: {results['options']}."
+        f"The cluster: 3 primaries, no replicas, on this machine. Options: {results['options']}. "
+        f"Load average at the end (1, 5, 15 min): {results['load_average']}; {results['seconds']} s."
     ]
     trips = results["round_trips"]
     parts.append(
@@ -519,6 +538,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results: dict[str, Any] = {"date": today, "machine": machine(single_url), "options": options}
         results.update(measure(args, single_url, cluster_url))
         results["seconds"] = round(time.time() - started, 1)
+        results["load_average"] = [round(load, 1) for load in os.getloadavg()]
     text = report(results)
     print(text)
     if args.output:

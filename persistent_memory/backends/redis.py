@@ -462,7 +462,12 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             for attempt in (1, 2):
                 pipe = self._pipeline()
                 for command in commands:
-                    pipe.execute_command(*command)
+                    # On a cluster, its node named: else the cluster pipeline asks a node for
+                    # the keys of each EVALSHA first (COMMAND GETKEYS), one round trip each.
+                    route = (
+                        {"target_nodes": self.client.get_node_from_key(command[3])} if self.on_cluster else {}
+                    )
+                    pipe.execute_command(*command, **route)
                 replies = pipe.execute(raise_on_error=False)
                 if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
                     self.client.script_load(SCRIPT)  # every primary, on a cluster
