@@ -154,7 +154,7 @@ class ClusterServers:
     ``heal`` brings it back, as a replica of whichever node took its slots over.
     """
 
-    def __init__(self, *, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+    def __init__(self, *, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 3000) -> None:
         self.primary_count = primaries
         self.replicas = replicas
         # A short node timeout makes failure detection, and so failover, take about a second.
@@ -388,7 +388,7 @@ class SentinelServers:
             f"bind {HOST}",
             f"dir {self.dir}",
             f"sentinel monitor {self.service} {HOST} {self.primary_port} 2",
-            f"sentinel down-after-milliseconds {self.service} 1000",
+            f"sentinel down-after-milliseconds {self.service} 3000",
             f"sentinel failover-timeout {self.service} 5000",
         ]
         if self.password:
@@ -495,6 +495,11 @@ class SentinelServers:
     def heal(self, *, timeout: float = TIMEOUT) -> None:
         """Restart a killed data node as the current primary's replica and wait until the
         sentinels see the pair as at start."""
+        # A loaded machine can stall a primary long enough for the sentinels to fail it over
+        # on their own: follow them.
+        master = self.master_address()[1]
+        if master == self.replica_port:
+            self.primary_port, self.replica_port = master, self.primary_port
         for port in (self.primary_port, self.replica_port):
             if self.processes[port].poll() is not None:
                 self._spawn_data(port, replica_of=self.master_address()[1])

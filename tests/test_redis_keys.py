@@ -1,24 +1,31 @@
 """Which keys the Redis backend writes, checked on real servers.
 
-1. Every EVALSHA declares its keys: each call, sent one at a time, is matched with the
-   keys Redis reports written by it (keyspace notifications). A key written is either
-   declared in that call's KEYS, or named from what Redis stores under the same root
-   (``KEYS[8]`` less ``:__sessions__``), before or after the call:
+1. Every EVALSHA declares its keys. The backend's calls are sent one at a time and each is
+   matched with the keys Redis reports written by it (keyspace notifications, read up to a
+   mark of ours). A key a call names from its arguments (the value key of put, increment and
+   clear, the conversation of a conversation operation or lane, the run binding of a lane) is
+   declared in its KEYS. Any other key it writes is declared, or named from what Redis
+   stores under the call's root (``KEYS[8]`` less ``:__sessions__``):
 
    * the fixed keys (``__meta__``, ``__keys__``, ``__history__``, ``~runs``, ``~convs``) of
-     a session whose id the call names (ARGV[3]), that a declared index set holds
-     (``__sessions__``, ``~owned``, a namespace's ``:sessions``/``:names``), or that a run
-     binding names;
-   * that session's value keys, each a member of its ``__keys__`` set;
-   * its conversation keys (``~c:{name}`` and its suffixes), ``name`` a member of its ``~convs``;
-   * run bindings (``~run:{id}``, ``~o:{owner}~:run:{id}``) held in a ``~runs`` index;
-   * the listing sets of the namespace of an id an index set holds.
+     the call's session (ARGV[3]), of an id a declared index set holds (``__sessions__``,
+     ``~owned``, a namespace's ``:sessions``/``:names``) before or after the call, or of the
+     session the declared run binding names;
+   * such a session's value keys that its ``__keys__`` set held before the call;
+   * its conversation keys (``~c:{name}`` and its suffixes), ``name`` in its ``~convs`` before;
+   * run bindings (``~run:{id}``, ``~o:{owner}~:run:{id}``) in a ``~runs`` index;
+   * the listing sets of the namespace of an id a declared index set holds;
+   * one exception, in the node layout only: an answer given only its run. Its session
+     comes from the binding, so that session's answer keys and the keys of the conversation
+     it records into cannot be declared.
 
-   In the cluster layout, besides: every key of a call (declared or written) is in the slot
-   of its KEYS[1]. The only other write is the cluster layout's run pointer (a SET of
-   ``{prefix}:{run ref}``, its own slot, see ``redis_layout``).
-2. In the cluster layout every key is in its session's bucket, expires with its session,
-   and the sweep and forgetting an owner leave nothing of what they remove.
+   In the cluster layout, besides: every key a call declares or writes is in one slot. The
+   only writes outside the backend's script are the cluster layout's run pointer (a SET of
+   ``{prefix}:{run ref}``, in its own slot, see ``redis_layout``) and the sweep's
+   compare-and-delete of a pointer whose binding has gone (an EVAL declaring it).
+2. In the cluster layout (on one server and on a real cluster) every key is in its
+   session's bucket and expires with its session; the sweep leaves nothing of expired
+   sessions (their run pointers included), and forgetting an owner nothing that names it.
 3. The cluster layout spreads sessions evenly over a real cluster's primaries.
 """
 
@@ -28,6 +35,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +45,11 @@ import redis
 from persistent_memory import get_store, maintenance
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis import SCRIPT, RedisBackend, _glob_escape
-from persistent_memory.backends.redis_layout import TAGS, Layout
+from persistent_memory.backends.redis_layout import Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.memories.forget import forget_owner
-from persistent_memory.owners import split_storage_id, storage_id
+from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
 from tests.timing import LIVE_TTL, wait_past
@@ -58,9 +66,10 @@ FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs")
 RUN_REF = re.compile(r"(~run:[\w-]+|~o:[^~]+~:run:[\w-]+)")
 INDEX = re.compile(r"(~sessions|~names|__sessions__|~owned|(~o:[^~]+~):(sessions|names))")
 SESSION_KEY = re.compile(r"(~o:[^~]+~[\w-]+|[\w-]+):(.+)")
-#: Bucket-level keys of the cluster layout, below the bucket's root.
-BUCKET_KEYS = re.compile(
-    r"(~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names))"
+#: Bucket-level keys of the cluster layout, below the bucket's root (run bindings,
+#: idempotency records and sessions' keys aside).
+BUCKET_LEVEL = re.compile(
+    r"~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names)"
 )
 
 
@@ -161,7 +170,6 @@ class WriteRecorder:
 
     def close(self) -> None:
         self.pubsub.close()
-        self.client.config_set("notify-keyspace-events", "")
 
     def written(self) -> set[str]:
         """The keys written since the last call of this."""
@@ -248,7 +256,7 @@ class WriteRecorder:
             run = pipe.execute
 
             def execute(*args: Any, **options: Any) -> Any:
-                commands = tuple(command[0] for command, _ in pipe.command_stack)
+                commands = tuple(tuple(command) for command, _ in pipe.command_stack)
                 self._between()
                 try:
                     return run(*args, **options)
@@ -297,15 +305,44 @@ def named_from_storage(key: str, call: Call) -> str | None:
     conversation = suffix[3:].split(":")[0] if suffix.startswith("~c:") else None
     if conversation and conversation in call.before.get(base + "~convs", ()):
         return "conversation in a conversation set"
-    if call.argv[0] == "answer" and call.argv[2] == "" and parts.group(1) in bound:
-        # An answer given only its run (one call in the node layout): its session comes
-        # from the binding, so the keys of the conversation it records into cannot be
-        # declared. (The cluster layout reads the session first and declares them.)
-        if suffix in ANSWER_KEYS or conversation == call.argv[20]:
-            return "answer by run: its session's keys"
-    if call.argv[0] == "answer" and suffix in ANSWER_KEYS:
-        return "answer lane's own value keys"
+    # An answer given only its run (one call in the node layout): its session comes from
+    # the binding, so the keys of the conversation it records into cannot be declared.
+    # (The cluster layout reads the session first and declares them.)
+    by_run = call.argv[0] == "answer" and call.argv[2] == "" and parts.group(1) in bound
+    if by_run and (suffix in ANSWER_KEYS or conversation == call.argv[20]):
+        return "answer by run: its session's keys"
     return None
+
+
+#: Which argument of an operation names a value key, a run binding or a conversation (arg(i)
+#: is ARGV[16 + i]).
+VALUE_ARGUMENT = {"put": 1, "increment": 1, "clear": 1}
+RUN_ARGUMENT = {"enrich": 3, "answer": 4}
+CONVERSATION_ARGUMENT = {
+    **dict.fromkeys(("messages", "read_messages", "context", "head", "clear_messages"), 1),
+    **dict.fromkeys(("summary_source", "commit_summary"), 1),
+    **dict.fromkeys(("enrich", "answer"), 5),
+}
+
+
+def named_by_arguments(call: Call, layout: Layout) -> set[str]:
+    """The keys ``call`` names from its arguments: each must be declared when written (even
+    one its session's key set or conversation set already holds)."""
+    op, sid = call.argv[0], call.argv[2]
+    named: set[str] = set()
+
+    def argument(place: int) -> str:
+        return call.argv[15 + place] if len(call.argv) > 15 + place else ""
+
+    if op in RUN_ARGUMENT and argument(RUN_ARGUMENT[op]):
+        named.add(f"{call.root}:{argument(RUN_ARGUMENT[op])}")
+    if not sid:  # an answer by run alone (node layout): see named_from_storage
+        return named
+    if op in VALUE_ARGUMENT and argument(VALUE_ARGUMENT[op]):
+        named.add(layout.value_key(sid, argument(VALUE_ARGUMENT[op])))
+    if op in CONVERSATION_ARGUMENT and argument(CONVERSATION_ARGUMENT[op]):
+        named.update(layout.conversation_keys(sid, argument(CONVERSATION_ARGUMENT[op])))
+    return named
 
 
 def check_calls(recorder: WriteRecorder, layout: Layout) -> dict[str, int]:
@@ -319,6 +356,8 @@ def check_calls(recorder: WriteRecorder, layout: Layout) -> dict[str, int]:
             assert len(slots) == 1, f"{op} declares keys in slots {slots}: {call.keys}"
             strays = {key for key in call.written if layout.slot(key) not in slots}
             assert not strays, f"{op} wrote keys outside the slot of its KEYS: {strays}"
+        undeclared = (call.written & named_by_arguments(call, layout)) - set(call.keys)
+        assert not undeclared, f"{op} wrote keys named from its arguments, undeclared: {undeclared}"
         for key in call.written:
             reason = "declared" if key in call.keys else named_from_storage(key, call)
             assert reason, f"{op} wrote {key!r}, neither declared nor named from storage: KEYS {call.keys}"
@@ -326,10 +365,19 @@ def check_calls(recorder: WriteRecorder, layout: Layout) -> dict[str, int]:
     for command, written in recorder.others:
         if not written:
             continue
-        # The cluster layout's run pointer: the one write outside a script (redis_layout).
-        assert layout.cluster and command[0] == "SET", (command, written)
-        assert written == {command[1]} and RUN_REF.fullmatch(command[1].removeprefix(PREFIX + ":")), written
-        reasons["run pointer"] = reasons.get("run pointer", 0) + 1
+        # The cluster layout's run pointer: set beside the enrich lane's script, deleted by the
+        # sweep's compare-and-delete (an EVAL declaring it) once its binding has gone.
+        if isinstance(command[0], tuple):  # a pipeline: the sweep's compare-and-deletes
+            assert layout.cluster and {c[0] for c in command} == {"EVAL"}, (command, written)
+            pointers = {str(c[3]) for c in command}
+            reason = "run pointer swept"
+        else:
+            assert layout.cluster and command[0] == "SET", (command, written)
+            pointers = {str(command[1])}
+            reason = "run pointer"
+        assert written <= pointers, (command, written)
+        assert all(RUN_REF.fullmatch(pointer.removeprefix(PREFIX + ":")) for pointer in written), written
+        reasons[reason] = reasons.get(reason, 0) + 1
     return reasons
 
 
@@ -350,7 +398,7 @@ class Workload:
     def _scoped(self) -> tuple[str, MemoryStore, str]:
         owner = self.rng.choice(OWNERS)
         scoped = self.store.for_owner(owner) if owner else self.store
-        return owner, scoped, f"s{self.rng.randrange(4)}"
+        return owner, scoped, f"s{self.rng.randrange(3)}"
 
     def _name(self, prefix: str) -> str:
         self.count += 1
@@ -384,11 +432,12 @@ class Workload:
             "infos": lambda: self.store.list_session_infos(all_owners=True),
             "sweep": lambda: self.store.backend.sweep(dry_run=False, batch_size=3),
         }
-        name = self.rng.choice(list(operations))
-        try:
+        # What walks every bucket (64 calls in the cluster layout) comes less often.
+        walks = ("list", "page", "infos", "sweep")
+        weights = [0.3 if name in walks else 1.0 for name in operations]
+        name = self.rng.choices(list(operations), weights)[0]
+        with suppress(PersistentMemoryError):
             operations[name]()
-        except PersistentMemoryError:
-            pass
         return name
 
     def _create(self, owner: str, scoped: MemoryStore, sid: str) -> None:
@@ -444,7 +493,7 @@ def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, 
     recorder = WriteRecorder(store.backend, node_server, monkeypatch)
     try:
         workload = Workload(store, seed, [(LONG_TTL, None), (LONG_TTL, LONG_TTL), (0, None)])
-        done = {workload.step() for _ in range(120)}
+        done = {workload.step() for _ in range(150)}
     finally:
         recorder.close()
     reasons = check_calls(recorder, store.backend.layout)
@@ -460,10 +509,6 @@ def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, 
 
 # 2. The cluster layout: buckets, expiry, the sweep and forgetting an owner ----------------
 
-#: Bucket-level keys below a root; run bindings, idempotency records and sessions' keys aside.
-BUCKET_LEVEL = re.compile(
-    r"~sessions|~names|__sessions__|~owned|~dirty|~summarize|~summarizer|~o:[^~]+~:(sessions|names)"
-)
 IDEMPOTENCY_RECORD = re.compile(r"(~idem:|~o:[^~]+~:idem:).+")
 #: PEXPIRETIME of keys of one session: set from the meta's in the same script (absolute), so
 #: equal; a relative PTTL copy made in the same script stays within this.
@@ -533,7 +578,7 @@ def check_cluster_keys(store: MemoryStore, nodes: list[redis.Redis]) -> dict[str
     for key, node in keyspace(nodes).items():
         below = key.removeprefix(PREFIX + ":")
         if RUN_REF.fullmatch(below):  # a run pointer: its own slot, its own TTL
-            assert expiry_times(node, key)[0] > 0, key
+            assert expiry_times(node, key)[0] != -1, f"{key} never expires"  # -2: expired meanwhile
             kinds["run pointer"] = kinds.get("run pointer", 0) + 1
             continue
         root = _root(key)
@@ -548,14 +593,17 @@ def check_cluster_keys(store: MemoryStore, nodes: list[redis.Redis]) -> dict[str
                     assert layout.root_of(sid) == root, f"{sid} of {key} is another bucket's"
         elif IDEMPOTENCY_RECORD.fullmatch(rest):
             kind = "idempotency record"
-            assert expiry_times(node, key)[0] > 0, key
+            assert expiry_times(node, key)[0] != -1, f"{key} never expires"
         elif RUN_REF.fullmatch(rest):
             kind = "run binding"
-            sid = _text(node.get(key) or b" ").split(" ")[0]
+            value = node.get(key)
+            if value is None:  # expired since the SCAN
+                continue
+            sid = _text(value).split(" ")[0]
             meta = f"{root}:{sid}:__meta__"
             assert layout.root_of(sid) == root, f"{key} binds {sid}, of another bucket"
             binding, session = expiry_times(node, key, meta)
-            assert binding > 0 and (binding == -2 or session < 0 or binding <= session + TOLERANCE_MS), key
+            assert binding != -1 and (binding == -2 or session < 0 or binding <= session + TOLERANCE_MS), key
         else:
             parts = SESSION_KEY.fullmatch(rest)
             assert parts, f"{key}: not a key of the layout"
@@ -601,11 +649,10 @@ def test_cluster_layout_keys_stay_in_their_bucket_expire_with_their_session_and_
     assert report.expired_sessions >= len(doomed)
     left = [key for key in keyspace(nodes) if any(f":{sid}:" in key for sid in doomed)]
     assert left == []
-    # What still names them: a run pointer only (outside the buckets; it is the run's,
-    # and expires on its own after RUN_BINDING_TTL_SECONDS).
+    # Nothing names them any more: not even a run pointer (outside the buckets, swept once
+    # the binding in the session's bucket has gone).
     holders = stored_names(nodes)
-    named = {key for sid in doomed for key in holders.get(sid, ())}
-    assert all(RUN_REF.fullmatch(key.removeprefix(PREFIX + ":")) for key in named), named
+    assert {key for sid in doomed for key in holders.get(sid, ())} == set()
     check_cluster_keys(store, nodes)
 
     # Forgetting an owner leaves no key naming it, and no member or pointer naming it.
@@ -616,3 +663,31 @@ def test_cluster_layout_keys_stay_in_their_bucket_expire_with_their_session_and_
     assert [name for name in stored_names(nodes) if mark in name] == []
     assert any("~o:user:b~" in key for key in keyspace(nodes))  # the other owner's stay
     check_cluster_keys(store, nodes)
+
+
+# 3. Key distribution over a real cluster's primaries -------------------------------------
+
+SESSIONS = 5000
+#: The most loaded primary over the least. The issue's 1.2 is for the benchmark's 100,000
+#: sessions; 5,000 spread with more noise (each primary holds 21 or 22 of the 64 buckets).
+MAX_SKEW = 1.3
+
+
+def test_cluster_layout_spreads_sessions_evenly_over_the_primaries(
+    settings, redis_cluster, redis_cluster_client
+):
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_cluster.url, REDIS_TOPOLOGY="cluster")
+    store = get_store()
+    owners = ["", "user:1", "user:2", "user:3", "api"]
+    for n in range(SESSIONS):
+        owner = owners[n % len(owners)]
+        scoped = store.for_owner(owner) if owner else store
+        scoped.create_session(f"s{n}", ttl_seconds=LONG_TTL)
+    counts = []
+    for host, port in redis_cluster.primaries():
+        with redis.Redis(host=host, port=port) as node:
+            counts.append(node.dbsize())
+    assert sum(counts) > SESSIONS  # every session's meta, and each bucket's indexes
+    ratio = max(counts) / min(counts)
+    print(f"keys per primary {counts}: most/least {ratio:.3f}")
+    assert ratio <= MAX_SKEW, counts

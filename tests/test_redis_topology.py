@@ -286,7 +286,8 @@ def poll_until(condition: Any, seconds: float = 60.0) -> None:
 
 @pytest.fixture
 def sentinel(redis_sentinel: Any) -> Iterator[Any]:
-    """The session's sentinels, healed afterwards (a test may kill the primary)."""
+    """The session's sentinels, whole before and healed afterwards (a test may kill the primary)."""
+    redis_sentinel.heal()
     yield redis_sentinel
     redis_sentinel.heal()
 

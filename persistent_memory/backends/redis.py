@@ -124,6 +124,14 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
 #: ARGV 14-16 of a call without an idempotency key (see redis.lua).
 _NO_IDEMPOTENCY = ("", "", "0")
 
+#: A run pointer's compare-and-delete (the sweep's): the key is declared.
+_DELETE_IF_UNCHANGED = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+#: The values the answer lane writes.
+ANSWER_KEYS = ("last_answer", "answer_count")
+
 #: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
 _READS = frozenset(
     {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "snapshot"}
@@ -462,12 +470,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             for attempt in (1, 2):
                 pipe = self._pipeline()
                 for command in commands:
-                    # On a cluster, its node named: else the cluster pipeline asks a node for
-                    # the keys of each EVALSHA first (COMMAND GETKEYS), one round trip each.
-                    route = (
-                        {"target_nodes": self.client.get_node_from_key(command[3])} if self.on_cluster else {}
-                    )
-                    pipe.execute_command(*command, **route)
+                    pipe.execute_command(*command, **self._route(command[3]))
                 replies = pipe.execute(raise_on_error=False)
                 if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
                     self.client.script_load(SCRIPT)  # every primary, on a cluster
@@ -647,9 +650,12 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     def _run_pointer(self, session_id: str, run: RunBinding | None) -> tuple[Any, ...] | None:
         """The cluster layout's pointer from a run to its session (see :mod:`.redis_layout`),
         set beside the script that binds the run in the session's bucket. The binding there
-        is what counts: a pointer whose session failed to bind, or was deleted, leads nowhere."""
+        is what counts: a pointer whose session failed to bind, or was deleted, leads nowhere
+        (and the sweep removes it). Its value ends with when it was set, so that the sweep
+        deletes only the pointer it checked, never one set again meanwhile."""
         if run and self.layout.cluster:
-            return ("SET", self.layout.run_pointer(run.run_id), session_id, "PX", _ttl_ms(run.ttl_seconds))
+            value = f"{session_id} {time.time_ns()}"
+            return ("SET", self.layout.run_pointer(run.run_id), value, "PX", _ttl_ms(run.ttl_seconds))
         return None
 
     def record_answer(
@@ -672,8 +678,11 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 pointer = self.client.get(self.layout.run_pointer(run_id))
             if pointer is None:
                 return None
-            session_id = pointer.decode()
+            session_id = pointer.decode().split(" ", 1)[0]
         conversation = message.conversation if message is not None and session_id else None
+        # The two values an answer writes (unknown in the node layout without a session: the
+        # script names them from the run's binding there).
+        written = [self.layout.value_key(session_id, key) for key in ANSWER_KEYS] if session_id else []
         reply = self._run(
             "answer",
             session_id or "",
@@ -686,6 +695,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             bound=bound,
             run=run_id,
             conversation=conversation,
+            extra=written,
         )
         return AnswerRecord(reply[0].decode(), reply[1]) if reply else None
 
@@ -876,7 +886,44 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                         self._sweep_keys(root, batches.pop(root), dry, counts)
                 for root, batch in batches.items():
                     self._sweep_keys(root, batch, dry, counts)
+            if self.layout.cluster:
+                self._sweep_pointers(prefix, dry_run, batch_size, counts)
         return counts
+
+    def _sweep_pointers(self, prefix: str, dry_run: bool, batch_size: int, counts: dict[str, int]) -> None:
+        """The cluster layout's run pointers (outside the buckets) whose binding in their
+        session's bucket has gone: each deleted only if it still holds what was checked."""
+        namespace = namespace_of(prefix)
+        patterns = [
+            _glob_escape(f"{self.key_prefix}:{namespace}:run:" if namespace else f"{self.key_prefix}:~run:")
+        ]
+        if not prefix:
+            patterns.append(_glob_escape(f"{self.key_prefix}:~o:") + "*~:run:")
+        for pattern in patterns:
+            keys = [raw.decode() for raw in self.client.scan_iter(match=pattern + "*", count=batch_size)]
+            for first in range(0, len(keys), batch_size):
+                batch = keys[first : first + batch_size]
+                pipe = self._pipeline()
+                for key in batch:
+                    pipe.get(key)
+                pointers = [(k, v.decode()) for k, v in zip(batch, pipe.execute(), strict=True) if v]
+                pointers = [(k, v) for k, v in pointers if v.startswith(prefix)]
+                pipe = self._pipeline()
+                for key, value in pointers:
+                    session = value.split(" ", 1)[0]
+                    pipe.exists(f"{self.layout.root_of(session)}:{key[len(self.key_prefix) + 1 :]}")
+                stale = [(k, v) for (k, v), bound in zip(pointers, pipe.execute(), strict=True) if not bound]
+                counts["run_bindings"] += len(stale)
+                if stale and not dry_run:
+                    pipe = self._pipeline()
+                    for key, value in stale:
+                        pipe.execute_command("EVAL", _DELETE_IF_UNCHANGED, 1, key, value, **self._route(key))
+                    pipe.execute()
+
+    def _route(self, key: str) -> dict[str, Any]:
+        """A pipelined script's node, named: else redis-py's cluster pipeline asks a node for
+        the keys of every EVAL/EVALSHA first (COMMAND GETKEYS), one round trip each."""
+        return {"target_nodes": self.client.get_node_from_key(key)} if self.on_cluster else {}
 
     def _root_of_key(self, key: str) -> str:
         if not self.layout.cluster:

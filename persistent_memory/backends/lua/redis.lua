@@ -14,7 +14,10 @@
 --   record, 14 the run binding it names, 15 the value key it names, 16 the listing's
 --   scratch set, 17-24 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
 --   ':s', ':k', ':o', ':y'), then the keys a maintenance operation is given.
--- Every key a call can name from its arguments is declared there and used as declared.
+-- Every key a call can name from its arguments is declared there and used as declared,
+-- but one: in the node layout an answer given only a run id learns its session from the
+-- run's binding, here, and names that session's keys (one server: no slot to agree on;
+-- the cluster layout finds the session first, see redis_layout).
 -- The others are named from what Redis holds (the members of a session's key set, its
 -- conversation names, its run index, the ids in a listing), under the root of KEYS[8]:
 -- the node's prefix in the node layout, '{prefix}:{bucket tag}' in the cluster layout,
