@@ -152,6 +152,13 @@ class BackendUnavailable(PersistentMemoryError):
     code = "backend_unavailable"
 
 
+class ReplicasBehind(BackendUnavailable):
+    """A write was applied on the Redis primary, but fewer replicas than
+    REDIS_WAIT_REPLICAS confirmed it in time: it may be lost in a failover, or be there."""
+
+    code = "replicas_behind"
+
+
 class InvalidMemory(InvalidValue):
     """A long-term memory (its content, type, key, metadata, source...) breaks the rules;
     nothing was written."""

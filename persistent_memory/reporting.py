@@ -18,6 +18,7 @@ from persistent_memory.exceptions import (
     CapacityExceeded,
     PersistentMemoryError,
     QuotaExceeded,
+    ReplicasBehind,
 )
 
 #: The response header that carries an error's request id (also ``request_id`` in the body).
@@ -28,6 +29,11 @@ REQUEST_ID_HEADER = "X-Request-ID"
 PLAIN_DETAILS: list[tuple[type[PersistentMemoryError], str | None]] = [
     (QuotaExceeded, None),
     (CapacityExceeded, "The memory store is full: nothing was written."),
+    (
+        ReplicasBehind,
+        "The write was not confirmed by enough replicas in time and may have been applied: "
+        "send it again with the same Idempotency-Key.",
+    ),
     (BackendUnavailable, "The memory store is unavailable; try again later."),
 ]
 

@@ -161,7 +161,7 @@ class WriteRecorder:
         monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
         monkeypatch.setattr(backend, "_run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
-        monkeypatch.setattr(backend, "_pipeline", self._pipeline(backend._pipeline))
+        monkeypatch.setattr(backend, "_batch", self._batch(backend._batch))
         # A command sent beside a script (the run pointer), its reply read after the script's:
         # here it runs (and its writes are read) before the script is sent.
         self.replies: dict[int, Any] = {}
@@ -207,9 +207,9 @@ class WriteRecorder:
         return spy
 
     def _send(self, send: Callable[..., Any]) -> Callable[..., Any]:
-        def spy(command: tuple[Any, ...]) -> tuple[Any, Any]:
+        def spy(command: tuple[Any, ...], wait: int) -> tuple[Any, Any]:
             self._between()
-            pool, connection = send(command)
+            pool, connection = send(command, wait)
             try:
                 self.replies[id(connection)] = connection.read_response()
             except redis.ResponseError as exc:
@@ -219,7 +219,7 @@ class WriteRecorder:
 
         return spy
 
-    def _receive(self, command: tuple[Any, ...], pool: Any, connection: redis.Connection) -> Any:
+    def _receive(self, command: tuple[Any, ...], wait: int, pool: Any, connection: redis.Connection) -> Any:
         pool.release(connection)
         reply = self.replies.pop(id(connection))
         if isinstance(reply, Exception):
@@ -250,21 +250,13 @@ class WriteRecorder:
 
         return spy
 
-    def _pipeline(self, pipeline: Callable[[], Any]) -> Callable[[], Any]:
-        def spy() -> Any:
-            pipe = pipeline()
-            run = pipe.execute
-
-            def execute(*args: Any, **options: Any) -> Any:
-                commands = tuple(tuple(command) for command, _ in pipe.command_stack)
-                self._between()
-                try:
-                    return run(*args, **options)
-                finally:
-                    self.others.append((commands, self.written()))
-
-            pipe.execute = execute
-            return pipe
+    def _batch(self, batch: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        def spy(commands: list[tuple[Any, ...]], key_at: int = 1) -> list[Any]:
+            self._between()
+            try:
+                return batch(commands, key_at)
+            finally:
+                self.others.append((tuple(tuple(command) for command in commands), self.written()))
 
         return spy
 
@@ -645,6 +637,8 @@ def test_cluster_layout_keys_stay_in_their_bucket_expire_with_their_session_and_
 
     wait_past(max(doomed.values()))
     assert set(doomed) <= stored_names(nodes).keys()  # indexed until swept
+    # A pointer is swept once its binding has gone and it is older than the grace (60 s): no waiting here.
+    store.backend.POINTER_GRACE_SECONDS = 0
     report = maintenance.sweep(store=store)
     assert report.expired_sessions >= len(doomed)
     left = [key for key in keyspace(nodes) if any(f":{sid}:" in key for sid in doomed)]
@@ -691,3 +685,19 @@ def test_cluster_layout_spreads_sessions_evenly_over_the_primaries(
     ratio = max(counts) / min(counts)
     print(f"keys per primary {counts}: most/least {ratio:.3f}")
     assert ratio <= MAX_SKEW, counts
+
+
+def test_the_sweep_leaves_a_young_run_pointer_and_removes_one_whose_binding_went(cluster_layout, db):
+    """A pointer is set beside the script that binds its run: a sweep that ran between the
+    two would see no binding yet, so it only removes pointers older than the grace."""
+    store, nodes = cluster_layout
+    store.enrich("s1", run_id="r1")
+    pointer = store.backend.layout.run_pointer("~run:r1")
+    store.delete_session("s1")  # the binding goes with the session; the pointer stays
+    assert store.record_answer(None, "late", run_id="r1") is None  # it leads nowhere
+    assert pointer in keyspace(nodes)
+    maintenance.sweep(store=store)
+    assert pointer in keyspace(nodes)  # young: left alone
+    store.backend.POINTER_GRACE_SECONDS = 0
+    maintenance.sweep(store=store)
+    assert pointer not in keyspace(nodes)

@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
 
 from persistent_memory.backends.base import (
     AnswerRecord,
@@ -77,6 +77,7 @@ from persistent_memory.exceptions import (
     OrphanToolResult,
     PersistentMemoryError,
     QuotaExceeded,
+    ReplicasBehind,
     SessionExists,
     SessionExpired,
     SessionNotFound,
@@ -144,11 +145,6 @@ _READS = frozenset(
 _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
-class ReplicasBehind(BackendUnavailable):
-    """A write was applied on the primary but fewer replicas than REDIS_WAIT_REPLICAS
-    confirmed it in time."""
-
-
 def _ttl_text(ttl_seconds: float | None) -> str:
     # The node writes "None" for no TTL and a number otherwise.
     return "None" if ttl_seconds is None else repr(ttl_seconds)
@@ -193,6 +189,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
     """Sessions in Redis, shared by every process that points at the same server or cluster."""
 
     name = "redis"
+
+    #: The sweep leaves a run pointer younger than this alone (see _sweep_pointers).
+    POINTER_GRACE_SECONDS = 60.0
 
     def __init__(
         self,
@@ -274,6 +273,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         """Turn redis-py errors into the store's exceptions."""
         try:
             yield
+        except RedisClusterException as exc:  # no node answers, or a slot is not covered
+            self._refresh_slots()
+            raise BackendUnavailable(f"Redis at {self.describe()} is unavailable: {exc}") from None
         except redis.RedisError as exc:
             if self.on_cluster and isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
                 self._refresh_slots()
@@ -357,7 +359,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             connection = pool.get_connection()
             try:
                 if aside is not None:
-                    side = self._send(aside)
+                    side = self._send(aside, wait)
                 return self._exchange(connection, command, wait)
             except redis.ResponseError:
                 raise  # whole replies were read: the connection is fine
@@ -367,19 +369,20 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             finally:
                 pool.release(connection)
                 if side is not None:
-                    self._receive(aside, *side)
+                    self._receive(aside, wait, *side)
         except _REDIRECTS:
             return self._redirected(command, wait)
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             with self._errors():
                 raise exc
 
-    def _send(self, command: tuple[Any, ...]) -> tuple[redis.ConnectionPool, redis.Connection]:
-        """Send a plain command on its key's primary; its reply is read by :meth:`_receive`."""
+    def _send(self, command: tuple[Any, ...], wait: int) -> tuple[redis.ConnectionPool, redis.Connection]:
+        """Send a plain command (with its WAIT) on its key's primary; :meth:`_receive` reads."""
         pool = self._pool(command[1])
         connection = pool.get_connection()
         try:
-            connection.send_command(*command)
+            commands = [command, ("WAIT", wait, self.wait_timeout_ms)] if wait else [command]
+            connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
             connection.disconnect()
             pool.release(connection)
@@ -387,31 +390,45 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         return pool, connection
 
     def _receive(
-        self, command: tuple[Any, ...], pool: redis.ConnectionPool, connection: redis.Connection
-    ) -> Any:
+        self, command: tuple[Any, ...], wait: int, pool: redis.ConnectionPool, connection: redis.Connection
+    ) -> None:
+        """The replies of :meth:`_send`. The command is one that may run twice (the run
+        pointer's SET): once the script beside it has been applied, a lost reply is not
+        worth a 503, so it is sent again once, through the cluster client."""
         try:
-            return connection.read_response()
-        except _REDIRECTS:
-            return self.client.execute_command(*command)
-        except redis.ResponseError:
-            raise
-        except BaseException:
+            connection.read_response()
+            if wait:
+                self._check_replicas(connection.read_response())
+            return
+        except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError):
             connection.disconnect()
-            raise
         finally:
             pool.release(connection)
+        self._refresh_slots()
+        self.client.execute_command(*command)
+        if wait:
+            node = self.client.get_node_from_key(command[1]) if self.on_cluster else None
+            options = {"target_nodes": node} if node else {}
+            self._check_replicas(self.client.execute_command("WAIT", wait, self.wait_timeout_ms, **options))
 
     def _redirected(self, command: tuple[Any, ...], wait: int) -> Any:
         """A command a cluster node did not run (the slot moved, or is moving): the cluster
         client sends it where it belongs (ASKING included) and learns the new slot map."""
         with self._errors():
-            reply = self.client.execute_command(*command)
+            reply = self._via_cluster_client(command)
             if wait:
                 node = self.client.get_node_from_key(command[3])
                 self._check_replicas(
                     self.client.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
                 )
             return reply
+
+    def _via_cluster_client(self, command: tuple[Any, ...]) -> Any:
+        try:
+            return self.client.execute_command(*command)
+        except redis.exceptions.NoScriptError:  # a node new to the slot
+            self.client.script_load(SCRIPT)
+            return self.client.execute_command(*command)
 
     def _pool(self, key: str) -> redis.ConnectionPool:
         """The connection pool of the primary that serves ``key``."""
@@ -422,8 +439,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
 
     def _refresh_slots(self) -> None:
         """After a lost connection: the cluster may have failed over; read its slots again."""
-        with suppress(redis.RedisError):  # the next call finds out
-            self.client.nodes_manager.initialize()
+        if self.on_cluster:
+            with suppress(redis.RedisError, RedisClusterException):  # the next call finds out
+                self.client.nodes_manager.initialize()
 
     def _exchange(self, connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
         if not wait:
@@ -458,25 +476,58 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 "with the same Idempotency-Key."
             )
 
-    def _pipeline(self) -> Any:
-        """A pipeline over every primary (the cluster client groups its commands by node)."""
-        return self.client.pipeline() if self.on_cluster else self.client.pipeline(transaction=False)
+    def _batch(self, commands: list[tuple[Any, ...]], key_at: int = 1) -> list[Any]:
+        """``commands`` in one pipeline per primary (its key at ``key_at`` says which), their
+        replies or errors in order. Not the cluster client's pipeline: it sends a command
+        again after a timeout, and a write must never run twice."""
+        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
+        for i, command in enumerate(commands):
+            client = self._node_client(command[key_at])
+            groups.setdefault(id(client), (client, []))[1].append(i)
+        replies: list[Any] = [None] * len(commands)
+        with self._errors():
+            for client, indexes in groups.values():
+                pipe = client.pipeline(transaction=False)
+                for i in indexes:
+                    pipe.execute_command(*commands[i])
+                for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
+                    replies[i] = reply
+        return replies
+
+    def _checked(self, replies: list[Any]) -> list[Any]:
+        """``replies`` of :meth:`_batch`, the first error raised as the store's."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._error(reply) if isinstance(reply, redis.RedisError) else reply
+        return replies
+
+    def _node_client(self, key: str) -> redis.Redis:
+        """The client of the primary that serves ``key`` (the client itself on one server)."""
+        if not self.on_cluster:
+            return self.client
+        with self._errors():
+            return self.client.get_redis_connection(self.client.get_node_from_key(key))
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Several EVALSHAs in one pipeline (per primary on a cluster); replies or errors."""
-        if not commands:
-            return []
-        with self._errors():
-            for attempt in (1, 2):
-                pipe = self._pipeline()
-                for command in commands:
-                    pipe.execute_command(*command, **self._route(command[3]))
-                replies = pipe.execute(raise_on_error=False)
-                if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                    self.client.script_load(SCRIPT)  # every primary, on a cluster
-                    continue
-                return replies
-        raise AssertionError("unreachable")
+        """Several EVALSHAs, one pipeline per primary; replies or errors. Those a server did
+        not run (the script not loaded there, the slot moved) are sent again, alone."""
+        replies = self._batch(commands, key_at=3)
+        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
+        if unloaded:
+            with self._errors():
+                self.client.script_load(SCRIPT)  # every primary, on a cluster
+            for i, reply in zip(
+                unloaded, self._batch([commands[i] for i in unloaded], key_at=3), strict=True
+            ):
+                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, _REDIRECTS):
+                with self._errors():
+                    try:
+                        replies[i] = self._via_cluster_client(commands[i])
+                    except redis.ResponseError as exc:  # as the pipeline would give it
+                        replies[i] = exc
+        return replies
 
     def _each_root(self, op: str, *args: Any, namespace: str = "") -> list[Any]:
         """``op`` (on no one session) in every bucket of the layout; their replies, errors raised."""
@@ -786,11 +837,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         return following, [item.decode() for item in ids]
 
     def existing(self, session_ids: list[str]) -> set[str]:
-        with self._errors():
-            pipe = self._pipeline()
-            for session_id in session_ids:
-                pipe.exists(self.layout.session_keys(session_id)[0])
-            found = pipe.execute()
+        found = self._checked(
+            self._batch([("EXISTS", self.layout.session_keys(sid)[0]) for sid in session_ids])
+        )
         return {sid for sid, exists in zip(session_ids, found, strict=True) if exists}
 
     def _pipelined(self, op: str, session_ids: list[str], *args: Any) -> dict[str, Any]:
@@ -892,38 +941,34 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
 
     def _sweep_pointers(self, prefix: str, dry_run: bool, batch_size: int, counts: dict[str, int]) -> None:
         """The cluster layout's run pointers (outside the buckets) whose binding in their
-        session's bucket has gone: each deleted only if it still holds what was checked."""
+        session's bucket has gone: each deleted only if it still holds what was checked, and
+        only once POINTER_GRACE_SECONDS old (its binding is set by a script sent beside it)."""
         namespace = namespace_of(prefix)
         patterns = [
             _glob_escape(f"{self.key_prefix}:{namespace}:run:" if namespace else f"{self.key_prefix}:~run:")
         ]
         if not prefix:
             patterns.append(_glob_escape(f"{self.key_prefix}:~o:") + "*~:run:")
+        settled = time.time_ns() - int(self.POINTER_GRACE_SECONDS * 10**9)
         for pattern in patterns:
-            keys = [raw.decode() for raw in self.client.scan_iter(match=pattern + "*", count=batch_size)]
+            with self._errors():
+                keys = [raw.decode() for raw in self.client.scan_iter(match=pattern + "*", count=batch_size)]
             for first in range(0, len(keys), batch_size):
                 batch = keys[first : first + batch_size]
-                pipe = self._pipeline()
-                for key in batch:
-                    pipe.get(key)
-                pointers = [(k, v.decode()) for k, v in zip(batch, pipe.execute(), strict=True) if v]
-                pointers = [(k, v) for k, v in pointers if v.startswith(prefix)]
-                pipe = self._pipeline()
-                for key, value in pointers:
-                    session = value.split(" ", 1)[0]
-                    pipe.exists(f"{self.layout.root_of(session)}:{key[len(self.key_prefix) + 1 :]}")
-                stale = [(k, v) for (k, v), bound in zip(pointers, pipe.execute(), strict=True) if not bound]
+                values = self._checked(self._batch([("GET", key) for key in batch]))
+                pointers = []
+                for key, raw in zip(batch, values, strict=True):
+                    session, _, set_at = (raw or b"").decode().partition(" ")
+                    if raw and session.startswith(prefix) and int(set_at or 0) < settled:
+                        binding = f"{self.layout.root_of(session)}:{key[len(self.key_prefix) + 1 :]}"
+                        pointers.append((key, raw, binding))
+                bound = self._checked(self._batch([("EXISTS", binding) for _, _, binding in pointers]))
+                stale = [(key, raw) for (key, raw, _), held in zip(pointers, bound, strict=True) if not held]
                 counts["run_bindings"] += len(stale)
                 if stale and not dry_run:
-                    pipe = self._pipeline()
-                    for key, value in stale:
-                        pipe.execute_command("EVAL", _DELETE_IF_UNCHANGED, 1, key, value, **self._route(key))
-                    pipe.execute()
-
-    def _route(self, key: str) -> dict[str, Any]:
-        """A pipelined script's node, named: else redis-py's cluster pipeline asks a node for
-        the keys of every EVAL/EVALSHA first (COMMAND GETKEYS), one round trip each."""
-        return {"target_nodes": self.client.get_node_from_key(key)} if self.on_cluster else {}
+                    self._checked(
+                        self._batch([("EVAL", _DELETE_IF_UNCHANGED, 1, k, v) for k, v in stale], key_at=3)
+                    )
 
     def _root_of_key(self, key: str) -> str:
         if not self.layout.cluster:
@@ -949,36 +994,24 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         if len(keys) == 1:
             with self._errors():
                 return self.client.spop(keys[0], count) or []
-        with self._errors():
-            pipe = self._pipeline()
-            for key in keys:
-                pipe.scard(key)
-            sizes = pipe.execute()
-            pipe = self._pipeline()
-            left = count
-            for key, size in zip(keys, sizes, strict=True):
-                if size and left > 0:
-                    pipe.spop(key, min(size, left))
-                    left -= size
-            popped = pipe.execute()
-        return [item for items in popped for item in items or ()]
+        sizes = self._checked(self._batch([("SCARD", key) for key in keys]))
+        pops, left = [], count
+        for key, size in zip(keys, sizes, strict=True):
+            if size and left > 0:
+                pops.append(("SPOP", key, min(size, left)))
+                left -= size
+        return [item for items in self._checked(self._batch(pops)) for item in items or ()]
 
     def _queue_count(self, place: int) -> int:
-        with self._errors():
-            pipe = self._pipeline()
-            for key in self._queue_keys(place):
-                pipe.scard(key)
-            return sum(pipe.execute())
+        return sum(self._checked(self._batch([("SCARD", key) for key in self._queue_keys(place)])))
 
     def _queue_add(self, place: int, members: list[tuple[str, str]]) -> None:
         """Add ``(storage id, member)`` pairs, each to its session's bucket."""
         if not members:
             return
-        with self._errors():
-            pipe = self._pipeline()
-            for sid, member in members:
-                pipe.sadd(self.layout.session_keys(sid)[place - 1], member)
-            pipe.execute()
+        self._checked(
+            self._batch([("SADD", self.layout.session_keys(sid)[place - 1], m) for sid, m in members])
+        )
 
     def pop_dirty(self, count: int) -> list[str]:
         return [item.decode() for item in self._queue_pop(DIRTY, count)]

@@ -280,8 +280,5 @@ class RedisSummaries(SummaryBackend):
 
     def set_summarizer_health(self: RedisBackend, health: dict[str, Any]) -> None:
         mapping = {"state": health.get("state", "healthy"), "record": json.dumps(health)}
-        with self._errors():
-            pipe = self._pipeline()
-            for key in self._queue_keys(SUMMARIZER):
-                pipe.hset(key, mapping=mapping)
-            pipe.execute()
+        fields = [part for pair in mapping.items() for part in pair]
+        self._checked(self._batch([("HSET", key, *fields) for key in self._queue_keys(SUMMARIZER)]))
