@@ -374,6 +374,11 @@ class SentinelServers:
             "no",
             "--dir",
             str(self.dir),
+            # Each node its own file (they share the folder), and a replica's first sync at once.
+            "--dbfilename",
+            f"dump-{port}.rdb",
+            "--repl-diskless-sync-delay",
+            "0",
         ]
         if self.password:
             args += ["--requirepass", self.password, "--masterauth", self.password]
@@ -442,7 +447,10 @@ class SentinelServers:
 
     def _settled(self) -> bool:
         with self.data_client(self.primary_port) as primary:
-            if primary.info("replication")["connected_slaves"] != 1:
+            replication = primary.info("replication")
+            # The replica connected and done with its first sync (a failover to one that is not
+            # would promote an empty node). Not "caught up": writers may be running.
+            if replication["connected_slaves"] != 1 or replication["slave0"]["state"] != "online":
                 return False
         for port in self.sentinel_ports:
             with self.sentinel_client(port) as sentinel:
