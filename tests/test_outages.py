@@ -315,7 +315,8 @@ def test_redis_passwords_in_every_place_and_form(settings):
     assert redis_passwords() == {"p%40ss", "p@ss", "q%2Bq", "q+q"}
     settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_HOST": "h", "REDIS_PASSWORD": "hostpw"}
     assert redis_passwords() == {"hostpw"}
-    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_TOPOLOGY": "sentinel", "REDIS_SENTINEL_PASSWORD": "sp"}
+    sentinel = {"REDIS_TOPOLOGY": "sentinel", "REDIS_SENTINEL_PASSWORD": "sp"}
+    settings.PERSISTENT_MEMORY = {"BACKEND": "redis", **sentinel}
     assert redis_passwords() == {"sp"}
     settings.CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
