@@ -477,21 +477,35 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             )
 
     def _batch(self, commands: list[tuple[Any, ...]], key_at: int = 1) -> list[Any]:
-        """``commands`` in one pipeline per primary (its key at ``key_at`` says which), their
-        replies or errors in order. Not the cluster client's pipeline: it sends a command
-        again after a timeout, and a write must never run twice."""
-        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
-        for i, command in enumerate(commands):
-            client = self._node_client(command[key_at])
-            groups.setdefault(id(client), (client, []))[1].append(i)
+        """``commands`` pipelined to the primaries their keys (at ``key_at``) belong to, sent to
+        all before any reply is read (one round trip in time), replies or errors in order.
+        Not the cluster client's pipeline: it sends a command again after a timeout, and a
+        write must never run twice."""
+        groups: dict[int, tuple[redis.ConnectionPool, list[int]]] = {}
         replies: list[Any] = [None] * len(commands)
+        sent: list[tuple[redis.ConnectionPool, redis.Connection, list[int]]] = []
         with self._errors():
-            for client, indexes in groups.values():
-                pipe = client.pipeline(transaction=False)
-                for i in indexes:
-                    pipe.execute_command(*commands[i])
-                for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
-                    replies[i] = reply
+            for i, command in enumerate(commands):
+                pool = self._pool(command[key_at])
+                groups.setdefault(id(pool), (pool, []))[1].append(i)
+            try:
+                for pool, indexes in groups.values():
+                    connection = pool.get_connection()
+                    sent.append((pool, connection, indexes))
+                    connection.send_packed_command(connection.pack_commands([commands[i] for i in indexes]))
+                for _, connection, indexes in sent:
+                    for i in indexes:
+                        try:
+                            replies[i] = connection.read_response()
+                        except redis.ResponseError as exc:  # that command's own error
+                            replies[i] = exc
+            except BaseException:
+                for _, connection, _ in sent:
+                    connection.disconnect()  # replies may be left unread
+                raise
+            finally:
+                for pool, connection, _ in sent:
+                    pool.release(connection)
         return replies
 
     def _checked(self, replies: list[Any]) -> list[Any]:
@@ -500,13 +514,6 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             if isinstance(reply, Exception):
                 raise self._error(reply) if isinstance(reply, redis.RedisError) else reply
         return replies
-
-    def _node_client(self, key: str) -> redis.Redis:
-        """The client of the primary that serves ``key`` (the client itself on one server)."""
-        if not self.on_cluster:
-            return self.client
-        with self._errors():
-            return self.client.get_redis_connection(self.client.get_node_from_key(key))
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several EVALSHAs, one pipeline per primary; replies or errors. Those a server did
