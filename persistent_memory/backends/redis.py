@@ -281,24 +281,6 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
                 self._refresh_slots()
             raise self._error(exc) from None
 
-    def _args(
-        self,
-        op: str,
-        session_id: str,
-        args: tuple[Any, ...],
-        idempotency: IdempotencyRecord | None = None,
-        bound: bool = False,
-        elsewhere: int | None = None,
-    ) -> tuple[Any, ...]:
-        once = _NO_IDEMPOTENCY
-        if idempotency is not None:
-            once = ("1", idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
-        policy = self._policy
-        if self.layout.cluster and self.max_sessions_per_owner:
-            cap = f"{self.max_sessions_per_owner}" + ("?" if elsewhere is None else f"+{elsewhere}")
-            policy = (*policy[:3], cap, *policy[4:])
-        return (op, "bound" if bound else "", session_id, repr(time.time()), *policy, *once, *args)
-
     def _command(
         self,
         op: str,
@@ -309,9 +291,17 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         elsewhere: int | None = None,
         **names: Any,
     ) -> tuple[Any, ...]:
-        """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`)."""
+        """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`) and
+        its ARGV as redis.lua reads them."""
         keys = self.layout.keys(session_id, idempotency=idempotency.ref if idempotency else None, **names)
-        argv = self._args(op, session_id, args, idempotency, bound, elsewhere)
+        once = _NO_IDEMPOTENCY
+        if idempotency is not None:
+            once = ("1", idempotency.fingerprint, _ttl_ms(idempotency.ttl_seconds))
+        policy = self._policy
+        if self.layout.cluster and self.max_sessions_per_owner:
+            cap = f"{self.max_sessions_per_owner}" + ("?" if elsewhere is None else f"+{elsewhere}")
+            policy = (*policy[:3], cap, *policy[4:])
+        argv = (op, "bound" if bound else "", session_id, repr(time.time()), *policy, *once, *args)
         return ("EVALSHA", self._sha, len(keys), *keys, *argv)
 
     def _run(self, op: str, session_id: str, *args: Any, **options: Any) -> Any:
