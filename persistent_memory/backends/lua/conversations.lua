@@ -76,8 +76,9 @@ end
 -- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
 -- The link's fields come in the order messages.stored_link writes them.
 local NO_CALLS = {}
+local PLAIN_LINK = '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, '
 local function window_link(raw)
-  local tokens, role = string.match(raw, '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, ')
+  local tokens, role = string.match(raw, PLAIN_LINK)
   if tokens then
     return {t = tonumber(tokens), r = role, c = NO_CALLS}
   end

@@ -5,7 +5,7 @@
 -- session, its value and conversation keys named from 2's and 5's members).
 
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
--- its ids in order, its tokens, and whether older messages were left out.
+-- its message ids in order, its tokens, and whether older messages were left out.
 -- With ``after`` (a thread position: the summary's anchor), of the messages after it
 -- only; the walk then ends there without leaving anything out.
 local function window(name, max_tokens, max_messages, after)
@@ -30,7 +30,16 @@ local function window(name, max_tokens, max_messages, after)
   local groups, results = {}, {}
   local full, reached_start = truncated, false
   local position = redis.call('LLEN', c .. ':t') - 1
-  local chunk = math.min(128, (max_messages or 31) + 1) -- the window in one read, mostly
+  -- The first read: what the budgets let in, by the conversation's mean message size (a
+  -- link costs more to read than the message count suggests: read few, then double).
+  local chunk = math.min(128, (max_messages or 31) + 1)
+  if max_tokens then
+    local tokens = tonumber(redis.call('HGET', c, 'tokens'))
+    local count = redis.call('HLEN', c .. ':m')
+    if tokens and tokens > 0 and count > 0 then
+      chunk = math.max(8, math.min(chunk, math.floor(token_room * count / tokens * 1.25) + 4))
+    end
+  end
   while not full do
     if position < lowest then
       reached_start = true
@@ -40,36 +49,51 @@ local function window(name, max_tokens, max_messages, after)
     local ids = redis.call('LRANGE', c .. ':t', first, position)
     local links = redis.call('HMGET', c .. ':l', unpack(ids))
     for j = #ids, 1, -1 do
-      local link = window_link(links[j])
-      link.id = ids[j]
-      if link.r == 'tool' then
-        results[#results + 1] = link
-      elseif link.r ~= 'system' then
-        local group, skip = {link}, false
-        if #link.c > 0 then
-          local answered = {}
-          for k = #results, 1, -1 do
-            group[#group + 1] = results[k]
-            answered[results[k].a] = true
-          end
-          for _, call in ipairs(link.c) do
-            if not answered[call] and #groups > 0 then skip = true end
-          end
-        elseif #results > 0 then
-          truncated = true -- results whose call is gone (trimmed): left out
+      -- A plain message (most are) with no tool results waiting is a group of its own:
+      -- taken without building its link (the walk's cost is per message read).
+      local plain, role = string.match(links[j], PLAIN_LINK)
+      if plain and #results == 0 and role ~= 'tool' and role ~= 'system' then
+        local tokens = tonumber(plain)
+        if tokens > token_room or message_room < 1 then
+          truncated, full = true, true
+          break
         end
-        results = {}
-        if not skip then
-          local tokens = 0
-          for _, member in ipairs(group) do tokens = tokens + member.t end
-          if tokens > token_room or #group > message_room then
-            truncated, full = true, true
-            break
+        used = used + tokens
+        token_room = token_room - tokens
+        message_room = message_room - 1
+        groups[#groups + 1] = ids[j]
+      else
+        local link = window_link(links[j])
+        link.id = ids[j]
+        if link.r == 'tool' then
+          results[#results + 1] = link
+        elseif link.r ~= 'system' then
+          local group, skip = {link}, false
+          if #link.c > 0 then
+            local answered = {}
+            for k = #results, 1, -1 do
+              group[#group + 1] = results[k]
+              answered[results[k].a] = true
+            end
+            for _, call in ipairs(link.c) do
+              if not answered[call] and #groups > 0 then skip = true end
+            end
+          elseif #results > 0 then
+            truncated = true -- results whose call is gone (trimmed): left out
           end
-          used = used + tokens
-          token_room = token_room - tokens
-          message_room = message_room - #group
-          groups[#groups + 1] = group
+          results = {}
+          if not skip then
+            local tokens = 0
+            for _, member in ipairs(group) do tokens = tokens + member.t end
+            if tokens > token_room or #group > message_room then
+              truncated, full = true, true
+              break
+            end
+            used = used + tokens
+            token_room = token_room - tokens
+            message_room = message_room - #group
+            groups[#groups + 1] = group
+          end
         end
       end
     end
@@ -91,11 +115,17 @@ local function window(name, max_tokens, max_messages, after)
       end
     end
   end
-  local members = pinned
+  local ids = {}
+  for i, member in ipairs(pinned) do ids[i] = member.id end
   for g = #groups, 1, -1 do
-    for _, member in ipairs(groups[g]) do members[#members + 1] = member end
+    local group = groups[g]
+    if type(group) == 'string' then
+      ids[#ids + 1] = group
+    else
+      for _, member in ipairs(group) do ids[#ids + 1] = member.id end
+    end
   end
-  return members, used, truncated
+  return ids, used, truncated
 end
 
 -- The stored texts of ``ids`` (in order).
@@ -122,14 +152,12 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
       if max_tokens and reserve then max_tokens = math.max(0, max_tokens - summary_tokens) end
     end
   end
-  local members, used, truncated = window(name, max_tokens, max_messages, after)
+  local ids, used, truncated = window(name, max_tokens, max_messages, after)
   reply[#reply + 1] = used
   reply[#reply + 1] = truncated and 1 or 0
   reply[#reply + 1] = summary
   reply[#reply + 1] = summary_tokens
   reply[#reply + 1] = state
-  local ids = {}
-  for i, member in ipairs(members) do ids[i] = member.id end
   for _, text in ipairs(texts_of(name, ids)) do reply[#reply + 1] = text end
   return reply
 end
