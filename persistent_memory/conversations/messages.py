@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import random
 import re
 import threading
 import time
@@ -76,7 +76,10 @@ def new_message_id(now: float) -> str:
         randomness = last_random + 1
         if millis > last_millis or randomness >= 1 << 64:
             millis = max(millis, last_millis + (randomness >= 1 << 64))
-            randomness = int.from_bytes(os.urandom(8), "big")
+            # The random module, not os.urandom: ids must be unique, not secret, and a
+            # system call per message cost a turn more than the rest of making its id.
+            # (It reseeds in a forked child, so workers of one server do not repeat.)
+            randomness = random.getrandbits(64)
         else:
             millis = last_millis
         _last_id = (millis, randomness)

@@ -67,14 +67,10 @@ def _name(extractor: Extractor) -> str:
     return f"{module}.{getattr(extractor, '__qualname__', type(extractor).__qualname__)}"
 
 
-def extract_messages(
-    owner: str, messages: list[dict[str, Any]], *, report: ExtractionReport | None = None
-) -> list[dict[str, Any]]:
-    """Upsert what the extractors find in ``messages`` into ``owner``'s memories; the
-    memories as they now are (a memory of another source under a key: unchanged)."""
-    report = report or ExtractionReport()
-    service = memories_for(owner)
-    written = []
+def find_candidates(messages: list[dict[str, Any]], report: ExtractionReport) -> list[Candidate]:
+    """What the extractors find in ``messages`` (nothing written); an extractor that fails
+    is logged and counted in ``report``, and the others still run."""
+    found: list[Candidate] = []
     for extractor in extractors():
         name = _name(extractor)
         try:
@@ -87,26 +83,47 @@ def extract_messages(
             report.failed, report.last_error = report.failed + 1, f"{name}: {type(exc).__name__}: {exc}"
             logger.exception("persistent_memory: extractor %s raised", name)
             continue
+        report.candidates += len(candidates)
         for candidate in candidates:
-            report.candidates += 1
-            if not isinstance(candidate, Candidate):
+            if isinstance(candidate, Candidate):
+                found.append(candidate)
+            else:
                 report.refused += 1
-                continue
-            try:
-                memory = service.add(
-                    candidate.content,
-                    type=candidate.type,
-                    key=candidate.key,
-                    source="extraction",
-                    source_messages=candidate.source_messages,
-                )
-            except PersistentMemoryError:
-                report.refused += 1  # a candidate the rules refuse (too long a key...): skip it
-                continue
-            if memory["source"] == "extraction":
-                report.written += 1
-            written.append(memory)
+    return found
+
+
+def write_candidates(
+    owner: str, candidates: list[Candidate], report: ExtractionReport
+) -> list[dict[str, Any]]:
+    """Upsert ``candidates`` into ``owner``'s memories; the memories as they now are (a
+    memory of another source under a key: unchanged)."""
+    service = memories_for(owner)
+    written = []
+    for candidate in candidates:
+        try:
+            memory = service.add(
+                candidate.content,
+                type=candidate.type,
+                key=candidate.key,
+                source="extraction",
+                source_messages=candidate.source_messages,
+            )
+        except PersistentMemoryError:
+            report.refused += 1  # a candidate the rules refuse (too long a key...): skip it
+            continue
+        if memory["source"] == "extraction":
+            report.written += 1
+        written.append(memory)
     return written
+
+
+def extract_messages(
+    owner: str, messages: list[dict[str, Any]], *, report: ExtractionReport | None = None
+) -> list[dict[str, Any]]:
+    """Upsert what the extractors find in ``messages`` into ``owner``'s memories; the
+    memories as they now are (a memory of another source under a key: unchanged)."""
+    report = report or ExtractionReport()
+    return write_candidates(owner, find_candidates(messages, report), report)
 
 
 def extract_sessions(

@@ -9,12 +9,14 @@ new user and assistant messages of the store's writes on a bounded in-process qu
 That put is all a write pays: the receiver never blocks, and when the queue is full
 the batch is dropped with a logged warning (``memory_extract`` catches up). The thread
 takes what is queued, groups it by owner and runs the extractors over each owner's
-messages (:func:`~persistent_memory.memories.extraction.extract_messages`); an extractor
+messages (:func:`~persistent_memory.memories.extraction.find_candidates`); an extractor
 or a database that fails is logged and counted, and the thread goes on. It stops at
 ``store.close()``. Forgetting an owner (:func:`~persistent_memory.memories.forget.forget_owner`)
 first tells the worker to skip what that owner wrote and waits for an extraction of
-theirs in progress, and a batch whose session no longer exists is skipped, so nothing
-queued brings a forgotten owner's memories back.
+theirs in progress, and what was found in a session that no longer exists is not
+written, so nothing queued brings a forgotten owner's memories back. The worker asks the
+backend about a session only then, when its messages yielded a memory to write: the
+writes themselves stay one call each (most messages yield nothing).
 
 The queue lives in the process's memory: what is queued (at most
 ``MEMORY_EXTRACTION_QUEUE_SIZE`` batches, a batch being the messages of one write) when
@@ -41,6 +43,7 @@ from persistent_memory.exceptions import SessionExpired, SessionNotFound
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
+    from persistent_memory.memories.extraction.candidates import Candidate
     from persistent_memory.store import MemoryStore
 
 logger = logging.getLogger(__name__)
@@ -246,32 +249,32 @@ class ExtractionWorker:
     def extract(self, batches: list[Batch]) -> None:
         """Run the extractors over ``batches``, one call per owner; failures logged and counted.
 
-        Batches of an owner forgotten since, or of a session deleted since (by
-        ``memory_forget`` in another process, say), are skipped."""
-        from persistent_memory.memories.extraction import ExtractionReport, extract_messages
+        Batches of an owner forgotten since are skipped. What was found in the messages of
+        a session deleted since (by ``memory_forget`` in another process, say) is not
+        written: whether a session is still there is asked only when its messages yielded
+        something to write, so a write whose messages yield nothing costs the backend no
+        call of the worker's."""
+        from persistent_memory.memories.extraction import ExtractionReport, find_candidates, write_candidates
 
         by_owner: dict[str, list[Batch]] = {}
         for batch in batches:
             by_owner.setdefault(batch.owner, []).append(batch)
-        sessions: dict[tuple[str, str], bool] = {}
         for owner, owned in by_owner.items():
-            live = []
-            for batch in owned:
-                place = (owner, batch.session_id)
-                if place not in sessions:
-                    sessions[place] = self._session_live(batch)
-                if sessions[place]:
-                    live.append(batch)
             with self._idle:
                 cutoff = self._forgotten.get(owner, 0)
-                messages = [message for batch in live if batch.seq > cutoff for message in batch.messages]
-                if not messages:
+                kept = [batch for batch in owned if batch.seq > cutoff]
+                if not kept:
                     continue
                 self._working = owner
+            messages = [message for batch in kept for message in batch.messages]
             report = ExtractionReport()
             try:
-                close_old_connections()  # one the database dropped, as a request would
-                extract_messages(owner, messages, report=report)
+                candidates = find_candidates(messages, report)
+                if candidates:
+                    candidates = self._of_live_sessions(candidates, kept)
+                if candidates:
+                    close_old_connections()  # one the database dropped, as a request would
+                    write_candidates(owner, candidates, report)
             except Exception as exc:  # the worker must survive anything: memory_extract catches up
                 logger.exception("persistent_memory: extraction of %d messages failed", len(messages))
                 self._failed(f"{type(exc).__name__}: {exc}")
@@ -288,10 +291,26 @@ class ExtractionWorker:
             self.written += report.written
         self.batches += len(batches)
 
-    def _session_live(self, batch: Batch) -> bool:
-        """Whether the batch's session still exists (a backend that does not answer: assumed so)."""
+    def _of_live_sessions(self, candidates: list[Candidate], batches: list[Batch]) -> list[Candidate]:
+        """``candidates`` but those found only in messages of sessions that no longer exist
+        (one found in no message in particular: kept while every session is there)."""
+        gone: set[str] = set()
+        for session_id in {batch.session_id for batch in batches}:
+            if not self._session_live(batches[0].owner, session_id):
+                gone.add(session_id)
+        if not gone:
+            return candidates
+        dead = {message["id"] for batch in batches if batch.session_id in gone for message in batch.messages}
+        return [
+            candidate
+            for candidate in candidates
+            if candidate.source_messages and not dead.issuperset(candidate.source_messages)
+        ]
+
+    def _session_live(self, owner: str, session_id: str) -> bool:
+        """Whether the session still exists (a backend that does not answer: assumed so)."""
         try:
-            self.store.for_owner(batch.owner).session_info(batch.session_id)
+            self.store.for_owner(owner).session_info(session_id)
         except (SessionNotFound, SessionExpired):
             return False
         except Exception:  # the backend cannot tell: the messages were written, extract them
