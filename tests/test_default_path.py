@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from persistent_memory.conf import DEFAULTS, memory_settings
+from persistent_memory.memories import memories_for
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore, get_store
 from tests.conftest import CountingConnection, topology_settings
@@ -43,7 +44,8 @@ def default_store(
     request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[MemoryStore, list[redis.Redis], str]]:
     """The process store on ``setup`` with every default but the address."""
-    monkeypatch.setitem(DEFAULTS, "MEMORY_EXTRACTION_WORKER", True)  # its real default (conftest turns it off)
+    # Its real default (conftest turns it off).
+    monkeypatch.setitem(DEFAULTS, "MEMORY_EXTRACTION_WORKER", True)
     memory_settings.reload()
     settings.PERSISTENT_MEMORY = {"BACKEND": "redis", **topology_settings(request.param, request)}
     store = get_store()
@@ -82,8 +84,9 @@ def test_every_default_write_is_one_script_call_workers_included(default_store):
         for n in range(TURNS):
             session_id = f"s{n % 4}"
             lanes.open()
-            lanes.enrich({"text": f"Where is the tower, question {n}?", "metadata": {"session_id": session_id}})
-            lanes.store({"text": f"In Paris ({n}).", "metadata": {"session_id": session_id}})
+            metadata = {"session_id": session_id}
+            lanes.enrich({"text": f"Where is the tower, question {n}?", "metadata": metadata})
+            lanes.store({"text": f"In Paris ({n}).", "metadata": metadata})
             store.add_messages(session_id, [{"role": "user", "content": f"And the weather ({n})?"}])
         return 3 * TURNS
 
@@ -107,6 +110,5 @@ def test_a_write_whose_messages_yield_a_memory_costs_the_worker_one_call_per_ses
 
     calls, scripts, _sends = _counted(store, servers, ["likes"], writes)
     assert scripts == calls + 1
-    from persistent_memory.memories import memories_for
-
-    assert [memory["content"] for memory in memories_for("").list(limit=10)[1]] == ["I really love green tea."]
+    found = memories_for("").list(limit=10)[1]
+    assert [memory["content"] for memory in found] == ["I really love green tea."]
