@@ -27,6 +27,9 @@ EVALSHA = "EVALSHA (return 1)"
 POOLED_EVALSHA = "EVALSHA (return 1) on a pooled connection"
 FLOOR_PREFIX = "redis-py "
 ENRICH, STORE = "enrich lane", "store lane"
+TURN = "turn (enrich + store)"
+#: The variant the default turn is compared with.
+BARE = "recording and extraction off"
 
 
 class CountingConnection(redis.Connection):
@@ -45,34 +48,45 @@ def count_round_trips(client: redis.Redis) -> None:
     client.connection_pool.connection_class = CountingConnection
 
 
-def command_stats(stats: redis.Redis) -> tuple[int, int]:
-    """Commands Redis has run (those inside scripts too, INFO excluded), and the
-    microseconds it spent on the ones clients sent (EVALSHA, PING)."""
+def command_stats(stats: redis.Redis) -> tuple[int, int, int]:
+    """Commands Redis has run (those inside scripts too, INFO excluded), the scripts it
+    ran, and the microseconds it spent on the ones clients sent (EVALSHA, PING)."""
     table = stats.info("commandstats")
     calls = sum(v["calls"] for k, v in table.items() if k != "cmdstat_info")
+    scripts = table.get("cmdstat_evalsha", {}).get("calls", 0)
     usec = sum(table.get(k, {}).get("usec", 0) for k in ("cmdstat_evalsha", "cmdstat_ping"))
-    return calls, usec
+    return calls, scripts, usec
 
 
-def per_op(operation: Callable[[], Any], stats: redis.Redis | None) -> dict[str, float]:
-    """Round trips, Redis commands and Redis time per call of ``operation`` (0 without Redis)."""
+def per_op(
+    operation: Callable[[], Any], stats: redis.Redis | None, settle: Callable[[], Any] = lambda: None
+) -> dict[str, float]:
+    """Round trips, Redis commands, scripts and Redis time per call of ``operation`` (0
+    without Redis), what the background workers did about the calls included (``settle``
+    waits for them)."""
     if stats is None:
         return {"round_trips_per_op": 0.0, "commands_per_op": 0.0, "server_us_per_op": 0.0}
-    calls, usec = command_stats(stats)
+    settle()
+    calls, scripts, usec = command_stats(stats)
     CountingConnection.sends = 0
     for _ in range(COUNTED):
         operation()
+    settle()
     sends = CountingConnection.sends
-    calls_after, usec_after = command_stats(stats)
+    calls_after, scripts_after, usec_after = command_stats(stats)
     return {
         "round_trips_per_op": sends / COUNTED,
+        "scripts_per_op": (scripts_after - scripts) / COUNTED,
         "commands_per_op": (calls_after - calls) / COUNTED,
         "server_us_per_op": round((usec_after - usec) / COUNTED, 1),
     }
 
 
 def measure(
-    operations: dict[str, Callable[[], Any]], duration: float, stats: redis.Redis | None
+    operations: dict[str, Callable[[], Any]],
+    duration: float,
+    stats: redis.Redis | None,
+    settle: Callable[[], Any] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
     """Time the operations (taking turns), then count each one's round trips and commands.
 
@@ -80,7 +94,7 @@ def measure(
     thread, another process) then falls on each operation alike."""
     figures = timed(operations, duration, slices=50)
     for name, operation in operations.items():
-        figures[name].update(per_op(operation, stats))
+        figures[name].update(per_op(operation, stats, settle))
     return figures
 
 
@@ -102,7 +116,12 @@ def floor_operations(client: redis.Redis) -> dict[str, Callable[[], Any]]:
 
 
 def build_store(
-    backend: str, url: str, max_sessions: int = 1000, journal_dir: str | None = None, **extra: Any
+    backend: str,
+    url: str,
+    max_sessions: int = 1000,
+    journal_dir: str | None = None,
+    layout: str = "node",
+    **extra: Any,
 ) -> MemoryStore:
     """A store as a project configures it: the backend's default mirror mode and TTL
     (on memory, with a journal in ``journal_dir`` when given), with ``extra`` settings.
@@ -115,13 +134,13 @@ def build_store(
         "MAX_SESSION_BYTES": None,
         # The lanes' window: 20 messages, as a chat sends (the conversations grow while timed).
         "CONTEXT_MAX_MESSAGES": 20,
-        # The store's own work: extraction (memories_bench.py measures it) would share the
-        # client, so its checks would count as the operations' round trips.
-        "MEMORY_EXTRACTION_WORKER": False,
+        # Everything else as a project gets it: conversations recorded, the extraction
+        # worker running (its cost is the default path's), the backend's mirror mode.
         **extra,
     }
     if backend == "redis":
         conf["REDIS_URL"] = url
+        conf.setdefault("REDIS_LAYOUT", layout)
     store = MemoryStore.from_settings(MemorySettings(conf))
     if isinstance(getattr(store.backend, "client", None), redis.Redis):  # a cluster counts otherwise
         count_round_trips(store.backend.client)
@@ -142,8 +161,11 @@ def _cycle(items: list[Any]) -> Callable[[], Any]:
     return itertools.cycle(items).__next__
 
 
-def operations(store: MemoryStore, sessions: int, keys: list[int]) -> dict[str, Callable[[], Any]]:
-    """Each measured operation, on sessions of its own, spread over ``sessions`` ids."""
+def operations(
+    store: MemoryStore, sessions: int, keys: list[int], bare: MemoryStore | None = None
+) -> dict[str, Callable[[], Any]]:
+    """Each measured operation, on sessions of its own, spread over ``sessions`` ids; with
+    ``bare`` (the same backend with recording and extraction off), a turn on each."""
     written = _cycle(fill(store, "write", sessions, 1))
     result: dict[str, Callable[[], Any]] = {
         "put": lambda: store.put(written(), "k0", VALUE),
@@ -168,22 +190,43 @@ def operations(store: MemoryStore, sessions: int, keys: list[int]) -> dict[str, 
     result.update(lanes_without_recording(store, sessions, ENRICH, STORE))
     values = {f"k{n}": {**VALUE, "n": n} for n in range(keys[0])}
     result.update(lanes_with_idle_ttl(store, sessions, values, ENRICH, STORE))
+    if bare is not None:
+        result[TURN] = turn(store, fill(store, "turn", sessions, keys[0]))
+        result[f"{TURN} ({BARE})"] = turn(bare, fill(bare, "bare-turn", sessions, keys[0]))
     return result
 
 
-def redis_figures(url: str, duration: float, sessions: int, keys: list[int]) -> dict[str, dict[str, Any]]:
-    """The floor and the store on Redis, taking turns in one timing run."""
+def turn(store: MemoryStore, session_ids: list[str]) -> Callable[[], Any]:
+    """One pipeline item: a question through the enrich lane, its answer through the store lane."""
+    lanes = MemoryFilter(store)
+    session = _cycle(session_ids)
+
+    def call() -> None:
+        metadata = {"session_id": session()}
+        lanes.open()
+        lanes.enrich({"text": "Where?", "metadata": metadata})
+        lanes.store({"text": ANSWER, "metadata": metadata})
+
+    return call
+
+
+def redis_figures(
+    url: str, duration: float, sessions: int, keys: list[int], layout: str = "node"
+) -> dict[str, dict[str, Any]]:
+    """The floor and the store on Redis (in ``layout``), taking turns in one timing run."""
     client = redis.Redis.from_url(url)
     count_round_trips(client)
     stats = redis.Redis.from_url(url)
-    store = build_store("redis", url)
+    store = build_store("redis", url, layout=layout)
+    bare = build_store("redis", url, layout=layout, RECORD_CONVERSATION=False, MEMORY_EXTRACTION_WORKER=False)
     try:
         floor = floor_operations(client)
         ops = {f"{FLOOR_PREFIX}{name}": op for name, op in floor.items()}
-        ops.update(operations(store, sessions, keys))
-        return measure(ops, duration, stats)
+        ops.update(operations(store, sessions, keys, bare))
+        return measure(ops, duration, stats, lambda: store.extraction_worker.wait_idle(30))
     finally:
         store.close()
+        bare.close()
         client.close()
         stats.close()
 

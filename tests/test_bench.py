@@ -52,10 +52,17 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     }
     for variant in ("recording off", "idle TTL on"):
         operations |= {f"enrich lane ({variant})", f"store lane ({variant})"}
-    assert set(results["redis"]) == set(results["memory"]) == set(results["memory_journal"]) == operations
-    # One round trip per operation, counted on the client; the script's commands on the server.
-    for figures in [*results["floor"].values(), *results["redis"].values()]:
+    assert set(results["memory"]) == set(results["memory_journal"]) == operations
+    # On Redis, in both layouts, a default turn beside the turn with recording and extraction off.
+    turns = {"turn (enrich + store)", "turn (enrich + store) (recording and extraction off)"}
+    assert set(results["redis"]) == set(results["redis_cluster_layout"]) == operations | turns
+    # One round trip and one script per lane call and operation with the default settings,
+    # the extraction worker's calls included: counted on the client and on the server.
+    for figures in [*results["floor"].values(), *results["floor_cluster_layout"].values()]:
         assert figures["round_trips_per_op"] == 1.0
+    for name, figures in [*results["redis"].items(), *results["redis_cluster_layout"].items()]:
+        calls = 2.0 if name in turns else 1.0
+        assert figures["round_trips_per_op"] == figures["scripts_per_op"] == calls, name
         assert figures["ops"] > 0 and figures["p50_us"] <= figures["p99_us"]
     assert results["redis"]["get"]["commands_per_op"] == 3.0  # EVALSHA, EXISTS, GET
     assert all(f["round_trips_per_op"] == 0.0 for f in results["memory"].values())
@@ -70,9 +77,13 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     calls = {name: figures["evalsha_per_request"] for name, figures in api.items()}
     assert calls == {"no-op DRF view": 0.0, "enrich (10 keys)": 1.0, "store": 1.0, "process (2 entries)": 2.0}
 
-    assert [check["target"] for check in results["targets"]][0] == "Redis: 1 round trip per operation"
-    assert results["targets"][0]["met"] is True
-    assert len(results["targets"]) == 26
+    targets = [check["target"] for check in results["targets"]]
+    for layout in ("node", "cluster"):
+        one = f"Redis ({layout} layout, default settings): "
+        one += "1 round trip and 1 script per lane call and operation"
+        assert results["targets"][targets.index(one)]["met"] is True
+        assert any(t.startswith(f"Redis ({layout} layout): default turn >= 60%") for t in targets)
+    assert len(results["targets"]) == 29
     assert results["conversation_sizes"] == {"short": 100, "long": 500}
     assert [t["target"] for t in results["targets"]].count(
         "Memory with the journal store lane (recording off): >= 50,000 ops/s"

@@ -44,7 +44,13 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra[None] == CORE
     assert by_extra["demo"] == {"drf-spectacular-sidecar", "dj-database-url", "whitenoise", "psycopg"}
     assert by_extra["postgres"] == {"psycopg"}
-    assert by_extra["bench"] == {"gunicorn"}
+    assert by_extra["bench"] == {
+        "gunicorn",
+        "openai-agents",
+        "langchain-redis",
+        "langgraph",
+        "langgraph-checkpoint-sqlite",
+    }
     assert by_extra["mcp"] == {"mcp", "uvicorn"}
     assert by_extra["openai"] == {"openai"}
     assert by_extra["test"] == {

@@ -121,10 +121,19 @@ def statements(text: str) -> Iterable[str]:
         yield sentence.rstrip(".!")
 
 
+#: A word every rule needs (I, we, my, remember): a sentence without one is passed over
+#: before the rules, whose patterns cost a hundred times more on a sentence they miss.
+_ANY_RULE = re.compile(r"\b(?:I|we|my|remember)\b", re.IGNORECASE)
+
+
 def extract_text(text: str) -> list[tuple[str, str, str]]:
     """``(key, type, content)`` of each statement in ``text`` a rule matches."""
-    found = []
+    found: list[tuple[str, str, str]] = []
+    if not _ANY_RULE.search(text):
+        return found
     for sentence in statements(text):
+        if not _ANY_RULE.search(sentence):
+            continue
         for category, type_, pattern in RULES:
             match = pattern.search(sentence)
             if match is None:
