@@ -292,19 +292,22 @@ class ExtractionWorker:
         self.batches += len(batches)
 
     def _of_live_sessions(self, candidates: list[Candidate], batches: list[Batch]) -> list[Candidate]:
-        """``candidates`` but those found only in messages of sessions that no longer exist
-        (one found in no message in particular: kept while every session is there)."""
-        gone: set[str] = set()
-        for session_id in {batch.session_id for batch in batches}:
-            if not self._session_live(batches[0].owner, session_id):
-                gone.add(session_id)
+        """``candidates`` but those found only in messages of sessions that no longer exist;
+        only the sessions they came from are asked about (all of them for a candidate found
+        in no message in particular)."""
+        session_of = {message["id"]: batch.session_id for batch in batches for message in batch.messages}
+        asked = {session_of.get(source) for candidate in candidates for source in candidate.source_messages}
+        if any(not candidate.source_messages for candidate in candidates) or None in asked:
+            asked = {batch.session_id for batch in batches}
+        owner = batches[0].owner
+        gone = {session_id for session_id in asked if not self._session_live(owner, session_id)}
         if not gone:
             return candidates
-        dead = {message["id"] for batch in batches if batch.session_id in gone for message in batch.messages}
+        live = {batch.session_id for batch in batches} - gone
         return [
             candidate
             for candidate in candidates
-            if candidate.source_messages and not dead.issuperset(candidate.source_messages)
+            if any(session_of.get(source) in live for source in candidate.source_messages)
         ]
 
     def _session_live(self, owner: str, session_id: str) -> bool:
