@@ -52,9 +52,12 @@ class StoredMessage:
 
     def chat_copy(self) -> dict[str, Any]:
         """A fresh copy of the chat fields (lists and objects copied, strings shared)."""
-        if self.chat is None:
-            self.chat = chat_message(json.loads(self.text))
-        return {key: copy.deepcopy(v) if isinstance(v, list | dict) else v for key, v in self.chat.items()}
+        chat = self.chat
+        if chat is None:
+            chat = self.chat = chat_message(json.loads(self.text))
+        if len(chat) == 2 and isinstance(chat.get("content"), str):  # role and text: nothing nested
+            return chat.copy()
+        return {key: copy.deepcopy(v) if isinstance(v, list | dict) else v for key, v in chat.items()}
 
     @classmethod
     def build(cls, message_id: str, text: str, link: str) -> StoredMessage:

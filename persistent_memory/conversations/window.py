@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+#: Roles whose message without tool calls is a turn group of its own.
+PLAIN_ROLES = frozenset(("user", "assistant"))
+
 
 class Link(NamedTuple):
     """What a window needs to know of a message (its stored link)."""
@@ -66,6 +69,16 @@ def select(
     for link in newest_first:
         if full:
             break
+        if not results and not link.calls and link.role in PLAIN_ROLES:
+            # A plain message with no tool results waiting (most are): a group of its own.
+            if link.tokens > token_room or message_room < 1:
+                truncated = full = True
+                break
+            used += link.tokens
+            token_room -= link.tokens
+            message_room -= 1
+            groups.append([link])
+            continue
         if link.role == "system":
             continue
         if link.role == "tool":
