@@ -193,7 +193,7 @@ class WriteRecorder:
 
     def _exchange(self, exchange: Callable[..., Any]) -> Callable[..., Any]:
         def spy(connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
-            count = command[2]
+            count = int(command[2])
             keys, argv = [str(k) for k in command[3 : 3 + count]], [str(a) for a in command[3 + count :]]
             root = keys[7].removesuffix(":__sessions__")
             self._between()
