@@ -21,6 +21,7 @@ from persistent_memory.exceptions import (
     MessageConflict,
     MessageNotFound,
     OrphanToolResult,
+    QuotaExceeded,
     SessionNotFound,
 )
 from persistent_memory.pipeline import MemoryFilter
@@ -1095,3 +1096,21 @@ def test_every_conversation_method_is_one_round_trip(counting_client):
         trips[name] = CountingConnection.sends
     assert [trips[name] for name in refused] == [1, 1, 1]
     store.close()
+
+
+def test_the_enrich_lane_counts_the_session_values_against_the_byte_cap(configure):
+    """A question recorded by the enrich lane counts against MAX_SESSION_BYTES with every
+    value of the session (read once for the reply on Redis): over it, nothing is written."""
+    store = configure(MAX_SESSION_BYTES=2000)
+    store.create_session("s1")
+    store.put("s1", "big", "x" * 1500)
+    store.put("s1", "small", 1)
+    lanes = MemoryFilter(store)
+    lanes.enrich({"text": "first?", "metadata": {"session_id": "s1"}})
+    before = state(store)
+    with pytest.raises(QuotaExceeded):
+        lanes.enrich({"text": "y" * 400, "metadata": {"session_id": "s1"}})
+    assert state(store) == before
+    asked, _ = lanes.enrich({"text": "short?", "metadata": {"session_id": "s1"}})
+    assert asked["metadata"]["memory_context"] == {"big": "x" * 1500, "small": 1}
+    assert contents(thread(store)) == ["first?", "short?"]

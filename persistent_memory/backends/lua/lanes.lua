@@ -22,22 +22,27 @@ end
 -- with a question: the question's id, the window's tokens, truncated and texts.
 if op == 'enrich' then
   local name, plan = arg(5), nil
+  local live = redis.call('EXISTS', META) == 1
+  local keys, values -- the session's, read once: for the byte cap and for the reply
   if name ~= '' then -- checked before anything is written
-    if redis.call('EXISTS', META) == 0 then
+    if not live then
       purge_leftovers() -- of a session gone: what a new one under this id must not see
     end
     local failure
     plan, failure = plan_append(name, nil, 8, 1)
     if not plan then return failure end
     local ok, total = true, new_bytes(plan)
-    if redis.call('EXISTS', META) == 1 then
-      ok, total = fits({}, total)
+    if live then
+      keys, values = stored_values()
+      local sizes = {}
+      for i, key in ipairs(keys) do sizes[key] = values[i] and #values[i] or 0 end
+      ok, total = fits(sizes, total, true)
     elseif byte_cap > 0 then
       ok = total <= byte_cap
     end
     if not ok then return too_big(total) end
   end
-  if redis.call('EXISTS', META) == 0 then
+  if not live then
     if not owner_has_room() then return no_room() end
     create(now, arg(1), arg(2), default_idle_ms)
   end
@@ -45,9 +50,9 @@ if op == 'enrich' then
     bind(arg(3), arg(4), plan and (name .. ' ' .. arg(8)))
   end
   if not plan then
-    return remember(values_object())
+    return remember(values_object(keys, values))
   end
-  local reply = {values_object(), arg(8)}
+  local reply = {values_object(keys, values), arg(8)}
   window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1')
   commit(name, plan)
   return remember(reply)
@@ -73,8 +78,9 @@ if op == 'answer' then
     end
   end
   local name, plan = arg(5) or '', nil
+  local created = redis.call('EXISTS', META) == 0
   if name ~= '' then -- after the run's question when the binding names one here, else the parent given
-    if redis.call('EXISTS', META) == 0 then
+    if created then
       purge_leftovers()
     end
     local parent = text_or_nil(arg(6) ~= '' and arg(6))
@@ -88,7 +94,6 @@ if op == 'answer' then
     plan, failure = plan_append(name, parent, 7)
     if not plan then return failure end
   end
-  local created = redis.call('EXISTS', META) == 0
   if created then
     if not owner_has_room() then return no_room() end
     create(now, arg(1), arg(2), default_idle_ms)

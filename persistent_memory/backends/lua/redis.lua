@@ -270,9 +270,10 @@ local function stored_values()
   return keys, call_chunked('MGET', nil, data_keys)
 end
 
--- One JSON object text of every value: one reply the client decodes in one call.
-local function values_object()
-  local keys, values = stored_values()
+-- One JSON object text of every value (those given, else read): one reply the client
+-- decodes in one call.
+local function values_object(keys, values)
+  if not keys then keys, values = stored_values() end
   local parts = {}
   for i, key in ipairs(keys) do
     if values[i] then

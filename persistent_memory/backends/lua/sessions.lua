@@ -173,8 +173,9 @@ end
 
 -- Whether the session's keys and values, and its conversations' messages, stay within
 -- the byte cap once the values in ``sizes`` (key -> new length) and ``extra`` bytes of
--- new messages are written: the same count as the memory backend.
-local function fits(sizes, extra)
+-- new messages are written: the same count as the memory backend. ``complete``: ``sizes``
+-- holds every key's (values the call has read anyway), so none is looked up.
+local function fits(sizes, extra, complete)
   if byte_cap <= 0 then
     return true
   end
@@ -182,9 +183,11 @@ local function fits(sizes, extra)
   for key, size in pairs(sizes) do
     total = total + #key + size
   end
-  for _, key in ipairs(redis.call('SMEMBERS', KEYSET)) do
-    if not sizes[key] then
-      total = total + #key + redis.call('STRLEN', base .. key)
+  if not complete then
+    for _, key in ipairs(redis.call('SMEMBERS', KEYSET)) do
+      if not sizes[key] then
+        total = total + #key + redis.call('STRLEN', base .. key)
+      end
     end
   end
   return total <= byte_cap, total
