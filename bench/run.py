@@ -57,10 +57,10 @@ from conversation_bench import (  # noqa: E402
 )
 from local_redis import redis_url  # noqa: E402
 from store_bench import BARE, ENRICH, EVALSHA, STORE, TURN  # noqa: E402
+from summarizer_bench import CONVERSATIONS, MESSAGES  # noqa: E402
 
 #: The keys of the cluster layout's figures (results["redis" + this], ["floor" + this]).
 CLUSTER_LAYOUT = "_cluster_layout"
-from summarizer_bench import CONVERSATIONS, MESSAGES  # noqa: E402
 
 
 def setup_django(folder: str) -> None:

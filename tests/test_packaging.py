@@ -20,7 +20,7 @@ README = ROOT / "README.md"
 PYPI = ROOT / "docs" / "PYPI.md"
 
 #: What the app itself needs, and nothing for the demo, the benchmark or the tests.
-CORE = {"django", "djangorestframework", "redis", "django-redis", "drf-spectacular", "tiktoken"}
+CORE = {"django", "djangorestframework", "redis", "hiredis", "django-redis", "drf-spectacular", "tiktoken"}
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
 
-import hiredis  # redis[hiredis]: the app's dependency
+import hiredis
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
