@@ -21,6 +21,7 @@ from persistent_memory.conf import (
     MemorySettings,
     redis_layout,
 )
+from persistent_memory.conversations.summaries import OVERFLOWS, STRATEGIES
 from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.debug import SafeExceptionReporterFilter, secret_passwords
 
@@ -108,6 +109,29 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         for name in ("CONTEXT_MAX_TOKENS", "CONTEXT_MAX_MESSAGES")
     ),
     ("RECORD_CONVERSATION", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    (
+        "CONTEXT_STRATEGY",
+        lambda v: v in STRATEGIES,
+        f"Use one of {', '.join(STRATEGIES)}.",
+        "E002",
+    ),
+    (
+        "CONTEXT_OVERFLOW",
+        lambda v: v in OVERFLOWS,
+        f"Use one of {', '.join(OVERFLOWS)}.",
+        "E002",
+    ),
+    *(
+        (name, lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002")
+        for name in ("SUMMARY_MAX_TOKENS", "SUMMARIZE_AFTER_TOKENS")
+    ),
+    (
+        "SESSION_IDLE_TTL_SECONDS",
+        lambda v: v is None or _is_number(v),
+        "Use a number of seconds that is 0 or more, or None (0 and None: no idle expiry).",
+        "E002",
+    ),
+    ("IDLE_TTL_REFRESH_ON_READ", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
     (
         "TOKENIZER",
         _tokenizer,
