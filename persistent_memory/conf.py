@@ -18,135 +18,222 @@ from django.dispatch import receiver
 SETTING_NAME = "PERSISTENT_MEMORY"
 
 DEFAULTS: dict[str, Any] = {
+    # The preset the other keys start from: "memory", "redis" (localhost:6379, sessions expire after
+    # 24 hours) or "custom" (Redis with no address: give one). Keys you set override the preset.
     "PROFILE": "memory",
-    # "memory", "redis", or an import string to a BaseBackend subclass.
+    # Where sessions live: "memory" (inside each server process), "redis", or the import string of a
+    # BaseBackend subclass. Anything else fails `manage.py check` (E001).
     "BACKEND": "memory",
+    # The Redis server as a URL, redis://:password@host:6379/0 (or rediss://, unix://); when set it
+    # wins over REDIS_HOST, REDIS_PORT, REDIS_PASSWORD and REDIS_DB. Behind Sentinel only its
+    # password, database and TLS are used: the sentinels give the host.
     "REDIS_URL": None,
+    # The Redis host, used when REDIS_URL is not set. A Redis backend with neither (and no
+    # REDIS_CACHE_ALIAS) fails `manage.py check` (E003).
     "REDIS_HOST": None,
+    # The Redis port, used with REDIS_HOST (1 to 65535).
     "REDIS_PORT": 6379,
+    # The Redis password, used with REDIS_HOST and for the master behind Sentinel (None: none).
+    # Django's error pages show it unless the app's exception reporter filter masks it (W005).
     "REDIS_PASSWORD": None,
+    # The Redis database number, used with REDIS_HOST and behind Sentinel (0 or more). Redis
+    # Cluster has database 0 only: another fails `manage.py check` (E015).
     "REDIS_DB": 0,
-    # Alias of a django-redis cache in CACHES whose connection to reuse.
+    # Alias of a django-redis cache in CACHES whose connection to reuse: it then replaces REDIS_URL,
+    # REDIS_HOST and REDIS_TOPOLOGY. An alias that is not a django-redis cache fails the check (E004).
     "REDIS_CACHE_ALIAS": None,
+    # Seconds a Redis connection or command may take (a positive number). Past it the call fails
+    # and is not sent again (a write could run twice): the REST API answers 503 backend_unavailable.
     "REDIS_SOCKET_TIMEOUT": 5.0,
     # "single" (one server), "cluster" (Redis Cluster, seeded by REDIS_URL or REDIS_HOST)
     # or "sentinel" (the master that REDIS_SENTINELS name for REDIS_SENTINEL_SERVICE).
     "REDIS_TOPOLOGY": "single",
-    # Sentinels as "host:port" strings, the master's service name, the sentinels' password.
+    # With REDIS_TOPOLOGY "sentinel": the sentinels, as "host:port" strings. An empty or malformed
+    # list fails `manage.py check` (E016); `check --deploy` warns when none answers (W007).
     "REDIS_SENTINELS": [],
+    # With REDIS_TOPOLOGY "sentinel": the master's name in the sentinels' configuration.
     "REDIS_SENTINEL_SERVICE": "mymaster",
+    # The sentinels' own password (None: they have none). The master's is REDIS_PASSWORD or
+    # REDIS_URL's.
     "REDIS_SENTINEL_PASSWORD": None,
-    # Key layout: "node" or "cluster" (a session's keys in one hash slot); None: "cluster" on a
-    # cluster, else "node".
+    # Key layout: "node" (the RocketRide node's, byte for byte) or "cluster" (a session's keys in
+    # one hash slot, sessions spread over 64 buckets). None: "cluster" on a cluster, else "node".
+    # `memory_relayout` moves existing sessions from one to the other.
     "REDIS_LAYOUT": None,
-    # Replicas a write waits for (Redis WAIT; 0: none), and for at most how many milliseconds.
+    # Replicas each write waits for (Redis WAIT) before it is answered, so that a failover cannot
+    # lose it; 0: none. Fewer confirm in time: 503 replicas_behind (the write may be applied).
     "REDIS_WAIT_REPLICAS": 0,
+    # How long a write waits for REDIS_WAIT_REPLICAS, in milliseconds (positive: WAIT's 0 would
+    # wait forever).
     "REDIS_WAIT_TIMEOUT_MS": 1000,
+    # Prefix of every Redis key the store uses (non-empty, no spaces; E006). The default is the
+    # RocketRide node's, so that both read the same sessions.
     "KEY_PREFIX": "rr:memory",
+    # How long a new session lives, in hours (fractions allowed), when its creator gives no TTL;
+    # 0: sessions never expire.
     "SESSION_TTL_HOURS": 0,
-    # Idle expiry: sessions expire this long after their last write (None/0: off), and
+    # Idle expiry: sessions expire this many seconds after their last write (None/0: off), and
     # with IDLE_TTL_REFRESH_ON_READ after their last read too; with a fixed TTL as well,
     # whichever comes first. Sessions created with their own idle_ttl_seconds keep it.
     "SESSION_IDLE_TTL_SECONDS": None,
+    # Whether reading a session's data also pushes back its idle expiry
+    # (SESSION_IDLE_TTL_SECONDS); False: only writes do.
     "IDLE_TTL_REFRESH_ON_READ": False,
+    # Entries a session's history keeps before it is folded: past it, the older entries become one
+    # summary entry and the newest half stay. Also `memory_summarize`'s default limit.
     "MAX_HISTORY": 100,
+    # Whether each write folds a history longer than MAX_HISTORY. False: it grows until
+    # `memory_summarize --all` (or the summarize endpoint) folds it.
     "AUTO_SUMMARIZE": True,
+    # Live sessions one process of the memory backend holds, every owner together (Redis ignores
+    # it). When full, a new session is refused (507 capacity_exceeded) unless its owner holds fewer
+    # than its fair share, so that owners who filled the process cannot lock a newcomer out.
     "MAX_SESSIONS": 1000,
-    # Sessions one owner may hold (None: no cap but, on the memory backend, a tenth of
-    # MAX_SESSIONS, so that one owner cannot take every place).
+    # Live sessions one owner may hold; past it a new one is refused (507 capacity_exceeded). None:
+    # no cap, but on the memory backend a tenth of MAX_SESSIONS, so that one owner cannot take
+    # every place.
     "MAX_SESSIONS_PER_OWNER": None,
+    # The largest value (or answer stored by the answers lane), in bytes of its JSON; a larger one
+    # is refused with 413 value_too_large and nothing is written.
     "MAX_VALUE_BYTES": 1024 * 1024,
-    # How deep a value, or an API request body, may nest (lists and objects). Deeper JSON
-    # is refused before anything is written; Python's own limit (about 1000 frames,
-    # shared with the stack serving the request) must stay far away.
+    # How deep a value, a memory's metadata or an API request body may nest, 1 to 500: parsing
+    # recurses once per level and must stay far from Python's limit (about 1000 frames, shared
+    # with the request). Deeper JSON is refused (400 json_too_deep) before anything is written.
     "MAX_JSON_DEPTH": 100,
-    # Keys plus values of one session, in bytes of JSON (None: no cap).
+    # Bytes one session may hold: its keys, values and conversation messages, as JSON (None: no
+    # cap). A write that would go over is refused with 507 capacity_exceeded.
     "MAX_SESSION_BYTES": 16 * 1024 * 1024,
-    # ORM mirror: "immediate" (write-behind worker), "deferred" (admin page loads and
-    # `memory_mirror`), "off"; None picks immediate for memory and deferred for Redis.
+    # The admin's copy in the ORM: "immediate" (a worker thread syncs about twice a second; the
+    # memory backend also restores its sessions from it at start), "deferred" (synced when staff
+    # open the admin or `memory_mirror` runs) or "off". None: immediate on memory, deferred on Redis.
     "MIRROR_MODE": None,
-    # The memory backend's write-ahead journal (a directory) and its idempotency records:
-    # None gives the default database a folder of its own (beside an SQLite file, else
-    # BASE_DIR/memory-journal/<server-and-name>); False turns it off. See journal.py.
+    # Folder of the memory backend's crash journal (with MIRROR_MODE "immediate"). None: a folder
+    # of the default database's own, beside an SQLite file, else in `BASE_DIR/memory-journal/`
+    # (none for an in-memory SQLite, nor in tests); False: no journal.
     "JOURNAL_DIR": None,
-    # How many dirty sessions the admin syncs before showing a page.
+    # How many dirty sessions the admin syncs into the mirror before showing a page, so that a
+    # page load stays short after many writes; the rest wait for the next one.
     "ADMIN_SYNC_LIMIT": 500,
-    # How long the REST API remembers which session a pipeline run_id enriched.
+    # Seconds a pipeline run_id stays bound to the session its enrich call used, so that its
+    # answer can be stored with the run_id alone (the binding also ends with the session).
     "RUN_BINDING_TTL_SECONDS": 3600,
-    # How long a write's Idempotency-Key (and its recorded answer) is remembered.
+    # Seconds a write's Idempotency-Key and its recorded answer are kept: the same request sent
+    # again within them gets the first answer and is not applied twice (default: a day).
     "IDEMPOTENCY_TTL_SECONDS": 86400,
-    # REST API: import strings; None uses the project's REST_FRAMEWORK defaults.
-    # None: the project's defaults plus IsAuthenticated (closed to anonymous callers).
+    # REST API permission classes, as import strings. None: the project's REST_FRAMEWORK defaults
+    # plus IsAuthenticated, so that anonymous callers are refused even where the project allows any.
     "API_PERMISSION_CLASSES": None,
+    # REST API authentication classes, as import strings. None: the project's REST_FRAMEWORK
+    # DEFAULT_AUTHENTICATION_CLASSES.
     "API_AUTHENTICATION_CLASSES": None,
-    # None: the project's DEFAULT_THROTTLE_CLASSES; rates: None uses REST_FRAMEWORK's.
+    # REST API throttle classes, as import strings (over the rate: 429 throttled). None: the
+    # project's DEFAULT_THROTTLE_CLASSES.
     "API_THROTTLE_CLASSES": None,
+    # Rates by scope, such as `{"persistent_memory": "600/min"}`, laid over REST_FRAMEWORK's
+    # DEFAULT_THROTTLE_RATES for the API's throttles. None: those alone.
     "API_THROTTLE_RATES": None,
-    # Import string of a callable (request) -> owner string, or None to refuse (403).
+    # Import string of a callable (request) -> owner string, which decides whose sessions a REST
+    # API or MCP request reaches; None from it refuses the request (403 owner_required).
     "OWNER_RESOLVER": "persistent_memory.resolvers.user_owner",
-    # At most this many entries per process/ call, and messages per append.
+    # At most this many entries per process/ call (400 too_many_entries), and messages per
+    # append (400 invalid_message).
     "MAX_BATCH": 100,
-    # Conversations (see persistent_memory.conversations): how tokens are counted
-    # ("o200k_base", "cl100k_base", "chars", or an import string), the default window
-    # (None: no limit of that kind), the messages one conversation keeps, the largest
-    # message (bytes of JSON), and whether the lanes record questions and answers.
+    # How tokens are counted, once per message as it is appended: "o200k_base" or "cl100k_base"
+    # (OpenAI's tokenizers, offline), "chars" (four characters a token), or the import string of
+    # a callable (text) -> int.
     "TOKENIZER": "o200k_base",
+    # Tokens a conversation's context window may hold when the call sets no budget: the newest
+    # whole turns that fit (None: no limit of that kind).
     "CONTEXT_MAX_TOKENS": 8000,
+    # Messages a conversation's context window may hold when the call sets no limit (None: no
+    # limit of that kind).
     "CONTEXT_MAX_MESSAGES": 100,
+    # Messages one conversation keeps (2 or more): past it, the oldest of the current thread are
+    # removed in the same write (pinned system messages stay).
     "MAX_MESSAGES": 1000,
+    # The largest message, in bytes of its JSON; a larger one is refused with 400 invalid_message
+    # and nothing of its call is written.
     "MAX_MESSAGE_BYTES": 1024 * 1024,
+    # Whether the pipeline lanes record each question (enrich) and answer (answers) as messages of
+    # the session's conversation.
     "RECORD_CONVERSATION": True,
-    # Rolling summaries (persistent_memory.conversations.summaries): the default strategy
-    # of windows ("truncation" or "rolling_summary"), the summary's budget, what to do when
-    # summary and messages do not fit ("truncate_oldest", "truncate_summary", "error"),
-    # the pending tokens that send a conversation to the summarizer, the summarizer (an
-    # import string; None: the extractive one when summaries are on) and its options,
-    # whether a worker thread in this process summarizes, and how long a summary may take.
+    # The default strategy of context windows: "truncation" (the newest messages that fit) or
+    # "rolling_summary" (a summary of the older turns, then the newest; this turns summaries on).
     "CONTEXT_STRATEGY": "truncation",
+    # Tokens a rolling summary may cost in a window: a summarizer's longer answer is cut at a word
+    # to fit.
     "SUMMARY_MAX_TOKENS": 1000,
+    # What gives when a window's summary and messages do not fit its budget: "truncate_oldest"
+    # (the oldest messages go), "truncate_summary" (the summary is shortened) or "error" (422
+    # context_overflow).
     "CONTEXT_OVERFLOW": "truncate_oldest",
+    # With summaries on, a conversation holding more than this many tokens after its summary is
+    # sent to the summarizer, which folds all but the newest half of them into the summary.
     "SUMMARIZE_AFTER_TOKENS": 4000,
+    # Import string of the summarizer class, built with SUMMARIZER_OPTIONS; setting one turns
+    # summaries on. None: the extractive one (no model) when summaries are on.
     "SUMMARIZER": None,
+    # Keyword arguments the summarizer is built with, such as the chat-completions one's model,
+    # base_url, api_key_env and timeout (which the chat-completions memory extractor uses too).
     "SUMMARIZER_OPTIONS": {},
+    # Whether a worker thread in this process makes the summaries, when summaries are on. False:
+    # run `memory_summarize --conversations` on a schedule instead.
     "SUMMARIZER_WORKER": True,
+    # Seconds one summary may take; a slower one counts as a failure of the summarizers.
     "SUMMARIZER_TIMEOUT_SECONDS": 30,
-    # The summarizers' health (persistent_memory.conversations.health): failures in a row
-    # before they are "degraded", the first retry's wait (doubled at each failure), and
-    # how long "degraded" waits before trying again. With SUMMARIZER_TASKS the worker
-    # thread enqueues a task on Django's task framework (TASKS) instead of summarizing.
+    # Failed summaries in a row before the summarizers are "degraded"; windows keep the last
+    # summary and the messages after it meanwhile.
     "SUMMARIZER_RETRY_ATTEMPTS": 3,
+    # Seconds before the first retry after a failed summary, doubled at each failure in a row.
     "SUMMARIZER_BACKOFF_SECONDS": 1.0,
+    # Seconds the "degraded" summarizers wait before trying one summary again.
     "SUMMARIZER_DEGRADED_SECONDS": 300,
+    # Whether the worker thread enqueues a task on Django's task framework (TASKS) instead of
+    # summarizing itself; needs django.tasks or django-tasks and a TASKS setting (else E014).
     "SUMMARIZER_TASKS": False,
-    # Long-term memories (persistent_memory.memories, in the project's database): the
-    # largest content (characters) and metadata (bytes of JSON); days after its last
-    # update a memory is deleted by memory_sweep (None: kept until its own expires_at);
-    # an import string of a callable (list of texts) -> list of vectors for semantic
-    # search (None: no semantic search; hybrid fuses keyword and recency); the memory
-    # extractors (import strings of callables (messages) -> candidate memories); whether
-    # a worker thread in this process extracts from new messages as they are written
-    # (on when there are extractors), and how many writes' messages its queue holds
-    # before it drops them (memory_extract catches up); the chat-completions extractor's
-    # options (over SUMMARIZER_OPTIONS' model, base_url, api_key_env and timeout); whether
-    # the enrich lane attaches the memories relevant to the question, within how many
-    # tokens, found by which strategy.
+    # The longest content of a long-term memory, in characters (longer: 400 invalid_memory); also
+    # the longest search query.
     "MEMORY_MAX_CONTENT_CHARS": 4000,
+    # The largest metadata of a long-term memory, in bytes of JSON (larger: 400 invalid_memory).
     "MEMORY_MAX_METADATA_BYTES": 16 * 1024,
+    # Days after its last update a long-term memory expires (hidden at once, deleted by
+    # `memory_sweep`). None: kept until its own expires_at.
     "MEMORY_RETENTION_DAYS": None,
+    # Import string of a callable (list of texts) -> list of vectors, for semantic search. None: no
+    # semantic search, and "hybrid" fuses keyword matches with recency instead.
     "EMBEDDER": None,
+    # The memory extractors, import strings of callables (messages) -> candidate memories ([]:
+    # none). The default finds English statements of preference, decision and habit by rules.
     "MEMORY_EXTRACTORS": ["persistent_memory.memories.extraction.rules.extract"],
+    # Whether a worker thread in this process extracts memories from new messages as they are
+    # written (when there are extractors). False: run `memory_extract` instead.
     "MEMORY_EXTRACTION_WORKER": True,
+    # Writes whose messages the extraction queue holds; when it is full, a write's messages are
+    # dropped with a warning (`memory_extract` catches up). The queue is lost with the process.
     "MEMORY_EXTRACTION_QUEUE_SIZE": 1000,
+    # Options of the chat-completions extractor (prompt, max_memories...), laid over the model,
+    # base_url, api_key_env and timeout it takes from SUMMARIZER_OPTIONS.
     "MEMORY_EXTRACTOR_OPTIONS": {},
+    # Whether the enrich lane attaches the owner's memories relevant to the question, as
+    # metadata.memories.
     "INJECT_MEMORIES": False,
+    # Tokens the memories the enrich lane attaches may add up to (at least one is attached
+    # when any matched).
     "MEMORY_MAX_TOKENS": 500,
+    # How the enrich lane searches the memories it attaches (INJECT_MEMORIES): "recent",
+    # "keyword", "semantic" (needs an EMBEDDER, else E012) or "hybrid".
     "MEMORY_SEARCH_STRATEGY": "hybrid",
-    # The MCP endpoint over streamable HTTP (persistent_memory.mcp.http) keeps one server
-    # per owner: at most this many (a new owner evicts the least recently used), each
-    # evicted after this many seconds unused (None: only the bound evicts).
+    # The MCP endpoint over streamable HTTP keeps one server per owner: at most this many, a new
+    # owner evicting the least recently used.
     "MCP_MAX_SERVERS": 100,
+    # Seconds an owner's MCP server may stay unused before it is evicted (None: only
+    # MCP_MAX_SERVERS evicts).
     "MCP_SERVER_IDLE_SECONDS": 900,
+    # The largest REST API or MCP request body, in bytes (default 2 MiB and 64 KiB); a larger one
+    # is refused with 413 payload_too_large, before it is read when its length is sent.
     "MAX_REQUEST_BYTES": 2 * 1024 * 1024 + 64 * 1024,
+    # Seconds the Retry-After header of a 503 answer (backend or database unavailable, health/ not
+    # "ok") asks the caller to wait.
     "RETRY_AFTER_SECONDS": 5,
 }
 

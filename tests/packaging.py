@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: What a wheel is built from: the build reads nothing else. A copy, so that neither a
 #: stale build/ folder nor files git ignores (caches, a local database) reach the wheel.
-SOURCES = ("pyproject.toml", "docs/PYPI.md", "persistent_memory")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "persistent_memory")
 
 
 def build_wheel(folder: Path) -> Path:

@@ -1,24 +1,31 @@
-"""The fenced code blocks of the README (and the package page), found by the marker
-comment before each, and a way to run a Python block statement by statement so that
+"""The fenced code blocks of the README and of the documentation site (docs/), found by
+the marker comment before each, and a way to run a Python block statement by statement so that
 what each ``# ->`` comment promises can be compared with what the statement returned.
 
 A marker is the HTML comment on the last non-blank line before a block:
-``<!-- example: NAME -->`` (a test in tests/test_readme.py runs it), ``<!-- not-run:
-REASON -->`` (a command no test can run: a fresh machine's install, a crontab), or one
-of the older named markers that another test reads (``new-project:NAME``,
-``readme-curl: ...``)."""
+``<!-- example: NAME -->`` (a test reads the block by name and runs it) or ``<!-- not-run:
+REASON -->`` (a command no test can run: a fresh machine's install, a crontab)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PYPI = ROOT / "docs" / "PYPI.md"
+DOCS = ROOT / "docs"
+
+
+def pages() -> list[Path]:
+    """The README and every page of the documentation site."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
 
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*([\w-]+):\s*(.*?)\s*-->\s*$")
@@ -53,8 +60,9 @@ def blocks(path: Path = README) -> list[Block]:
             continue
         indent, language = opening.groups()
         end = index + 1
-        while lines[end].strip() != "```":
+        while end < len(lines) and lines[end].strip() != "```":
             end += 1
+        assert end < len(lines), f"{path.name}:{index + 1}: a fence that is never closed"
         body = [line.removeprefix(indent) for line in lines[index + 1 : end]]
         before = next((line for line in reversed(lines[:index]) if line.strip()), "")
         marker = MARKER.match(before)
@@ -64,11 +72,16 @@ def blocks(path: Path = README) -> list[Block]:
     return found
 
 
-def example(name: str, path: Path = README) -> str:
-    """The text of the one block marked ``<!-- example: NAME -->``."""
-    named = [block for block in blocks(path) if block.tag == "example" and block.value == name]
-    assert len(named) == 1, f"{path.name}: one block marked 'example: {name}', found {len(named)}"
-    return named[0].text
+def marked(tag: str, value: str) -> Block:
+    """The one block of the README or the docs marked ``<!-- TAG: VALUE -->``."""
+    named = [block for path in pages() for block in blocks(path) if (block.tag, block.value) == (tag, value)]
+    assert len(named) == 1, f"one block marked '{tag}: {value}' in the docs, found {len(named)}"
+    return named[0]
+
+
+def example(name: str) -> str:
+    """The text of the one block marked ``<!-- example: NAME -->`` in the README or the docs."""
+    return marked("example", name).text
 
 
 @dataclass
@@ -157,3 +170,66 @@ def matches(promised: Any, value: Any) -> bool:
             matches(p, v) for p, v in zip(promised, value, strict=True)
         )
     return promised == value and type(promised) is type(value)
+
+
+def check_promises(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Assert each ``# ->`` that shows a literal; every statement's value, by its code
+    (the source up to its comment; the last of statements written alike)."""
+    for outcome in outcomes:
+        if outcome.promise is None:
+            continue
+        try:
+            shown = literal(outcome.promise)
+        except ValueError:
+            continue
+        assert matches(shown, outcome.value), (
+            f"{outcome.source}\n  README: {outcome.promise}\n  returned: {outcome.value!r}"
+        )
+    return {outcome.source.split("  #")[0].strip(): outcome.value for outcome in outcomes}
+
+
+def statement(values: dict[str, Any], start: str) -> Any:
+    """The value of the one statement whose code starts with ``start``."""
+    (found,) = [value for code, value in values.items() if code.startswith(start)]
+    return found
+
+
+def run_example(name: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Run the Python example ``name`` in ``namespace``, asserting its promises; its values."""
+    return check_promises(run_python(example(name), namespace))
+
+
+def run_block(block: str, url: str, token: str) -> list[Any]:
+    """Run the curl commands of ``block`` (written for http://127.0.0.1:8000 with ``$TOKEN``)
+    against the live server at ``url``; each curl's JSON answer, in order."""
+    script = block.replace("http://127.0.0.1:8000", url)
+    # Each curl prints one JSON object; put them on lines of their own.
+    script = script.replace("curl -s ", "echo; curl -s ")
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env={**os.environ, "TOKEN": token},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [json.loads(line) for line in result.stdout.split("\n") if line.strip()]
+
+
+def promised(block: str) -> list[Any]:
+    """What each curl's ``# -> ...`` comment promises, in the order of the curls: the JSON
+    where the comment is JSON, else None (it abbreviates, or there is no comment)."""
+    promises: list[Any] = []
+    for command in ("\n" + block).split("\ncurl -s ")[1:]:
+        lines = [line for line in command.splitlines() if line.startswith("#")]
+        shown: list[str] = []
+        for line in lines:
+            if line.startswith("# -> "):
+                shown = [line.removeprefix("# -> ")]
+            elif shown and re.match(r"#\s{4,}\S", line):
+                shown.append(line[1:].strip())
+        try:
+            promises.append(json.loads(" ".join(shown)) if shown else None)
+        except ValueError:
+            promises.append(None)
+    return promises

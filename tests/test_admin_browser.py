@@ -6,7 +6,7 @@ opening it synced the store. Then the "Summarize history of selected sessions no
 action is run from the changelist and its effect checked in the store and on the
 session page. The window is 1,280 pixels wide, a common laptop screen: the sessions
 list must fit it. Screenshots go to test-artifacts/ at the repository root; with
-UPDATE_DOCS_SCREENSHOTS=1 the two the README shows are written to docs/ too (not by
+UPDATE_DOCS_SCREENSHOTS=1 the two the docs show are written to docs/images/ too (not by
 default: a test run would otherwise leave the checkout modified).
 
 Chromium and chromedriver are Debian's (/usr/bin). Without them the test is skipped,
@@ -33,7 +33,7 @@ from persistent_memory.models import MemorySession
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "images"
 WIDTH = 1280
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -94,7 +94,7 @@ def browser() -> Iterator[Any]:
 
 def screenshot(driver: Any, name: str, *, docs: str | None = None) -> Path:
     """Save the whole page (not just the window), WIDTH pixels wide, as
-    test-artifacts/<name>.png; and as docs/<docs>.png when UPDATE_DOCS_SCREENSHOTS=1."""
+    test-artifacts/<name>.png; and as docs/images/<docs>.png when UPDATE_DOCS_SCREENSHOTS=1."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     height = driver.execute_script(

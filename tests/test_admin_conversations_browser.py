@@ -3,7 +3,7 @@ for the browser): a chat with a system message, a tool call and a regenerated an
 reads as a transcript on its session's page, the tool result folded under its call,
 and the first answer is one click away in its own thread.
 
-Screenshots go to test-artifacts/; the README's (docs/admin-conversation.png) is
+Screenshots go to test-artifacts/; the admin page's (docs/images/admin-conversation.png) is
 written when it is missing or when UPDATE_DOCS_SCREENSHOTS=1.
 """
 
@@ -29,7 +29,7 @@ from tests.test_admin_browser import (  # noqa: F401  (browser is a fixture)
 )
 from tests.test_conversations_mirror import WEATHER_CALL
 
-DOCS_SCREENSHOT = ROOT / "docs" / "admin-conversation.png"
+DOCS_SCREENSHOT = ROOT / "docs" / "images" / "admin-conversation.png"
 SESSION_ID = "trip-planner"
 
 

@@ -135,16 +135,18 @@ def test_extraction_never_overwrites_a_memory_of_another_source() -> None:
     assert updated["id"] == extracted["id"] and updated["source_messages"] == ["m3"]
 
 
-@pytest.mark.django_db(transaction=True, reset_sequences=True)  # the README's ids start at 1
-def test_readme_memories_example_runs_as_shown() -> None:
-    """The README.md example (``<!-- example: memories -->``), run statement by statement
-    as written: the search finds ``ui.theme`` as its ``# ->`` shows (it found nothing while
-    keyword search read the content only), its score to the digits shown."""
-    outcomes = readme_blocks.run_python(readme_blocks.example("memories"), {})
-    [search] = [o for o in outcomes if o.source.startswith('alice.search("Which theme does she like?"')]
-    found = [{**memory, "score": round(memory["score"], 3)} for memory in search.value]
-    assert readme_blocks.matches(readme_blocks.literal(search.promise), found), found
-    assert not LongTermMemory.objects.filter(pk=1).exists()  # the last line deletes it
+def test_the_guide_memories_example_runs_as_shown() -> None:
+    """The example of docs/guide/memories.md (``<!-- example: memories -->``), run
+    statement by statement, each ``# ->`` as shown: keyword and hybrid search find a
+    memory by the words of its content and of its key; without an EMBEDDER a question
+    in other words finds nothing, as the page says."""
+    readme_blocks.run_example("memories", {})
+    alice = memories_for("user:42")
+    count, page = alice.list()
+    assert (count, [m["key"] for m in page]) == (1, ["ui.theme"])  # the habit is deleted
+    assert page[0]["content"] == "Prefers dark mode and large fonts."
+    assert alice.search("Which colours does she like?") == []
+    assert alice.search("Which colours does she like?", strategy="keyword") == []
 
 
 def seed(svc):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +20,10 @@ from persistent_memory.memories.extraction.chat_completions import (
     ChatCompletionsExtractor,
     extractor_from_settings,
 )
+from tests import readme_blocks
 from tests.chat import assistant, user
 from tests.chat_server import HANG, Reply
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "sk-test-not-a-real-key-91c2"
 PATH = "persistent_memory.memories.extraction.chat_completions.extract"
 
@@ -262,9 +261,8 @@ def test_through_the_worker_a_timeout_is_logged_and_the_next_write_is_extracted(
 
 
 def readme_settings() -> str:
-    """The settings block after ``<!-- readme-extractor-settings`` in the README."""
-    text = README.read_text()
-    return text.split("<!-- readme-extractor-settings:")[1].split("```python\n", 1)[1].split("```", 1)[0]
+    """The docs' settings block ``<!-- example: extractor-settings -->``."""
+    return readme_blocks.example("extractor-settings")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,6 +1,7 @@
-"""The README's "Add it to your project", followed to the letter on a new project.
+"""The docs' "Add it to your project" (docs/install.md), and the README's short form of
+it, followed to the letter on a new project.
 
-A project fresh from ``django-admin startproject`` gets the README's blocks appended
+A project fresh from ``django-admin startproject`` gets the page's blocks appended
 as they are written there (settings, urls, one deployment, Django's deployment
 settings), then the README's commands run in its folder (migrate, a superuser, a
 token, ``check --deploy``, which must find nothing). It is then served by runserver
@@ -21,21 +22,31 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging import ROOT, build_wheel, install_wheel
+from tests import readme_blocks
+from tests.packaging import build_wheel, install_wheel
 from tests.servers import serve
 
-README = ROOT / "README.md"
-#: Each deployment: the README block that picks it.
+#: Each deployment: the block of docs/install.md that picks it.
 DEPLOYMENTS = ["embedded", "redis", "redis-cache"]
 #: A TLS-terminating proxy's header (the README's SECURE_PROXY_SSL_HEADER).
 HTTPS = {"X-Forwarded-Proto": "https"}
 
 
+#: The blocks of docs/install.md, by what they are for.
+BLOCKS = {
+    "settings": "new-project-settings",
+    "urls": "new-project-urls",
+    "embedded": "new-project-embedded",
+    "redis": "new-project-redis",
+    "redis-cache": "new-project-redis-cache",
+    "deploy": "new-project-deploy",
+    "commands": "new-project-commands",
+}
+
+
 def readme_block(name: str) -> str:
-    """The code block after ``<!-- new-project:NAME -->`` in the README."""
-    found = re.findall(rf"<!-- new-project:{name} -->\n```\w+\n(.*?)```", README.read_text(), re.S)
-    assert len(found) == 1, f"README: one block named {name!r}, found {len(found)}"
-    return found[0]
+    """The code block of docs/install.md marked ``<!-- example: new-project-NAME -->``."""
+    return readme_blocks.example(BLOCKS[name])
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +180,33 @@ def test_a_new_project_set_up_as_the_readme_says(deployment, app_path, tmp_path,
         assert raw.get("rr:memory:~o:user:1~chat-42:last_answer") == b'"In Paris."'
     else:
         assert (folder / "db.sqlite3.memory-journal").is_dir()  # the crash journal, beside SQLite
+
+
+def test_a_new_project_set_up_as_the_readmes_short_form(app_path, tmp_path):
+    """The README's "Add it to your project" (three blocks) on a new project, then the
+    README's curl example against it: the short form is enough to serve the API."""
+    env = project_env(app_path)
+    folder = tmp_path / "project"
+    folder.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    settings = folder / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + readme_blocks.example("readme-settings"))
+    urls = folder / "mysite" / "urls.py"
+    urls.write_text(urls.read_text() + "\n" + readme_blocks.example("readme-urls"))
+    script = readme_blocks.example("readme-commands") + 'echo "token: $TOKEN"\n'
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    token = re.search(r"^token: (\w+)$", done.stdout, re.M).group(1)
+    with serve("runserver", env, tmp_path / "runserver.log", cwd=folder) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        enriched, stored, again = readme_blocks.run_block(readme_blocks.example("readme-curl"), url, token)
+    assert enriched["memory"] == {"status": "unchanged", "session_id": "chat-42", "keys": []}
+    assert stored["memory"] == {"status": "stored", "session_id": "chat-42", "answer_count": 1}
+    assert again["question"]["metadata"]["memory_context"] == {"answer_count": 1, "last_answer": "In Paris."}

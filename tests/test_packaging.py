@@ -17,7 +17,6 @@ from packaging.requirements import Requirement
 from tests.packaging import ROOT, build_wheel, metadata
 
 README = ROOT / "README.md"
-PYPI = ROOT / "docs" / "PYPI.md"
 
 #: What the app itself needs, and nothing for the demo, the benchmark or the tests.
 CORE = {"django", "djangorestframework", "redis", "hiredis", "django-redis", "drf-spectacular", "tiktoken"}
@@ -53,6 +52,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     }
     assert by_extra["mcp"] == {"mcp", "uvicorn"}
     assert by_extra["openai"] == {"openai"}
+    assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",
@@ -137,15 +137,15 @@ def test_the_wheel_holds_the_app_and_its_data_only(wheel):
     assert {top for top in tops if not top.endswith(".dist-info")} == {"persistent_memory"}
 
 
-def test_the_description_is_written_for_pip_users(wheel):
+def test_the_description_is_the_readme_and_claims_no_package_index(wheel):
+    """The package's page is the README; it installs from a checkout or a wheel, since
+    the package is not on an index yet."""
     meta = metadata(wheel)
     assert meta["Description-Content-Type"] == "text/markdown"
     description = meta.get_payload()
-    assert description.strip() == PYPI.read_text().strip()
-    first_command = re.search(r"```bash\n(.+)", description).group(1)
-    assert first_command == "python -m pip install django-persistent-memory"
-    for checkout_only in ("requirements.txt", "manage.py runserver", "python -m pytest"):
-        assert checkout_only not in description
+    assert description.strip() == README.read_text().strip()
+    assert "pip install django-persistent-memory" not in description
+    assert "python -m pip install path/to/django-persistent-memory" in description
 
 
 def test_classifiers_name_the_django_versions_tested(wheel):
@@ -157,24 +157,13 @@ def test_classifiers_name_the_django_versions_tested(wheel):
     assert python in classifiers
 
 
-def blocks(text: str) -> dict[str, str]:
-    """The ``<!-- new-project:NAME -->`` code blocks of a Markdown text, by name."""
-    return dict(re.findall(r"<!-- new-project:([\w-]+) -->\n```\w+\n(.*?)```", text, re.S))
-
-
-def test_the_package_page_shows_the_readmes_setup_blocks():
-    readme, pypi = blocks(README.read_text()), blocks(PYPI.read_text())
-    assert set(readme) == {"settings", "urls", "embedded", "redis", "redis-cache", "deploy", "commands"}
-    assert pypi == readme
-
-
 def test_requirements_txt_is_the_app_with_its_extras():
     lines = [
         line.strip()
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test]"]
+    assert lines == ["-e .[demo,bench,test,docs]"]
 
 
 def test_ci_runs_the_readmes_test_command_exactly():

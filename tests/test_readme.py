@@ -1,6 +1,6 @@
-"""The README's examples are true: every fenced block of the README and of the package
-page (docs/PYPI.md) carries a marker (tests/readme_blocks.py), and each marked
-``example:`` is run here as written, read from the file: the Python blocks in this
+"""The README's examples, and the docs' examples of the store, conversations, owners and
+deployment, are true: each marked ``example:`` (tests/readme_blocks.py) is run here as
+written, read from its file: the Python blocks in this
 process on each backend, each ``# ->`` compared with what its statement returned; the
 commands in a project folder of their own against demo server processes."""
 
@@ -30,52 +30,9 @@ from rest_framework.authtoken.models import Token
 from persistent_memory import get_store
 from tests import readme_blocks
 from tests.conftest import _free_port, memory_settings_for
-from tests.readme_blocks import PYPI, ROOT
+from tests.readme_blocks import ROOT, promised, run_block, run_example, statement
 from tests.servers import Server, demo_env
 from tests.test_outages import database_down  # noqa: F401 (a fixture)
-
-README = readme_blocks.README
-
-
-def curl_block(marker: str = "readme-curl") -> str:
-    """The bash block after ``<!-- {marker}`` in the README."""
-    text = README.read_text()
-    return text.split(f"<!-- {marker}:")[1].split("```bash\n", 1)[1].split("```", 1)[0]
-
-
-def run_block(block: str, url: str, token: str) -> list[Any]:
-    """Run ``block`` against the live server at ``url``; each curl's JSON answer, in order."""
-    script = block.replace("http://127.0.0.1:8000", url)
-    # Each curl prints one JSON object; put them on lines of their own.
-    script = script.replace("curl -s ", "echo; curl -s ")
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        env={**os.environ, "TOKEN": token},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return [json.loads(line) for line in result.stdout.split("\n") if line.strip()]
-
-
-def promised(block: str) -> list[Any]:
-    """What each curl's ``# -> ...`` comment promises, in the order of the curls: the JSON
-    where the comment is JSON, else None (it abbreviates, or there is no comment)."""
-    promises: list[Any] = []
-    for command in block.split("\ncurl -s ")[1:]:
-        lines = [line for line in command.splitlines() if line.startswith("#")]
-        shown: list[str] = []
-        for line in lines:
-            if line.startswith("# -> "):
-                shown = [line.removeprefix("# -> ")]
-            elif shown and re.match(r"#\s{4,}\S", line):
-                shown.append(line[1:].strip())
-        try:
-            promises.append(json.loads(" ".join(shown)) if shown else None)
-        except ValueError:
-            promises.append(None)
-    return promises
 
 
 def api_user() -> tuple[Any, str]:
@@ -86,7 +43,7 @@ def api_user() -> tuple[Any, str]:
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_readme_curl_round_trip(live_server, transactional_db, store):
     user, token = api_user()
-    enriched, stored, enriched_again = run_block(curl_block(), live_server.url, token)
+    enriched, stored, enriched_again = run_block(readme_blocks.example("readme-curl"), live_server.url, token)
     assert enriched["memory"]["status"] == "unchanged"
     assert stored["memory"] == {"status": "stored", "session_id": "chat-42", "answer_count": 1}
     assert enriched_again["memory"]["status"] == "enriched"
@@ -101,7 +58,7 @@ def test_readme_curl_round_trip(live_server, transactional_db, store):
 def test_readme_conversation_curl_session(live_server, transactional_db, store):
     """The two-turn chat with a tool call and a regenerated answer, and what its comments say."""
     user, token = api_user()
-    block = curl_block("readme-conversation-curl")
+    block = readme_blocks.example("conversation-curl")
     answers = run_block(block, live_server.url, token)
     turn1, turn2, retry, thread, context, conversations = answers
 
@@ -137,107 +94,6 @@ def test_readme_conversation_curl_session(live_server, transactional_db, store):
     assert [m["id"] for m in kept][-2:] == ["q2", "a2"]
 
 
-# --- Every block of the README and the package page: marked, and run where it can be ---
-
-#: The older markers, and the test file that reads the block after each.
-READERS = {
-    "new-project": "tests/test_new_project.py",
-    "readme-curl": "tests/test_readme.py",
-    "readme-conversation-curl": "tests/test_readme.py",
-    "readme-summarizer-settings": "tests/test_summaries_openai.py",
-    "readme-extractor-settings": "tests/test_memories_extraction_openai.py",
-}
-#: ``<!-- example: NAME -->`` blocks the tests below run, by file.
-EXAMPLES = {
-    README: {
-        "venv",
-        "demo-site",
-        "create-token",
-        "store",
-        "idempotency",
-        "lanes",
-        "tenant-middleware",
-        "throttling",
-        "conversations",
-        "rolling-summary",
-        "health-signal",
-        "forget-curl",
-        "health-database-down",
-        "mcp-stdio-config",
-        "mcp-http-config",
-        "mcp-asgi",
-        "admin-user",
-        "export-import",
-        "scaling-out",
-        "settings",
-        "exception-filter",
-        "demo-on-redis",
-    },
-    PYPI: {"pypi-store", "pypi-curl"},
-}
-#: Examples another test runs: the file, which finds the block by a piece of its text.
-ELSEWHERE = {README: {"memories": "tests/test_memories.py"}, PYPI: {}}
-
-
-@pytest.mark.parametrize("path", [README, PYPI], ids=["README", "PYPI"])
-def test_every_block_is_marked_and_each_marker_has_its_test(path):
-    """A block with no marker fails here: each example is run by a test, or says why not."""
-    found = readme_blocks.blocks(path)
-    assert found, path
-    names: list[str] = []
-    for block in found:
-        assert block.tag is not None, (
-            f"{block.where}: a ```{block.language} block with no marker comment before it"
-        )
-        if block.tag == "example":
-            names.append(block.value)
-        elif block.tag == "not-run":
-            assert len(block.value.split()) >= 4, f"{block.where}: not-run needs its reason"
-        elif path == PYPI and block.tag == "new-project":
-            continue  # tests/test_packaging.py holds them equal to the README's
-        else:
-            reader = READERS.get(block.tag)
-            assert reader, f"{block.where}: unknown marker {block.tag!r}"
-            assert block.tag in (ROOT / reader).read_text(), f"{block.where}: {reader} does not read it"
-    assert len(names) == len(set(names)), f"{path.name}: an example name used twice"
-    assert set(names) == EXAMPLES[path] | set(ELSEWHERE[path])
-    here = Path(__file__).read_text()
-    for name in EXAMPLES[path]:
-        assert f'example("{name}"' in here, f"no test here runs the example {name!r}"
-    for name, reader in ELSEWHERE[path].items():
-        test = (ROOT / reader).read_text()
-        lines = [line for line in readme_blocks.example(name, path).splitlines() if len(line) > 20]
-        assert "README.md" in test and any(line[:40] in test for line in lines), (
-            f"{reader} does not run {name!r}"
-        )
-
-
-def check_promises(outcomes: list[readme_blocks.Outcome]) -> dict[str, Any]:
-    """Assert each ``# ->`` that shows a literal; every statement's value, by its code
-    (the source up to its comment; the last of statements written alike)."""
-    for outcome in outcomes:
-        if outcome.promise is None:
-            continue
-        try:
-            shown = readme_blocks.literal(outcome.promise)
-        except ValueError:
-            continue
-        assert readme_blocks.matches(shown, outcome.value), (
-            f"{outcome.source}\n  README: {outcome.promise}\n  returned: {outcome.value!r}"
-        )
-    return {outcome.source.split("  #")[0].strip(): outcome.value for outcome in outcomes}
-
-
-def statement(values: dict[str, Any], start: str) -> Any:
-    """The value of the one statement whose code starts with ``start``."""
-    (found,) = [value for code, value in values.items() if code.startswith(start)]
-    return found
-
-
-def run_example(name: str, namespace: dict[str, Any], path: Path = README) -> dict[str, Any]:
-    return check_promises(readme_blocks.run_python(readme_blocks.example(name, path), namespace))
-
-
 def test_the_store_idempotency_and_lanes_examples(store, db):
     namespace: dict[str, Any] = {}
     run_example("store", namespace)
@@ -253,13 +109,6 @@ def test_the_store_idempotency_and_lanes_examples(store, db):
     assert answer["text"] == "In Paris."
     assert (stored["status"], stored["session_id"]) == ("stored", "chat-42")
     assert store.get("chat-42", "last_answer") == "In Paris." and store.get("chat-42", "answer_count") == 1
-
-
-def test_the_package_pages_python_example(store, db):
-    values = run_example("pypi-store", {}, PYPI)
-    question, outcome = statement(values, "question, outcome = lanes.enrich(")
-    assert outcome["status"] == "enriched"
-    assert question["metadata"]["memory_context"] == store.get_all("chat-42")
 
 
 def test_the_conversations_example(store, db):
@@ -384,23 +233,6 @@ def test_the_throttling_example(settings, db, monkeypatch):
     assert (throttled.status_code, throttled.json()["code"]) == (429, "throttled")
     assert int(throttled["Retry-After"]) > 0
     cache.clear()
-
-
-def test_the_settings_example_is_the_defaults():
-    """Every key the README's settings block shows, with its default; left out only the
-    parts of a Redis address its REDIS_URL comment names."""
-    namespace: dict[str, Any] = {}
-    run_example("settings", namespace)
-    shown = json.loads(json.dumps(namespace["PERSISTENT_MEMORY"]))
-    # The defaults as a fresh process has them: the suite's conftest.py changes a few.
-    code = "import json; from persistent_memory.conf import DEFAULTS; print(json.dumps(DEFAULTS))"
-    defaults = json.loads(
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True).stdout
-    )
-    assert {key: defaults.get(key, "(no such setting)") for key in shown} == shown
-    left_out = set(defaults) - set(shown)
-    assert left_out == {"REDIS_HOST", "REDIS_PORT", "REDIS_PASSWORD", "REDIS_DB"}
-    assert "# or REDIS_HOST / REDIS_PORT / REDIS_PASSWORD / REDIS_DB" in readme_blocks.example("settings")
 
 
 def test_the_scaling_out_examples_work_on_a_real_cluster_and_sentinel(
@@ -564,13 +396,8 @@ def test_the_readmes_commands_on_the_demo_site(tmp_path, redis_url, redis_client
     with serving(runserver(demo.removeprefix(INSTALL)), env, tmp_path, tmp_path / "demo.log") as server:
         token = bash(readme_blocks.example("create-token") + 'echo "$TOKEN"\n', env, tmp_path).split()[-1]
         url = f"http://127.0.0.1:{server.port}"
-        assert run_block(curl_block(), url, token)[1]["memory"]["answer_count"] == 1
-        assert run_block(curl_block("readme-conversation-curl"), url, token)[0]["head"] == "a1"
-        pypi = readme_blocks.example("pypi-curl", PYPI).replace("https://example.com", url)
-        assert [answer["memory"]["status"] for answer in run_block(pypi, url, token)] == [
-            "enriched",
-            "stored",
-        ]
+        assert run_block(readme_blocks.example("readme-curl"), url, token)[1]["memory"]["answer_count"] == 1
+        assert run_block(readme_blocks.example("conversation-curl"), url, token)[0]["head"] == "a1"
 
         # The mirror follows within a second: wait for it, as a reader between two commands does.
         def mirrored() -> bool:
@@ -600,7 +427,10 @@ def test_the_readmes_commands_on_the_demo_site(tmp_path, redis_url, redis_client
         assert sorted(row["session_id"] for row in listed["results"]) == ["chat-42", "chat-7"]
 
     # Each command of the crontab, on the Redis deployment it is for.
-    (cron,) = [block.text for block in readme_blocks.blocks() if block.language == "cron"]
+    pages = readme_blocks.pages()
+    (cron,) = [
+        block.text for page in pages for block in readme_blocks.blocks(page) if block.language == "cron"
+    ]
     commands = re.findall(r"cd /srv/app && (python manage\.py [\w -]+?) >> ", cron)
     assert len(commands) == len(re.findall(r"^[^#\n]", cron, re.M)) == 4
     on_redis_env = {**env, "MEMORY_BACKEND": "redis", "REDIS_URL": redis_url}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,10 +15,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from persistent_memory.conversations.chat_completions import DEFAULT_PROMPT, ChatCompletionsSummarizer
 from persistent_memory.conversations.summarizers import SummarizerFailed
+from tests import readme_blocks
 from tests.chat import assistant, calling, result, user
 from tests.chat_server import HANG, Reply, chat_server
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = "sk-test-not-a-real-key-7f3a"
 PATH = "persistent_memory.conversations.chat_completions.ChatCompletionsSummarizer"
 
@@ -185,9 +184,8 @@ def test_through_the_worker_failures_walk_the_health_and_the_key_never_shows(
 
 
 def readme_settings() -> str:
-    """The settings block after ``<!-- readme-summarizer-settings`` in the README."""
-    text = README.read_text()
-    return text.split("<!-- readme-summarizer-settings:")[1].split("```python\n", 1)[1].split("```", 1)[0]
+    """The docs' settings block ``<!-- example: summarizer-settings -->``."""
+    return readme_blocks.example("summarizer-settings")
 
 
 def test_the_readme_settings_summarize_through_an_openai_compatible_endpoint(configure, server, monkeypatch):
