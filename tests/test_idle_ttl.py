@@ -173,6 +173,17 @@ def test_idle_ttl_per_session_and_none_at_all(configure):
     assert live(store, "no-idle") and live(store, "own")
 
 
+def test_whole_seconds_are_answered_as_integers_on_every_backend(configure):
+    """A setting written 604800.0 (as the demo's environment gives it) answers 604800 on
+    both backends, as Redis, which keeps milliseconds as integers, always did."""
+    store = configure(SESSION_IDLE_TTL_SECONDS=604800.0, SESSION_TTL_HOURS=2.0)
+    info = store.create_session("chat")
+    assert (info["idle_ttl_seconds"], info["ttl_seconds"]) == (604800, 7200)
+    assert type(info["idle_ttl_seconds"]) is int and type(info["ttl_seconds"]) is int
+    assert type(store.session_info("chat")["idle_ttl_seconds"]) is int
+    assert store.create_session("half", idle_ttl_seconds=1.5)["idle_ttl_seconds"] == 1.5
+
+
 def test_the_sweep_removes_idle_sessions(configure):
     store = configure(SESSION_IDLE_TTL_SECONDS=0.3)
     store.create_session("idle")

@@ -49,6 +49,12 @@ class SessionInfo(TypedDict):
     owner: NotRequired[str]
 
 
+def _whole(seconds: float | None) -> float | int | None:
+    """A whole number of seconds as an int, so that every backend answers 604800 (Redis
+    keeps milliseconds as integers), not 604800.0 on one of them."""
+    return int(seconds) if isinstance(seconds, float) and seconds.is_integer() else seconds
+
+
 def session_info(
     session_id: str,
     *,
@@ -71,10 +77,10 @@ def session_info(
         "session_id": session_id,
         "created_at": created_at,
         "expires_at": expires_at,
-        "ttl_seconds": ttl_seconds,
+        "ttl_seconds": _whole(ttl_seconds),
         "key_count": key_count,
         "history_length": history_length,
-        "idle_ttl_seconds": idle_ttl_seconds,
+        "idle_ttl_seconds": _whole(idle_ttl_seconds),
         "expires_by": expires_by,
     }
 
