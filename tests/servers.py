@@ -7,6 +7,7 @@ import atexit
 import http.client
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -222,3 +223,37 @@ class TcpProxy:
             with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+def project_folder(folder: Path) -> dict[str, str]:
+    """``folder`` made a copy of the demo's project (its ``manage.py``, the site imported from
+    the checkout, an SQLite database of its own); the environment its commands run in, with
+    ``python`` this interpreter."""
+    shutil.copy(ROOT / "manage.py", folder)
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    # A script, not a symlink: a symlink to a virtualenv's python, called by another name
+    # in another folder, finds no pyvenv.cfg and runs the base Python without the venv's packages.
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return demo_env(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+        DATABASE_URL=f"sqlite:///{folder / 'db.sqlite3'}",
+        DJANGO_SETTINGS_MODULE="memory_site.settings",
+    )
+
+
+def run_bash(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash, which must succeed."""
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{script}\n-- stdout:\n{result.stdout}\n-- stderr:\n{result.stderr}"
+    return result

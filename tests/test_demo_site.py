@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
+from tests import readme_blocks
 from tests.servers import demo_env, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,15 +82,8 @@ def test_home_page_curl_works_as_shown(live_server, transactional_db, store):
         body = response.read().decode()
     script = html.unescape(re.search(r"<pre>(curl .*?)</pre>", body, re.S).group(1))
     assert live_server.url + "/api/memory/enrich/" in script
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        env={**os.environ, "TOKEN": token},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert json.loads(done.stdout)["memory"] == {"status": "unchanged", "session_id": "chat-42", "keys": []}
+    (answer,) = readme_blocks.run_block(script, live_server.url, token)
+    assert answer["memory"] == {"status": "unchanged", "session_id": "chat-42", "keys": []}
     assert store.for_owner(f"user:{user.pk}").list_sessions() == ["chat-42"]
 
 

@@ -8,9 +8,8 @@ The guides' other examples are run where the code they show is tested
 
 from __future__ import annotations
 
+import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ import pytest
 from persistent_memory.memories import memories_for
 from persistent_memory.store import MemoryStore
 from tests import readme_blocks
-from tests.test_readme import bash, project_folder, runserver, serving
+from tests.servers import project_folder, run_bash
+from tests.test_readme import bash, runserver, serving
 
 #: The install command the quickstart shares with the README (the suite's own environment
 #: has what it installs, and a test cannot reach the package index).
@@ -38,16 +38,7 @@ def test_the_quickstart_python_example(store: MemoryStore, db: Any) -> None:
 
 def shell(code: str, env: dict[str, str], cwd: Path) -> str:
     """``python manage.py shell -c code`` in ``cwd``; its standard output."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "--no-imports", "-c", code],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, f"{code}\n-- stdout:\n{result.stdout}\n-- stderr:\n{result.stderr}"
-    return result.stdout
+    return run_bash(f"python manage.py shell --no-imports -c {shlex.quote(code)}", env, cwd).stdout
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

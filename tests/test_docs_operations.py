@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,8 @@ from rest_framework.test import APIClient
 from tests import readme_blocks
 from tests.conftest import _free_port, memory_settings_for
 from tests.readme_blocks import ROOT, example, promised, run_block, run_example
-from tests.servers import demo_env, prepare_database, serve
+from tests.servers import demo_env, prepare_database, project_folder, serve
+from tests.servers import run_bash as bash
 
 OPERATIONS = ROOT / "docs" / "operations.md"
 SECURITY = ROOT / "docs" / "security.md"
@@ -128,37 +127,6 @@ def test_every_command_has_a_section_with_every_option_and_an_example():
 
 
 # --- The examples, run on the demo site --------------------------------------------------
-
-
-def project_folder(folder: Path) -> dict[str, str]:
-    """``folder`` made a project of the demo site (its ``manage.py``, a new SQLite database);
-    the environment its commands run in, where ``python`` is this interpreter."""
-    shutil.copy(ROOT / "manage.py", folder)
-    bin_dir = folder / "bin"
-    bin_dir.mkdir()
-    python = bin_dir / "python"
-    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
-    return demo_env(
-        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(ROOT),
-        DATABASE_URL=f"sqlite:///{folder / 'db.sqlite3'}",
-        DJANGO_SETTINGS_MODULE="memory_site.settings",
-    )
-
-
-def bash(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``script`` run by bash, which must succeed."""
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"{script}\n-- stdout:\n{result.stdout}\n-- stderr:\n{result.stderr}"
-    return result
 
 
 def run_console(block: str, env: dict[str, str], cwd: Path, redis_url: str | None = None) -> None:

@@ -315,7 +315,7 @@ def test_stdio_command_refuses_an_invalid_owner(env: dict[str, str]) -> None:
         text=True,
         stdin=subprocess.DEVNULL,
     )
-    assert result.returncode != 0
+    assert result.returncode != 0 and "Invalid owner" in result.stderr
     assert "Invalid owner" in result.stderr
 
 

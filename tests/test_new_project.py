@@ -74,8 +74,8 @@ def project_env(app_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def new_project(folder: Path, env: dict[str, str], deployment: str) -> None:
-    """``startproject``, then the README's blocks appended to its settings and URLs."""
+def new_project(folder: Path, env: dict[str, str], settings_blocks: list[str], urls_block: str) -> None:
+    """``startproject``, then the docs' blocks appended to its settings and URLs."""
     folder.mkdir()
     subprocess.run(
         [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
@@ -84,15 +84,15 @@ def new_project(folder: Path, env: dict[str, str], deployment: str) -> None:
         capture_output=True,
     )
     settings = folder / "mysite" / "settings.py"
-    for name in ("settings", deployment, "deploy"):
-        settings.write_text(settings.read_text() + "\n" + readme_block(name))
+    for block in settings_blocks:
+        settings.write_text(settings.read_text() + "\n" + block)
     urls = folder / "mysite" / "urls.py"
-    urls.write_text(urls.read_text() + "\n" + readme_block("urls"))
+    urls.write_text(urls.read_text() + "\n" + urls_block)
 
 
-def run_readme_commands(folder: Path, env: dict[str, str]) -> tuple[str, str]:
-    """The README's commands in the project's folder: their output, and the token."""
-    script = readme_block("commands") + 'echo "token: $TOKEN"\n'
+def run_readme_commands(folder: Path, env: dict[str, str], commands: str) -> tuple[str, str]:
+    """The docs' commands in the project's folder: their output, and the token."""
+    script = commands + 'echo "token: $TOKEN"\n'
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=folder,
@@ -116,9 +116,10 @@ def test_a_new_project_set_up_as_the_readme_says(deployment, app_path, tmp_path,
         extra["REDIS_URL"] = request.getfixturevalue("redis_url")
     env = project_env(app_path, **extra)
     folder = tmp_path / "project"
-    new_project(folder, env, deployment)
+    blocks = [readme_block(name) for name in ("settings", deployment, "deploy")]
+    new_project(folder, env, blocks, readme_block("urls"))
 
-    output, token = run_readme_commands(folder, env)
+    output, token = run_readme_commands(folder, env, readme_block("commands"))
     assert "Applying persistent_memory.0001_mirror... OK" in output
     assert "Superuser created successfully." in output
     # check --deploy: nothing beyond the warning the embedded block silences, as it says.
@@ -187,23 +188,9 @@ def test_a_new_project_set_up_as_the_readmes_short_form(app_path, tmp_path):
     README's curl example against it: the short form is enough to serve the API."""
     env = project_env(app_path)
     folder = tmp_path / "project"
-    folder.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    settings = folder / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + "\n" + readme_blocks.example("readme-settings"))
-    urls = folder / "mysite" / "urls.py"
-    urls.write_text(urls.read_text() + "\n" + readme_blocks.example("readme-urls"))
-    script = readme_blocks.example("readme-commands") + 'echo "token: $TOKEN"\n'
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    token = re.search(r"^token: (\w+)$", done.stdout, re.M).group(1)
+    short = [readme_blocks.example("readme-settings")]
+    new_project(folder, env, short, readme_blocks.example("readme-urls"))
+    _, token = run_readme_commands(folder, env, readme_blocks.example("readme-commands"))
     with serve("runserver", env, tmp_path / "runserver.log", cwd=folder) as server:
         url = f"http://127.0.0.1:{server.port}"
         enriched, stored, again = readme_blocks.run_block(readme_blocks.example("readme-curl"), url, token)

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
@@ -30,8 +29,8 @@ from rest_framework.authtoken.models import Token
 from persistent_memory import get_store
 from tests import readme_blocks
 from tests.conftest import _free_port, memory_settings_for
-from tests.readme_blocks import ROOT, promised, run_block, run_example, statement
-from tests.servers import Server, demo_env
+from tests.readme_blocks import promised, run_block, run_example, statement
+from tests.servers import Server, project_folder, run_bash
 from tests.test_outages import database_down  # noqa: F401 (a fixture)
 
 
@@ -304,38 +303,9 @@ INSTALL = "python -m pip install -r requirements.txt && "
 SHARED_REDIS = "redis://127.0.0.1:6379/0"
 
 
-def project_folder(folder: Path) -> dict[str, str]:
-    """``folder`` made a copy of the demo's project (its ``manage.py``, the site imported from
-    the checkout, an SQLite database of its own); the environment its commands run in, with
-    ``python`` this interpreter."""
-    shutil.copy(ROOT / "manage.py", folder)
-    bin_dir = folder / "bin"
-    bin_dir.mkdir()
-    # A script, not a symlink: a symlink to a virtualenv's python, called by another name
-    # in another folder, finds no pyvenv.cfg and runs the base Python without the venv's packages.
-    python = bin_dir / "python"
-    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
-    return demo_env(
-        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(ROOT),
-        DATABASE_URL=f"sqlite:///{folder / 'db.sqlite3'}",
-        DJANGO_SETTINGS_MODULE="memory_site.settings",
-    )
-
-
 def bash(script: str, env: dict[str, str], cwd: Path) -> str:
     """Run ``script`` as bash would, stopping at the first failure; its standard output."""
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"{script}\n-- stdout:\n{result.stdout}\n-- stderr:\n{result.stderr}"
-    return result.stdout
+    return run_bash(script, env, cwd).stdout
 
 
 def on_port(script: str, port: int) -> str:
