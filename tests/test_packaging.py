@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import tomllib
 import zipfile
 from importlib.metadata import packages_distributions
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra["mcp"] == {"mcp", "uvicorn"}
     assert by_extra["openai"] == {"openai"}
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
+    assert by_extra["langgraph"] == {"langgraph"}
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",
@@ -93,8 +95,8 @@ def test_the_app_imports_only_its_core_requirements():
     """Every module the app imports is the standard library's, the app's or a core requirement's
     (the ``mcp`` package's modules, which the ``mcp`` extra's users import, and the optional
     packages, imported only where they are used, aside)."""
-    mcp_package = ROOT / "persistent_memory" / "mcp"
-    paths = [p for p in (ROOT / "persistent_memory").rglob("*.py") if mcp_package not in p.parents]
+    extras = (ROOT / "persistent_memory" / "mcp", ROOT / "persistent_memory" / "integrations")
+    paths = [p for p in (ROOT / "persistent_memory").rglob("*.py") if not set(extras) & set(p.parents)]
     third_party, owners = imported_distributions(paths)
     assert third_party >= OPTIONAL
     assert {name for name, dists in owners.items() if not dists & CORE} - OPTIONAL == set(), owners
@@ -114,6 +116,21 @@ def test_the_mcp_package_imports_only_core_and_mcp_extra_requirements():
     allowed = CORE | {"mcp", "uvicorn", "anyio", "asgiref"}
     assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
     assert "mcp" in owners
+
+
+@pytest.mark.parametrize("framework", ["langgraph"])
+def test_each_integration_imports_only_core_and_its_extras_requirements(framework):
+    """``persistent_memory.integrations.<framework>`` needs the core and its own extra."""
+    extra = {Requirement(line).name.lower() for line in metadata_extras()[framework]}
+    _, owners = imported_distributions([ROOT / "persistent_memory" / "integrations" / f"{framework}.py"])
+    allowed = CORE | extra
+    assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
+    assert framework in owners
+
+
+def metadata_extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras, as written."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 
 def test_the_wheel_holds_the_app_and_its_data_only(wheel):
@@ -163,7 +180,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph]"]
 
 
 def test_ci_runs_the_readmes_test_command_exactly():

@@ -66,6 +66,11 @@ class MemoryService:
     def _rows(self) -> QuerySet[LongTermMemory]:
         return LongTermMemory.objects.filter(owner=self.owner).exclude(expired_filter())
 
+    def rows(self) -> QuerySet[LongTermMemory]:
+        """The owner's live memories, for an integration that filters them further (the
+        LangGraph store): never another owner's, never an expired one."""
+        return self._rows()
+
     def _row(self, memory_id: Any) -> LongTermMemory:
         # Out of the id column's range is no memory either (and no database error).
         if isinstance(memory_id, bool) or not isinstance(memory_id, int) or not 0 < memory_id < 2**63:

@@ -1,0 +1,47 @@
+"""The integrations pages' examples, run as written (docs/integrations/)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+from django.test import RequestFactory
+
+from persistent_memory.memories import memories_for
+from tests import readme_blocks
+
+pytest.importorskip("langgraph")
+
+
+def say(chat: Any, user: Any, message: str) -> Any:
+    request = RequestFactory().post("/chat/", {"message": message})
+    request.user = user
+    return chat(request)
+
+
+@pytest.mark.django_db
+def test_the_langgraph_store_view():
+    """The page's view: each user's city is remembered in their own memories, and only
+    theirs; a caller without an owner is refused."""
+    namespace: dict[str, Any] = {"__name__": "views"}
+    exec(readme_blocks.example("langgraph-store-view"), namespace)  # noqa: S102 (the page's own example)
+    chat = namespace["chat"]
+    ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
+
+    def reply(user: Any, message: str) -> str:
+        response = say(chat, user, message)
+        assert response.status_code == 200
+        return json.loads(response.content)["reply"]
+
+    assert reply(ada, "Hello") == "Where do you live?"
+    assert reply(ada, "I live in Lyon.") == "You live in Lyon."
+    assert reply(ada, "Where do I live?") == "You live in Lyon."
+    assert reply(bob, "Where do I live?") == "Where do you live?"  # Ada's city is hers
+    count, (memory,) = memories_for(f"user:{ada.pk}").list()
+    shown = (count, memory["key"], memory["type"], memory["content"])
+    assert shown == (1, "lg.profile.city", "semantic", "Lyon")
+    assert memories_for(f"user:{bob.pk}").list() == (0, [])
+    assert say(chat, AnonymousUser(), "Hello").status_code == 403
