@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import re
 import sys
 import tokenize
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "persistent_memory" / "conf.py"
 MARKER = "<!-- settings-reference -->"
+#: A Sphinx role of the code's docstrings (``:meth:`x```), as Markdown renders it.
+SPHINX_ROLE = re.compile(r":(?:meth|class|mod|func|data|attr|exc|obj):<code>~?([^<]*)</code>")
 
 
 def setting_comments(source: str) -> dict[str, str]:
@@ -44,8 +47,51 @@ def setting_comments(source: str) -> dict[str, str]:
     return found
 
 
-def shown(value: Any) -> str:
-    """A default as the settings dict would spell it."""
+#: The reference's sections, in order, each with the prefixes and names of its settings:
+#: a setting goes under the first that claims it (a test checks that none is left to
+#: "Other", so a new setting needs a place here).
+GROUPS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("Backend and Redis", ("REDIS_",), ("PROFILE", "BACKEND", "KEY_PREFIX")),
+    ("Mirror and journal", (), ("MIRROR_MODE", "JOURNAL_DIR", "ADMIN_SYNC_LIMIT")),
+    (
+        "Sessions and their limits",
+        ("SESSION_", "MAX_SESSION"),
+        ("IDLE_TTL_REFRESH_ON_READ", "MAX_HISTORY", "AUTO_SUMMARIZE", "MAX_VALUE_BYTES", "MAX_JSON_DEPTH"),
+    ),
+    (
+        "REST API",
+        ("API_",),
+        ("RUN_BINDING_TTL_SECONDS", "IDEMPOTENCY_TTL_SECONDS", "OWNER_RESOLVER", "MAX_BATCH")
+        + ("MAX_REQUEST_BYTES", "RETRY_AFTER_SECONDS"),
+    ),
+    ("Rolling summaries", ("SUMMAR",), ("CONTEXT_STRATEGY", "SUMMARY_MAX_TOKENS", "CONTEXT_OVERFLOW")),
+    (
+        "Conversations",
+        ("CONTEXT_",),
+        ("TOKENIZER", "MAX_MESSAGES", "MAX_MESSAGE_BYTES", "RECORD_CONVERSATION"),
+    ),
+    ("Long-term memories", ("MEMORY_",), ("EMBEDDER", "INJECT_MEMORIES")),
+    ("MCP", ("MCP_",), ()),
+    ("Other", ("",), ()),
+]
+
+
+def group_of(name: str) -> str:
+    """The reference section of setting ``name``."""
+    return next(title for title, prefixes, names in GROUPS if name in names or name.startswith(prefixes))
+
+
+def _bytes(count: int) -> str:
+    """``count`` bytes in binary units when it is a whole number of KiB: 2 MiB + 64 KiB."""
+    mib, kib = divmod(count // 1024, 1024)
+    parts = [f"{mib:,} MiB"] * bool(mib) + [f"{kib:,} KiB"] * bool(kib)
+    return " + ".join(parts)
+
+
+def shown(value: Any, name: str = "") -> str:
+    """A default as the settings dict would spell it (sizes in bytes also in KiB/MiB)."""
+    if name.endswith("_BYTES") and isinstance(value, int) and value and value % 1024 == 0:
+        return f"`{value!r}` ({_bytes(value)})"
     if isinstance(value, str | int | float | bool) or value is None:
         return f"`{value!r}`"
     return f"`{json.dumps(value)}`" if value else f"`{value!r}`"
@@ -60,15 +106,24 @@ def settings_reference() -> str:
     finally:
         sys.path.remove(str(ROOT))
     comments = setting_comments(CONF.read_text())
-    rows = ["| Setting | Default | What it does |", "| --- | --- | --- |"]
-    for name, value in DEFAULTS.items():
-        presets = [
-            f"`{profile}`: {shown(preset[name])}" for profile, preset in PROFILES.items() if name in preset
-        ]
-        default = shown(value) + (f"<br>(profiles: {', '.join(presets)})" if presets else "")
-        description = comments[name].replace("|", "\\|")
-        rows.append(f"| <a id='{name.lower()}'></a>`{name}` | {default} | {description} |")
-    return "\n".join(rows) + "\n"
+    sections: list[str] = []
+    for title, _prefixes, _names in GROUPS:
+        names = [name for name in DEFAULTS if group_of(name) == title]
+        if not names:
+            continue
+        rows = [f"### {title}", "", "| Setting | Default | What it does |", "| --- | --- | --- |"]
+        for name in names:
+            presets = [
+                f"`{profile}`: {shown(preset[name], name)}"
+                for profile, preset in PROFILES.items()
+                if name in preset
+            ]
+            profiles = f"<br>(profiles: {', '.join(presets)})" if presets else ""
+            default = shown(DEFAULTS[name], name) + profiles
+            description = comments[name].replace("|", "\\|")
+            rows.append(f"| <a id='{name.lower()}'></a>`{name}` | {default} | {description} |")
+        sections.append("\n".join(rows))
+    return "\n\n".join(sections) + "\n"
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001
@@ -76,3 +131,14 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     if MARKER in markdown:
         return markdown.replace(MARKER, settings_reference())
     return markdown
+
+
+def _role(match: re.Match[str]) -> str:
+    """A role's target as code (``~a.b.C``: just ``C``, as Sphinx shows it)."""
+    target = match.group(1)
+    return f"<code>{target.rsplit('.', 1)[-1] if match.group(0).count('~') else target}</code>"
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001
+    """MkDocs' hook: the docstrings' Sphinx roles read as plain code on the Python API page."""
+    return SPHINX_ROLE.sub(_role, html)

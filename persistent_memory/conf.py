@@ -135,8 +135,8 @@ DEFAULTS: dict[str, Any] = {
     # Import string of a callable (request) -> owner string, which decides whose sessions a REST
     # API or MCP request reaches; None from it refuses the request (403 owner_required).
     "OWNER_RESOLVER": "persistent_memory.resolvers.user_owner",
-    # At most this many entries per process/ call (400 too_many_entries), and messages per
-    # append (400 invalid_message).
+    # At most this many entries per process/ call (400 invalid, the reason under
+    # errors.entries), and messages per append (400 invalid_message).
     "MAX_BATCH": 100,
     # How tokens are counted, once per message as it is appended: "o200k_base" or "cl100k_base"
     # (OpenAI's tokenizers, offline), "chars" (four characters a token), or the import string of

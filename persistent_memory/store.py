@@ -306,7 +306,7 @@ class MemoryStore(ConversationMethods):
         greater id first), in one backend call.
 
         Sessions that expired and that no page or sweep has met yet may still be
-        counted (see the README's Redis section). On the unscoped store this is the
+        counted (see the docs' Redis key layout). On the unscoped store this is the
         unowned namespace, the node's sessions included.
         """
         if not isinstance(prefix, str):

@@ -77,9 +77,12 @@ def test_the_settings_reference_has_every_setting_with_its_default_and_comment()
     assert not missing, f"settings without a comment in conf.py: {missing}"
     table = hooks.settings_reference()
     rows = [line for line in table.splitlines() if line.startswith("| <a id=")]
-    assert [re.search(r"`(\w+)`", row).group(1) for row in rows] == list(DEFAULTS)
-    by_name = dict(zip(DEFAULTS, rows, strict=True))
-    assert "| `1048576` |" in by_name["MAX_VALUE_BYTES"]  # the value, not its source
+    by_name = {re.search(r"`(\w+)`", row).group(1): row for row in rows}
+    assert len(rows) == len(by_name) and by_name.keys() == DEFAULTS.keys()
+    assert "| `1048576` (1 MiB) |" in by_name["MAX_VALUE_BYTES"]  # the value, not its source
+    assert "`2162688` (2 MiB + 64 KiB)" in by_name["MAX_REQUEST_BYTES"]
+    assert [name for name in DEFAULTS if hooks.group_of(name) == "Other"] == []  # each has its section
+    assert table.count("### ") == len(hooks.GROUPS) - 1
     assert "`redis`: `24`" in by_name["SESSION_TTL_HOURS"]  # what a profile sets
     assert all(f"`{profile}`" in table for profile in PROFILES)
     page = (ROOT / "docs" / "settings.md").read_text()

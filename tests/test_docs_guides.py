@@ -1,6 +1,7 @@
 """The newcomer's pages of the site (docs/quickstart.md and the guides) say what happens:
 the quickstart's Python example on each backend, and its commands run as a newcomer
-would, in a project folder of their own against a demo server process.
+would, in a project folder of their own against a demo server process; and the ways
+docs/install.md gives an app's own users their API access.
 
 The guides' other examples are run where the code they show is tested
 (tests/test_readme.py, tests/test_memories.py, the OpenAI summarizer and extractor tests).
@@ -10,14 +11,18 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from persistent_memory import get_store
 from persistent_memory.memories import memories_for
 from persistent_memory.store import MemoryStore
 from tests import readme_blocks
+from tests.conftest import memory_settings_for
 from tests.servers import project_folder, run_bash
 from tests.test_readme import bash, runserver, serving
 
@@ -82,3 +87,65 @@ def test_the_quickstart_commands_on_the_demo_site(tmp_path: Path) -> None:
         # The API's session is the admin's own: the shell's first-chat is not among them.
         listed = server.request("GET", "/api/memory/sessions/", token=token).json()
         assert [row["session_id"] for row in listed["results"]] == ["trip"]
+
+
+def test_the_install_pages_token_view_and_session_csrf(
+    settings: Any, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/install.md's "Tokens for your own users": the ``obtain_auth_token`` line appended
+    to a URLconf (the demo's) answers a user's token for their username and password, that
+    token works on the API as the user's own owner, and a session caller's unsafe request
+    needs the CSRF header."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from rest_framework.authtoken.models import Token
+
+    import memory_site.urls
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory")
+    source = Path(memory_site.urls.__file__).read_text()
+    urlconf = types.ModuleType("docs_install_urls")
+    appended = source + "\n" + readme_blocks.example("obtain-auth-token")
+    exec(compile(appended, "urls.py", "exec"), urlconf.__dict__)  # noqa: S102 (the page's own line)
+    monkeypatch.setitem(sys.modules, urlconf.__name__, urlconf)
+    settings.ROOT_URLCONF = urlconf.__name__
+
+    user = get_user_model().objects.create_user("ada", password="a-long-passphrase")
+    client = Client()
+    refused = client.post(
+        "/api/token/", {"username": "ada", "password": "wrong"}, content_type="application/json"
+    )
+    assert refused.status_code == 400
+    answered = client.post(
+        "/api/token/", {"username": "ada", "password": "a-long-passphrase"}, content_type="application/json"
+    )
+    assert answered.status_code == 200, answered.content
+    token = answered.json()["token"]
+    # The view's token is the one get_or_create gives the user (the page's other way).
+    assert Token.objects.get_or_create(user=user) == (Token.objects.get(key=token), False)
+    created = client.post(
+        "/api/memory/sessions/",
+        {"session_id": "chat-1"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Token {token}",
+    )
+    assert created.status_code == 201, created.content
+    assert get_store().for_owner(f"user:{user.pk}").list_sessions() == ["chat-1"]
+
+    # The session of a user logged in with Django's login: CSRF on unsafe methods.
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(user)
+    assert browser.get("/api/memory/sessions/").status_code == 200
+    no_header = browser.post(
+        "/api/memory/sessions/", {"session_id": "chat-2"}, content_type="application/json"
+    )
+    assert no_header.status_code == 403, no_header.content
+    browser.get("/admin/login/")  # any page that renders a form sets the csrftoken cookie
+    csrf = browser.cookies["csrftoken"].value
+    with_header = browser.post(
+        "/api/memory/sessions/",
+        {"session_id": "chat-2"},
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=csrf,
+    )
+    assert with_header.status_code == 201, with_header.content

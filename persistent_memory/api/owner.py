@@ -55,7 +55,7 @@ class ForgetReport(serializers.Serializer):
     mirror_rows = serializers.IntegerField()
     memories = serializers.IntegerField()
     journal_checkpointed = serializers.BooleanField(
-        help_text="The memory backend's journal was checkpointed (segments with the owner's writes dropped).."
+        help_text="The memory backend's journal was checkpointed (segments with the owner's writes dropped)."
     )
 
 

@@ -30,7 +30,8 @@ class Command(BaseCommand):
             from persistent_memory.mcp.server import build_server
         except ImportError as exc:
             raise CommandError(
-                f"MCP needs the 'mcp' extra: pip install 'django-persistent-memory[mcp]' ({exc})"
+                "MCP needs the 'mcp' extra (python -m pip install "
+                f"'path/to/django-persistent-memory[mcp]'): {exc}"
             ) from exc
         try:
             server = build_server(owner)
