@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "persistent_memory" / "conf.py"
 MARKER = "<!-- settings-reference -->"
 #: A Sphinx role of the code's docstrings (``:meth:`x```), as Markdown renders it.
-SPHINX_ROLE = re.compile(r":(?:meth|class|mod|func|data|attr|exc|obj):<code>~?([^<]*)</code>")
+SPHINX_ROLE = re.compile(r":(?:meth|class|mod|func|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
 
 
 def setting_comments(source: str) -> dict[str, str]:
@@ -135,8 +135,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
 
 def _role(match: re.Match[str]) -> str:
     """A role's target as code (``~a.b.C``: just ``C``, as Sphinx shows it)."""
-    target = match.group(1)
-    return f"<code>{target.rsplit('.', 1)[-1] if match.group(0).count('~') else target}</code>"
+    short, target = match.groups()
+    return f"<code>{target.rsplit('.', 1)[-1] if short else target}</code>"
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001

@@ -149,6 +149,10 @@ def test_get_put_delete_and_an_update_keeps_created_at(lg: PersistentMemoryStore
     assert updated.value == {"title": "Updated Document", "content": "Hello, Updated!"}
     assert updated.created_at == item.created_at
     assert updated.updated_at > item.updated_at
+    # The same value put again is an update too, as in LangGraph's stores.
+    lg.put(namespace, "doc1", {"title": "Updated Document", "content": "Hello, Updated!"})
+    again = lg.get(namespace, "doc1")
+    assert again.updated_at > updated.updated_at and again.created_at == item.created_at
 
     assert lg.get(("test", "other_documents"), "doc1") is None
     assert lg.get(("test",), "doc1") is None  # a namespace's prefix is another namespace

@@ -247,14 +247,18 @@ class PersistentMemoryStore(BaseStore):
         # None: the store's.
         fields = None if op.index is False else self.index_fields if op.index is None else list(op.index)
         value = dict(op.value)
-        expires_at = _expiry(op.ttl)
-        self.memories.add(
+        started = timezone.now()
+        memory = self.memories.add(
             content_of(value, op.key, fields),
             type=memory_type(op.namespace),
             key=memory_key(op.namespace, op.key),
             metadata={MARK: {"namespace": list(op.namespace), "key": op.key, "ttl": op.ttl}, "value": value},
-            expires_at=expires_at,
+            expires_at=_expiry(op.ttl),
         )
+        # The service leaves a memory written again unchanged as it was (an extraction run
+        # twice); a LangGraph put is an update all the same, as in LangGraph's own stores.
+        if memory["updated_at"] < started:
+            self._items().filter(pk=memory["id"]).update(updated_at=timezone.now())
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         rows = self._items()
