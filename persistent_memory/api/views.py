@@ -69,6 +69,9 @@ class OwnerRequired(PermissionDenied):
     default_code = "owner_required"
 
 
+#: Where the WSGI/ASGI environ holds the ``Idempotency-Key`` header.
+IDEMPOTENCY_META_KEY = "HTTP_" + IDEMPOTENCY_HEADER.upper().replace("-", "_")
+
 SESSION_ERRORS = errors(404, 410)
 #: A write's errors: its own, plus 422 for an idempotency key used for another request.
 WRITE_ERRORS = errors(422, 404, 410)
@@ -176,7 +179,8 @@ class MemoryAPIView(APIView):
         """The request's ``Idempotency-Key`` with the fingerprint of what it asks (method,
         path, body, and ``also`` what a write takes from its query string); None without
         the header. A malformed key is a 400."""
-        key = self.request.headers.get(IDEMPOTENCY_HEADER)
+        # META, not request.headers: that builds a dict of every header, for one.
+        key = self.request.META.get(IDEMPOTENCY_META_KEY)
         if key is None:
             return None
         request = self.request
