@@ -24,7 +24,7 @@ import pytest
 
 from tests import readme_blocks
 from tests.packaging import build_wheel, install_wheel
-from tests.servers import serve
+from tests.servers import run_bash, serve
 
 #: Each deployment: the block of docs/install.md that picks it.
 DEPLOYMENTS = ["embedded", "redis", "redis-cache"]
@@ -92,16 +92,7 @@ def new_project(folder: Path, env: dict[str, str], settings_blocks: list[str], u
 
 def run_readme_commands(folder: Path, env: dict[str, str], commands: str) -> tuple[str, str]:
     """The docs' commands in the project's folder: their output, and the token."""
-    script = commands + 'echo "token: $TOKEN"\n'
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_bash(commands + 'echo "token: $TOKEN"\n', env, folder)
     token = re.search(r"^token: (\w+)$", done.stdout, re.M)
     assert token and len(token.group(1)) == 40, done.stdout
     return done.stdout + done.stderr, token.group(1)
