@@ -40,6 +40,8 @@ WORKER_THREAD = "persistent-memory-extraction"
 threads_seen: list[str] = []
 #: Opened by a test to let ``gated`` return.
 gate = threading.Event()
+#: Set by ``gated`` when the worker is extracting (past its gathering of writes).
+entered = threading.Event()
 
 
 def echo(messages: list[dict[str, Any]]) -> list[Candidate]:
@@ -64,7 +66,8 @@ def flaky(messages: list[dict[str, Any]]) -> list[Candidate]:
 
 
 def gated(messages: list[dict[str, Any]]) -> list[Candidate]:
-    """Waits for the test to open the gate (at most 60 s)."""
+    """Says the worker is extracting, then waits for the test to open the gate (at most 60 s)."""
+    entered.set()
     gate.wait(60)
     return []
 
@@ -74,6 +77,7 @@ def worker(configure):
     """The parametrized store with the extraction worker on (and ``extra`` settings)."""
     threads_seen.clear()
     gate.clear()
+    entered.clear()
 
     def apply(**extra: Any) -> MemoryStore:
         store = configure(**({"MEMORY_EXTRACTION_WORKER": True} | extra))
@@ -227,7 +231,7 @@ def test_a_full_queue_drops_with_a_warning_and_memory_extract_catches_up(worker,
     alice, extraction = store.for_owner("user:alice"), store.extraction_worker
     with caplog.at_level(logging.WARNING, logger="persistent_memory"):
         alice.add_messages("chat", [user("First.", id="m1")])
-        wait_until(lambda: extraction.queued == 0, "the worker did not take the first batch")
+        assert entered.wait(60), "the worker did not take the first batch"
         alice.add_messages("chat", [user("Second.", id="m2")])  # queued behind it
         alice.add_messages("chat", [user("Third.", id="m3")])  # the queue is full: dropped
         alice.add_messages("chat", [user("Fourth.", id="m4")])  # still full: dropped, no new warning
@@ -253,7 +257,7 @@ def test_close_leaves_what_is_queued_to_memory_extract(worker, caplog):
     store = worker(MEMORY_EXTRACTORS=[GATED, ECHO])
     alice, extraction = store.for_owner("user:alice"), store.extraction_worker
     alice.add_messages("chat", [user("First.", id="m1")])
-    wait_until(lambda: extraction.queued == 0, "the worker did not take the first batch")
+    assert entered.wait(60), "the worker did not take the first batch"
     alice.add_messages("chat", [user("Second.", id="m2")])
     closer = threading.Thread(target=store.close)
     with caplog.at_level(logging.INFO, logger="persistent_memory"):
@@ -278,13 +282,9 @@ def test_forgetting_an_owner_skips_what_the_worker_holds_of_theirs(worker):
     from persistent_memory.memories.forget import forget_owner
 
     store = worker(MEMORY_EXTRACTORS=[GATED, ECHO])
-    alice, bob, extraction = (
-        store.for_owner("user:alice"),
-        store.for_owner("user:bob"),
-        store.extraction_worker,
-    )
+    alice, bob = store.for_owner("user:alice"), store.for_owner("user:bob")
     bob.add_messages("chat", [user("Bob first.", id="b1")])
-    wait_until(lambda: extraction.queued == 0, "the worker did not take bob's batch")
+    assert entered.wait(60), "the worker did not take bob's batch"
     alice.add_messages("chat", [user("Alice, queued.", id="a1")])  # waits behind bob's
     counts = forget_owner("user:alice", store=store)  # does not wait for bob's extraction
     assert counts["sessions"] == 1
@@ -297,9 +297,9 @@ def test_forgetting_an_owner_skips_what_the_worker_holds_of_theirs(worker):
 
 def test_a_batch_of_a_session_deleted_since_is_skipped(worker):
     store = worker(MEMORY_EXTRACTORS=[GATED, ECHO])
-    alice, extraction = store.for_owner("user:alice"), store.extraction_worker
+    alice = store.for_owner("user:alice")
     alice.add_messages("kept", [user("First.", id="m1")])
-    wait_until(lambda: extraction.queued == 0, "the worker did not take the first batch")
+    assert entered.wait(60), "the worker did not take the first batch"
     alice.add_messages("gone", [user("Second.", id="m2")])
     alice.delete_session("gone")  # as memory_forget in another process would
     gate.set()
@@ -320,7 +320,7 @@ def test_forgetting_waits_for_an_extraction_of_theirs_in_progress(worker, monkey
 
     monkeypatch.setattr(extraction, "forget", forget_then_note)
     alice.add_messages("chat", [user("In progress.", id="a1")])
-    wait_until(lambda: extraction.queued == 0, "the worker did not take the batch")
+    assert entered.wait(60), "the worker did not take the batch"
     forgetting = threading.Thread(target=forget_owner, args=("user:alice",), kwargs={"store": store})
     forgetting.start()
     assert reached.wait(60), "forget_owner did not reach the worker"
