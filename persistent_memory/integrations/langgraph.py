@@ -272,10 +272,13 @@ class PersistentMemoryStore(BaseStore):
             by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in ranked])}
             scored = [(by_id[pk], score) for pk, score in ranked if pk in by_id]
         else:
-            scored = [(row, None) for row in rows.order_by("-updated_at", "-id")]
+            newest = rows.order_by("-updated_at", "-id")
+            if not op.filter:  # the database gives the page alone, not every item under the prefix
+                newest = newest[op.offset : op.offset + op.limit]
+            scored = [(row, None) for row in newest]
         if op.filter:
             scored = [(row, score) for row, score in scored if _matches(row, op.filter)]
-        page = scored[op.offset : op.offset + op.limit]
+        page = scored if not (op.query or op.filter) else scored[op.offset : op.offset + op.limit]
         if op.refresh_ttl:
             self._refresh([row for row, _ in page])
         return [SearchItem(**_fields(row), score=score) for row, score in page]
