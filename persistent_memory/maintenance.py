@@ -22,6 +22,7 @@ from typing import Any
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
+from persistent_memory.checkpoints import validate_entries
 from persistent_memory.conf import DEFAULTS
 from persistent_memory.conversations.records import export_conversations, import_conversations
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError, SessionExists, SessionNotFound
@@ -107,6 +108,8 @@ def export_record(snapshot: SessionSnapshot) -> dict[str, Any]:
         "values": {key: json.loads(text) for key, text in sorted(snapshot["values"].items())},
         "history": snapshot["history"],
         "conversations": export_conversations(snapshot.get("conversations") or {}),
+        # A graph thread's checkpoint entries (persistent_memory.backends.checkpoints), as stored.
+        **({"checkpoints": snapshot["checkpoints"]} if snapshot.get("checkpoints") else {}),
     }
 
 
@@ -121,7 +124,7 @@ def export_sessions(
     store = store or get_store()
     done = 0
     for batch in session_batches(store, storage_ids, owner=owner):
-        for snapshot in store.backend.snapshots(batch).values():
+        for snapshot in store.backend.snapshots(batch, checkpoints=True).values():
             if snapshot is not None:
                 yield export_record(snapshot)
         done += len(batch)
@@ -198,6 +201,7 @@ def parse_record(
         conversations = import_conversations(
             record.get("conversations", {}), max_message_bytes=max_message_bytes, max_depth=max_json_depth
         )
+        checkpoints = validate_entries(record.get("checkpoints", {}))
     except PersistentMemoryError as exc:
         raise InvalidRecord(str(exc)) from None
     created_at = _number(record, "created_at")
@@ -214,7 +218,15 @@ def parse_record(
         if "idle_ttl_seconds" in record
         else None,
     )
-    return {"info": info, "values": encoded, "history": history, "conversations": conversations}
+    snapshot: SessionSnapshot = {
+        "info": info,
+        "values": encoded,
+        "history": history,
+        "conversations": conversations,
+    }
+    if checkpoints:
+        snapshot["checkpoints"] = checkpoints
+    return snapshot
 
 
 @dataclass
@@ -281,7 +293,7 @@ def import_sessions(
         for batch in session_batches(
             store, [s["info"]["session_id"] for s in wanted if s["info"]["session_id"] in existing]
         )
-        for sid, snap in store.backend.snapshots(batch).items()
+        for sid, snap in store.backend.snapshots(batch, checkpoints=True).items()
     }
     written: list[str] = []
     try:

@@ -36,6 +36,7 @@ from persistent_memory.exceptions import (
     QuotaExceeded,
     SessionExists,
 )
+from persistent_memory.mirror_checkpoints import checkpoint_columns
 from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
@@ -284,18 +285,30 @@ class Mirror:
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
         """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a
         row another process synced from a later read is left alone."""
+        from persistent_memory.mirror_checkpoints import write_checkpoints
         from persistent_memory.mirror_conversations import write_conversations
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
         with transaction.atomic():
             # Every existing row locked first: a sync in another process waits here and
             # then reads what that one committed (on PostgreSQL; SQLite has one writer).
-            rows = {
-                storage_id(owner, sid): (synced_at, length, digest)
-                for owner, sid, synced_at, length, digest in _rows(snapshots)
+            fetched = (
+                _rows(snapshots)
                 .select_for_update()
-                .values_list("owner", "session_id", "synced_at", "history_length", "history_digest")
-            }
+                .values_list(
+                    "owner",
+                    "session_id",
+                    "synced_at",
+                    "history_length",
+                    "history_digest",
+                    "checkpoint_epoch",
+                    "checkpoint_seq",
+                )
+            )
+            rows, checkpoints = {}, {}
+            for owner, sid, synced_at, length, digest, epoch, seq in fetched:
+                rows[storage_id(owner, sid)] = (synced_at, length, digest)
+                checkpoints[storage_id(owner, sid)] = (epoch, seq)
             newer = {sid for sid, (synced_at, _, _) in rows.items() if synced_at > read_at}
             live = {sid: snap for sid, snap in snapshots.items() if snap is not None and sid not in newer}
             gone = [sid for sid, snap in snapshots.items() if snap is None and sid not in newer]
@@ -341,6 +354,7 @@ class Mirror:
                 ),
             )
             write_conversations(pks, live, read_at)
+            write_checkpoints(pks, live, checkpoints)
         return SyncResult(synced=len(live), gone=marked)
 
     def _apply_each(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
@@ -409,6 +423,7 @@ class Mirror:
         created_at = _datetime(info["created_at"], now)
         newest = snapshot["history"][-1].get("timestamp") if snapshot["history"] else None
         owner, session_id = split_storage_id(info["session_id"])
+        epoch, seq = checkpoint_columns(snapshot)
         return MemorySession(
             owner=owner,
             session_id=session_id,
@@ -424,6 +439,8 @@ class Mirror:
             gone_at=None,
             history_digest=history_digest,
             journal_seq=snapshot.get("journal_seq", 0),
+            checkpoint_epoch=epoch,
+            checkpoint_seq=seq,
         )
 
     @staticmethod
@@ -455,7 +472,7 @@ class Mirror:
             # A row made only to say why a session could not be mirrored holds none of it.
             .exclude(Q(history_digest="") & ~Q(sync_error=""))
             .order_by("-last_activity")  # the most recently used first
-            .prefetch_related("values", "history")
+            .prefetch_related("values", "history", "checkpoint_entries")
         )
         # Marks of writes made before (a retried restore) are kept; marks the restore
         # itself makes are dropped: what it loads is what the mirror holds.
@@ -496,6 +513,7 @@ class Mirror:
         return restored
 
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
+        from persistent_memory.mirror_checkpoints import snapshot_checkpoints
         from persistent_memory.mirror_conversations import snapshot_conversations
 
         history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
@@ -514,6 +532,7 @@ class Mirror:
             "values": {v.key: v.value for v in row.values.all()},  # the store's JSON text
             "history": history,
             "conversations": snapshot_conversations(row),
+            **snapshot_checkpoints(row),
         }
 
     def _drain_marks(self) -> list[str]:

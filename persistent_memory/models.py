@@ -31,6 +31,8 @@ class MemorySession(models.Model):
         "sync_error",
         "sync_failed_at",
         "journal_seq",
+        "checkpoint_epoch",
+        "checkpoint_seq",
     )
 
     class State(models.TextChoices):
@@ -67,6 +69,10 @@ class MemorySession(models.Model):
     #: The memory backend's journal position this row was read at: a restart replays
     #: the journal's later writes to it (see persistent_memory.journal).
     journal_seq = models.BigIntegerField(default=0, editable=False)
+    #: The memory backend's checkpoint counters this row's entries were written at (see
+    #: persistent_memory.mirror_checkpoints); empty and 0: none.
+    checkpoint_epoch = models.CharField(max_length=32, blank=True, default="", editable=False)
+    checkpoint_seq = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-last_activity"]
@@ -112,6 +118,21 @@ class MemoryValue(models.Model):
     def decoded_value(self) -> Any:
         """The value itself (what ``MemoryStore.get`` returns)."""
         return json.loads(self.value)
+
+
+class CheckpointEntry(models.Model):
+    """One entry of a session's graph checkpoints, as the memory backend holds it (named as
+    :mod:`persistent_memory.backends.checkpoints` says), so that a restart finds it."""
+
+    session = models.ForeignKey(MemorySession, on_delete=models.CASCADE, related_name="checkpoint_entries")
+    name = models.TextField()
+    value = models.TextField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "name"], name="pm_unique_checkpoint_entry")]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class HistoryEntry(models.Model):

@@ -71,7 +71,7 @@ def _noop(report: RelayoutReport) -> None:
 
 def same_session(a: SessionSnapshot, b: SessionSnapshot, tolerance: float = EXPIRY_TOLERANCE) -> bool:
     """Whether two snapshots hold the same session: values, history, conversations,
-    creation time, TTLs, and absolute expiries within ``tolerance`` seconds."""
+    checkpoints, creation time, TTLs, and absolute expiries within ``tolerance`` seconds."""
     info_a, info_b = a["info"], b["info"]
     if any(info_a[name] != info_b[name] for name in ("created_at", "ttl_seconds", "idle_ttl_seconds")):
         return False
@@ -84,6 +84,7 @@ def same_session(a: SessionSnapshot, b: SessionSnapshot, tolerance: float = EXPI
         a["values"] == b["values"]
         and a["history"] == b["history"]
         and (a.get("conversations") or {}) == (b.get("conversations") or {})
+        and (a.get("checkpoints") or {}) == (b.get("checkpoints") or {})
     )
 
 
@@ -191,14 +192,14 @@ def _copy_batch(
 ) -> None:
     ids = list(dict.fromkeys(ids))  # a SCAN may return an id twice
     report.scanned += len(ids)
-    snapshots = source.snapshots(ids)
+    snapshots = source.snapshots(ids, checkpoints=True)
     live = {
         sid: snap
         for sid, snap in snapshots.items()
         if snap is not None and remaining_seconds(snap["info"]) != 0
     }
     report.expired += len(ids) - len(live)
-    copies = target.snapshots(list(live)) if live else {}
+    copies = target.snapshots(list(live), checkpoints=True) if live else {}
     stale = [sid for sid, snap in live.items() if copies[sid] is None or not same_session(snap, copies[sid])]
     report.up_to_date += len(live) - len(stale)
     if dry_run:
@@ -207,7 +208,7 @@ def _copy_batch(
     for sid in stale:
         target.restore_session(live[sid], replace=True)
     # Read every copy back: what differs (a write to the target meanwhile) keeps its source.
-    written = target.snapshots(stale) if stale else {}
+    written = target.snapshots(stale, checkpoints=True) if stale else {}
     failed = {sid for sid, copy in written.items() if copy is None or not same_session(live[sid], copy)}
     # A copy gone because its time ran out while the batch was written is no failure.
     gone = {sid for sid in failed if written[sid] is None and remaining_seconds(live[sid]["info"]) == 0}

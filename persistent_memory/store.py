@@ -38,6 +38,7 @@ from persistent_memory.backends.base import (
     SessionInfo,
 )
 from persistent_memory.backends.memory import MemoryBackend
+from persistent_memory.checkpoints import CheckpointMethods
 from persistent_memory.conf import RELOADED_BY, MemorySettings, memory_settings, mirror_mode, summaries_on
 from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, validate_message_id
 from persistent_memory.conversations.signals import messages_added
@@ -95,7 +96,7 @@ class Enrichment(NamedTuple):
     question_id: str | None
 
 
-class MemoryStore(ConversationMethods):
+class MemoryStore(ConversationMethods, CheckpointMethods):
     """Cross-session memory keyed by ``session_id`` over one backend (conversations: see
     :class:`~persistent_memory.conversations.store.ConversationMethods`)."""
 

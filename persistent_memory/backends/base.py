@@ -102,6 +102,10 @@ class SessionSnapshot(TypedDict):
     conversations: NotRequired[dict[str, Any]]
     #: The backend's journal position when it was read (memory backend with a journal).
     journal_seq: NotRequired[int]
+    #: Checkpoint entries (see backends.checkpoints); none: no checkpoints.
+    checkpoints: NotRequired[dict[str, str]]
+    #: The memory backend's change counters of those entries, for its mirror.
+    checkpoint_state: NotRequired[dict[str, Any]]
 
 
 class RunBinding(NamedTuple):
@@ -320,8 +324,12 @@ class BaseBackend(ABC):
     # Whole sessions, for the mirror, export and import -------------------------
 
     @abstractmethod
-    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
-        """Each session whole (None when it is not live), without side effects."""
+    def snapshots(
+        self, session_ids: list[str], *, checkpoints: bool = False
+    ) -> dict[str, SessionSnapshot | None]:
+        """Each session whole (None when it is not live), without side effects; with its
+        checkpoint entries when ``checkpoints`` (a backend whose mirror needs them always
+        gives them)."""
 
     @abstractmethod
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:

@@ -29,6 +29,7 @@ from persistent_memory.backends.base import (
     session_info,
 )
 from persistent_memory.backends.conversations import Answer, Enriched
+from persistent_memory.backends.memory_checkpoints import Checkpoints, MemoryCheckpoints
 from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
 from persistent_memory.backends.memory_once import Recorded, decoded, encoded, idempotent
 from persistent_memory.backends.memory_summaries import MemorySummaries
@@ -74,12 +75,14 @@ class _Session:
     #: Idle expiry (None: none) and the fixed TTL's deadline it never passes.
     idle_ttl_seconds: float | None = None
     deadline: float | None = None
+    #: Graph checkpoints (see persistent_memory.backends.memory_checkpoints); None: none yet.
+    checkpoints: Checkpoints | None = None
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
 
-class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
+class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, BaseBackend):
     """Thread-safe dict of sessions under one lock, ``max_sessions`` live shared fairly by
     the owners (see :meth:`_admit`)."""
 
@@ -716,7 +719,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
 
     # Whole sessions -----------------------------------------------------------
 
-    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
+    def snapshots(
+        self, session_ids: list[str], *, checkpoints: bool = True
+    ) -> dict[str, SessionSnapshot | None]:
         now = time.time()
         result: dict[str, SessionSnapshot | None] = {}
         with self._lock:
@@ -736,6 +741,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
                     "conversations": {name: tree.snapshot() for name, tree in session.conversations.items()},
                     "journal_seq": seq,
                 }
+                if session.checkpoints is not None:
+                    result[session_id]["checkpoints"] = dict(session.checkpoints.entries)
+                    result[session_id]["checkpoint_state"] = session.checkpoints.snapshot_state()
         return result
 
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
@@ -747,7 +755,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
             raise SessionExists(f"Session {session_id!r} already exists.")
         info = snapshot["info"]
         kept = {
-            key: snapshot[key] for key in ("info", "values", "history", "conversations") if key in snapshot
+            key: snapshot[key]
+            for key in ("info", "values", "history", "conversations", "checkpoints")
+            if key in snapshot
         }
         self._admit(session_id, now)  # replacing a live session takes no new place
         self._log("restore", session_id, now, kept, replace)
@@ -763,6 +773,10 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
         for name, conversation in snapshot.get("conversations", {}).items():
             tree = session.conversations[name] = Tree.restore(conversation)
             session.size += tree.size
+        if snapshot.get("checkpoints"):
+            # The mirror's counters only when loading the mirror (see mirror_checkpoints).
+            state = snapshot.get("checkpoint_state") if self._restoring else None
+            session.checkpoints = Checkpoints.restore(snapshot["checkpoints"], state)
 
     # The journal ----------------------------------------------------------------
 
@@ -788,6 +802,10 @@ class MemoryBackend(MemoryConversations, MemorySummaries, BaseBackend):
             "head": self._head_op,
             "clear_messages": self._clear_messages_op,
             "summary": self._summary_op,
+            "cp_put": self._cp_put_op,
+            "cp_writes": self._cp_writes_op,
+            "cp_prune": self._cp_prune_op,
+            "cp_load": self._cp_load_op,
         }
         replayed: dict[str, None] = {}
         kept = dict(self._records)  # read back from the record files by open_journal

@@ -51,6 +51,7 @@ from persistent_memory.backends.base import (
     session_info,
 )
 from persistent_memory.backends.conversations import Answer
+from persistent_memory.backends.redis_checkpoints import RedisCheckpoints, _entries
 from persistent_memory.backends.redis_conversations import (
     RedisConversations,
     RedisSummaries,
@@ -197,7 +198,7 @@ def _idle_args(info: SessionInfo) -> str:
     return f"{_ttl_ms(idle)} {max(1, round(left * 1000))}"
 
 
-class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
+class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBackend):
     """Sessions in Redis, shared by every process that points at the same server or cluster."""
 
     name = "redis"
@@ -761,21 +762,25 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
 
     # Whole sessions, for the mirror, export and import -----------------------
 
-    def snapshots(self, session_ids: list[str]) -> dict[str, SessionSnapshot | None]:
-        replies = self._pipelined("snapshot", session_ids)
+    def snapshots(
+        self, session_ids: list[str], *, checkpoints: bool = False
+    ) -> dict[str, SessionSnapshot | None]:
+        replies = self._pipelined("snapshot", session_ids, "1" if checkpoints else "")
         result: dict[str, SessionSnapshot | None] = {}
         for session_id in session_ids:
             reply = replies.get(session_id)
             if not reply:  # 0 from the script: not live
                 result[session_id] = None
                 continue
-            info, values, history, conversations = reply
+            info, values, history, conversations, *entries = reply
             result[session_id] = {
                 "info": self._info(session_id, info),
                 "values": self._pairs(values),
                 "history": [json.loads(raw) for raw in history],
                 "conversations": snapshot_conversations(conversations),
             }
+            if entries and entries[0]:
+                result[session_id]["checkpoints"] = _entries(entries[0])
         return result
 
     def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
@@ -788,6 +793,9 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
         declared = [self.layout.value_key(sid, key) for key in values]
         for name in conversations:
             declared.extend(self.layout.conversation_keys(sid, name))
+        checkpoints = snapshot.get("checkpoints") or {}
+        if checkpoints:
+            declared.extend(self.layout.checkpoint_keys(sid))
         self._run(
             "restore",
             info["session_id"],
@@ -797,6 +805,7 @@ class RedisBackend(RedisConversations, RedisSummaries, BaseBackend):
             _ttl_ms(remaining),
             restore_blob(conversations),
             _idle_args(info),
+            json.dumps(checkpoints) if checkpoints else "",
             str(len(values)),
             *[part for key, value_json in values.items() for part in (key, value_json)],
             *[json.dumps(entry) for entry in snapshot["history"]],

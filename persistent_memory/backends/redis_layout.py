@@ -161,6 +161,11 @@ class Layout:
         c = f"{self.root_of(storage_id)}:{storage_id}:~c:{conversation}"
         return [c + suffix for suffix in _CONVERSATION_SUFFIXES]
 
+    def checkpoint_keys(self, storage_id: str) -> list[str]:
+        """The keys of a session's checkpoints (see checkpoints.lua)."""
+        base = f"{self.root_of(storage_id)}:{storage_id}:"
+        return [base + "~cp", base + "~cpi"]
+
     def value_key(self, storage_id: str, key: str) -> str:
         return f"{self.root_of(storage_id)}:{storage_id}:{key}"
 

@@ -1,4 +1,6 @@
-"""LangGraph's long-term memory store (``BaseStore``) over this app's long-term memories.
+"""LangGraph's long-term memory store (``BaseStore``) over this app's long-term memories,
+and its checkpointer, :class:`PersistentMemorySaver` (see
+:mod:`persistent_memory.integrations.langgraph_saver`).
 
 ``PersistentMemoryStore.for_owner(owner)`` gives a LangGraph agent the owner's memories:
 what it puts is a memory of that owner (in the admin, the REST API, the MCP tools, the
@@ -54,6 +56,7 @@ from langgraph.store.base import (
 from langgraph.store.base.embed import tokenize_path
 
 from persistent_memory.conf import memory_settings
+from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
 from persistent_memory.memories import records, search
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.models import LongTermMemory
@@ -399,4 +402,4 @@ def _item(row: LongTermMemory) -> Item:
     return Item(**_fields(row))
 
 
-__all__ = ["PersistentMemoryStore", "memory_key", "memory_type"]
+__all__ = ["PersistentMemorySaver", "PersistentMemoryStore", "memory_key", "memory_type", "thread_session"]

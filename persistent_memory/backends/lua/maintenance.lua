@@ -3,8 +3,8 @@
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
 -- Keys used here: 6, 8, 9 the sets swept; 25 on, the keys a sweep was given (SCAN results of this
--- bucket); restore and snapshot: 1-5 and, declared from 25 on, the value and
--- conversation keys restored.
+-- bucket); restore and snapshot: 1-5 and, declared from 25 on, the value, conversation
+-- and checkpoint keys restored.
 
 -- The sweep of a set of ids, one SSCAN (ZSCAN) step at a time, read here so that the ids
 -- come from Redis, not from the caller: check and remove in one atomic step, so a
@@ -66,6 +66,9 @@ if op == 'sweep_keys' then
       if not id then
         id, name = string.match(rest, '^(.+):(~runs)$')
       end
+      if not id then -- a session's checkpoints: '{id}:~cp' and '{id}:~cpi'
+        id, name = string.match(rest, '^(.+):(~cpi?)$')
+      end
       -- A conversation's keys: '{id}:~convs' and '{id}:~c:{name}' with ':m' and the like.
       local conversation_of = string.match(rest, '^(~o:[^~]+~[%w_%-]+):~c')
         or string.match(rest, '^([%w_%-]+):~c')
@@ -93,8 +96,9 @@ end
 -- A whole session as exported: arg(1) '1' to replace a live one, 2 created_at,
 -- 3 ttl_seconds text, 4 remaining ms ('0': none), 5 its conversations as one JSON text
 -- (see restore_conversations), 6 its idle TTL in ms and the ms left to its fixed
--- deadline, space-separated ('' for no idle TTL; the deadline may be left out), 7
--- number of values, then that many key/JSON pairs, then the history entries.
+-- deadline, space-separated ('' for no idle TTL; the deadline may be left out), 7 its
+-- checkpoint entries as one JSON object text ('': none), 8 number of values, then that
+-- many key/JSON pairs, then the history entries.
 if op == 'restore' then
   if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
@@ -107,15 +111,16 @@ if op == 'restore' then
     redis.call('HSET', META, 'idle_ttl_ms', idle)
     if left ~= '' then redis.call('HSET', META, 'deadline_ms', server_ms() + tonumber(left)) end
   end
-  local n = tonumber(arg(7))
+  local n = tonumber(arg(8))
   local keys = restore_conversations(arg(5))
+  for _, key in ipairs(restore_checkpoints(arg(7))) do keys[#keys + 1] = key end
   for i = 0, n - 1 do
-    local key = arg(8 + 2 * i)
+    local key = arg(9 + 2 * i)
     keys[#keys + 1] = base .. key
-    redis.call('SET', base .. key, arg(9 + 2 * i))
+    redis.call('SET', base .. key, arg(10 + 2 * i))
     redis.call('SADD', KEYSET, key)
   end
-  local first = 8 + 2 * n
+  local first = 9 + 2 * n
   local i = first
   while arg(i) do
     redis.call('RPUSH', HISTORY, arg(i))
@@ -131,10 +136,13 @@ if op == 'restore' then
   return 1
 end
 
--- Read without side effects, for the mirror: 0 when the session is not live.
+-- Read without side effects, for the mirror: 0 when the session is not live. arg(1)
+-- '1': with its checkpoint entries (export and relayout; the mirror has no use for them).
 if op == 'snapshot' then
   if redis.call('EXISTS', META) == 0 then
     return 0
   end
-  return {info(), all_values(), redis.call('LRANGE', HISTORY, 0, -1), conversations_snapshot()}
+  local reply = {info(), all_values(), redis.call('LRANGE', HISTORY, 0, -1), conversations_snapshot()}
+  if arg(1) == '1' then reply[5] = checkpoints_snapshot() end
+  return reply
 end

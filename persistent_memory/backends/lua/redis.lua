@@ -13,7 +13,8 @@
 --   set, 11 the summarizers' queue, 12 the summarizers' health, 13 the call's idempotency
 --   record, 14 the run binding it names, 15 the value key it names, 16 the listing's
 --   scratch set, 17-24 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
---   ':s', ':k', ':o', ':y'), then the keys a maintenance operation is given.
+--   ':s', ':k', ':o', ':y'), then the keys a maintenance operation is given; a checkpoint
+--   operation gives 25 and 26, the session's checkpoints ('~cp' and '~cpi').
 -- Every key a call can name from its arguments is declared there and used as declared,
 -- but one: in the node layout an answer given only a run id learns its session from the
 -- run's binding, here, and names that session's keys (one server: no slot to agree on;
@@ -68,6 +69,8 @@ local NODE_SESSIONS, OWNED, DIRTY = KEYS[8], KEYS[9], KEYS[10]
 local base, META, KEYSET, HISTORY, RUNS, BY_TIME
 -- Defined by conversations.lua, included below; used by helpers defined before it.
 local drop_conversations, conversation_bytes
+-- Defined by checkpoints.lua, included below.
+local drop_checkpoints, checkpoints_snapshot, restore_checkpoints
 -- Defined once every key of a session can be named (after the include); nil before, so
 -- the fast path below never refreshes (it serves reads and run bindings only).
 local touch
@@ -297,6 +300,7 @@ end
 -- @include sessions.lua
 -- @include conversations.lua
 -- @include windows.lua
+-- @include checkpoints.lua
 -- @include conversation_ops.lua
 -- @include indexes.lua
 -- @include maintenance.lua

@@ -74,7 +74,7 @@ local function purge_leftovers()
   -- write that needs memory, but lets every write through once the script has written
   -- anything, and a DEL of nothing counts: a new session would then be created while
   -- every other write answers OOM.
-  if redis.call('EXISTS', KEYSET, HISTORY, RUNS, base .. '~convs') == 0 then
+  if redis.call('EXISTS', KEYSET, HISTORY, RUNS, base .. '~convs', base .. '~cp') == 0 then
     return
   end
   for _, member in ipairs(redis.call('SMEMBERS', KEYSET)) do
@@ -83,6 +83,7 @@ local function purge_leftovers()
   redis.call('DEL', KEYSET, HISTORY)
   drop_runs()
   drop_conversations()
+  drop_checkpoints()
 end
 
 -- nil when the session is live, else the error reply to return.

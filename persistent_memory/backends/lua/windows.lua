@@ -269,7 +269,7 @@ touch = function()
   if deadline and deadline < at then at = deadline end
   local current = expire_time()
   if current > 0 and at - current < math.min(1000, idle / 100) then return end
-  local keys = {META, KEYSET, HISTORY, RUNS, base .. '~convs'}
+  local keys = {META, KEYSET, HISTORY, RUNS, base .. '~convs', base .. '~cp', base .. '~cpi'}
   for _, key in ipairs(redis.call('SMEMBERS', KEYSET)) do keys[#keys + 1] = base .. key end
   for _, name in ipairs(redis.call('SMEMBERS', base .. '~convs')) do
     for _, key in ipairs(conv_keys(name)) do keys[#keys + 1] = key end

@@ -1,0 +1,266 @@
+-- Checkpoints (persistent_memory.backends.checkpoints): a session's graph checkpoints.
+--
+-- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
+-- A session's checkpoints live in
+--   '{base}~cp'    hash: the entries, named as backends/checkpoints.py says ('c', 'l',
+--                  'w', 'b' then '{ns}\31{id}', or '{ns}\31{channel}\31{version}')
+--   '{base}~cpi'   sorted set, score 0: '{ns}\31{id}' of every checkpoint, so that a
+--                  namespace's are one lexicographic range, oldest id first
+-- Keys used here: 1 meta and, through sessions.lua, the session's keys and indexes when a
+-- put creates it; 25 and 26, those two (the checkpoint operations declare them). The
+-- session's other operations name them from its base, as they name its conversations'
+-- keys: every one expires with the session and goes with it (purge_leftovers, touch).
+
+local SEP, LINK_SEP = '\31', '\30'
+
+local function checkpoint_keys()
+  return base .. '~cp', base .. '~cpi'
+end
+
+drop_checkpoints = function()
+  redis.call('DEL', checkpoint_keys())
+end
+
+local function split(text, separator)
+  local parts, start = {}, 1
+  while true do
+    local at = string.find(text, separator, start, true)
+    if not at then
+      parts[#parts + 1] = string.sub(text, start)
+      return parts
+    end
+    parts[#parts + 1] = string.sub(text, start, at - 1)
+    start = at + 1
+  end
+end
+
+local function namespace_of_key(key)
+  return string.match(key, '^(.*)' .. SEP)
+end
+
+-- A checkpoint as the client reads it: its key, record, writes (false: none), then each
+-- reference and its value (false: missing). nil when it is not stored.
+local function checkpoint_reply(entries, key)
+  local got = redis.call('HMGET', entries, 'c' .. key, 'l' .. key, 'w' .. key)
+  if not got[1] then return nil end
+  local reply = {key, got[1], got[3] or false}
+  local refs = split(got[2] or '', LINK_SEP)
+  if #refs > 1 then
+    local ns, names = namespace_of_key(key), {}
+    for i = 2, #refs do names[i - 1] = 'b' .. ns .. SEP .. refs[i] end
+    local values = redis.call('HMGET', entries, unpack(names))
+    for i = 2, #refs do
+      reply[#reply + 1] = refs[i]
+      reply[#reply + 1] = values[i - 1] or false
+    end
+  end
+  return reply
+end
+
+-- Remove checkpoints (their keys), their writes, and values no checkpoint left references.
+local function remove_checkpoints(entries, index, doomed)
+  if #doomed == 0 then return 0 end
+  local names = {}
+  for _, key in ipairs(doomed) do
+    names[#names + 1] = 'c' .. key
+    names[#names + 1] = 'l' .. key
+    names[#names + 1] = 'w' .. key
+  end
+  call_chunked('HDEL', entries, names)
+  call_chunked('ZREM', index, doomed)
+  local referenced = {}
+  local kept = redis.call('ZRANGE', index, 0, -1)
+  for _, key in ipairs(kept) do
+    local ns = namespace_of_key(key)
+    local refs = split(redis.call('HGET', entries, 'l' .. key) or '', LINK_SEP)
+    for i = 2, #refs do referenced['b' .. ns .. SEP .. refs[i]] = true end
+  end
+  local unreferenced = {}
+  for _, name in ipairs(redis.call('HKEYS', entries)) do
+    if string.sub(name, 1, 1) == 'b' and not referenced[name] then unreferenced[#unreferenced + 1] = name end
+  end
+  if #unreferenced > 0 then call_chunked('HDEL', entries, unreferenced) end
+  return #doomed
+end
+
+-- For snapshot and restore (maintenance.lua): every entry, flat; write entries given as
+-- one JSON object text, replying the keys written.
+checkpoints_snapshot = function()
+  return redis.call('HGETALL', (checkpoint_keys()))
+end
+
+restore_checkpoints = function(blob)
+  local entries, index = checkpoint_keys()
+  redis.call('DEL', entries, index)
+  if blob == '' then return {} end
+  local fields, keys = {}, {}
+  for name, text in pairs(cjson.decode(blob)) do
+    fields[#fields + 1] = name
+    fields[#fields + 1] = text
+    if string.sub(name, 1, 1) == 'c' then
+      keys[#keys + 1] = 0
+      keys[#keys + 1] = string.sub(name, 2)
+    end
+  end
+  if #fields == 0 then return {} end
+  call_chunked('HSET', entries, fields)
+  if #keys > 0 then call_chunked('ZADD', index, keys) end
+  return {entries, index}
+end
+
+local function checkpoints_live_or_create(ttl_text, ttl_ms)
+  if redis.call('EXISTS', META) == 1 then return nil end
+  purge_leftovers()
+  if not owner_has_room() then return no_room() end
+  create(now, ttl_text, ttl_ms, default_idle_ms)
+  return nil
+end
+
+-- Store a checkpoint: arg(1) namespace, 2 id, 3 record, 4 link, 5 ttl text, 6 ttl ms,
+-- then (reference, value) pairs of the new channel values. Creates the session when
+-- it is not live.
+if op == 'cp_put' then
+  local failure = checkpoints_live_or_create(arg(5), arg(6))
+  if failure then return failure end
+  local entries, index = KEYS[25], KEYS[26]
+  local ns, key = arg(1), arg(1) .. SEP .. arg(2)
+  local fields = {'c' .. key, arg(3), 'l' .. key, arg(4)}
+  local i = 7
+  while arg(i) do
+    fields[#fields + 1] = 'b' .. ns .. SEP .. arg(i)
+    fields[#fields + 1] = arg(i + 1)
+    i = i + 2
+  end
+  call_chunked('HSET', entries, fields)
+  redis.call('ZADD', index, 0, key)
+  new_key(entries)
+  new_key(index)
+  mark_dirty()
+  return remember(1)
+end
+
+-- Merge a task's writes: arg(1) namespace, 2 id, 3 the writes' JSON list of
+-- [task_id, idx, channel, value, task_path] (backends.checkpoints.merge_writes' rule), 4
+-- ttl text, 5 ttl ms. Creates the session when it is not live (LangGraph may save a
+-- task's writes before the checkpoint they belong to).
+if op == 'cp_writes' then
+  local failure = checkpoints_live_or_create(arg(4), arg(5))
+  if failure then return failure end
+  local entries = KEYS[25]
+  local name = 'w' .. arg(1) .. SEP .. arg(2)
+  local stored = redis.call('HGET', entries, name)
+  local merged, where = stored and cjson.decode(stored) or {}, {}
+  for i, item in ipairs(merged) do where[item[1] .. SEP .. item[2]] = i end
+  for _, item in ipairs(cjson.decode(arg(3))) do
+    local at = where[item[1] .. SEP .. item[2]]
+    if not at then
+      merged[#merged + 1] = item
+      where[item[1] .. SEP .. item[2]] = #merged
+    elseif item[2] < 0 then
+      merged[at] = item
+    end
+  end
+  redis.call('HSET', entries, name, cjson.encode(merged))
+  new_key(entries)
+  mark_dirty()
+  return remember(1)
+end
+
+if op == 'cp_get' or op == 'cp_list' or op == 'cp_entries' or op == 'cp_prune' then
+  if redis.call('EXISTS', META) == 0 then
+    return 0 -- no thread (or one whose time is up): nothing to read or prune
+  end
+  if refresh_reads and op ~= 'cp_prune' then touch() end
+end
+
+-- One checkpoint: arg(1) namespace, 2 id ('': the newest of the namespace). 0: none.
+if op == 'cp_get' then
+  local key = arg(1) .. SEP .. arg(2)
+  if arg(2) == '' then
+    key = redis.call('ZREVRANGEBYLEX', KEYS[26], '(' .. arg(1) .. ' ', '(' .. arg(1) .. SEP, 'LIMIT', 0, 1)[1]
+    if not key then return 0 end
+  end
+  return checkpoint_reply(KEYS[25], key) or 0
+end
+
+-- Checkpoints newest first within a namespace: arg(1) namespace, 2 '1' for every
+-- namespace (then 1 is ignored), 3 ids below this only ('': all), 4 offset, 5 count.
+if op == 'cp_list' then
+  local entries, index, ns, before = KEYS[25], KEYS[26], arg(1), arg(3)
+  local offset, count = tonumber(arg(4)), tonumber(arg(5))
+  local keys
+  if arg(2) ~= '1' then
+    local top = before ~= '' and ('(' .. ns .. SEP .. before) or ('(' .. ns .. ' ')
+    keys = redis.call('ZREVRANGEBYLEX', index, top, '(' .. ns .. SEP, 'LIMIT', offset, count)
+  elseif before == '' then
+    keys = redis.call('ZREVRANGE', index, offset, offset + count - 1)
+  else
+    keys = {}
+    local skipped = 0
+    for _, key in ipairs(redis.call('ZREVRANGE', index, 0, -1)) do
+      if #keys >= count then break end
+      if string.sub(key, #namespace_of_key(key) + 2) < before then
+        if skipped < offset then skipped = skipped + 1 else keys[#keys + 1] = key end
+      end
+    end
+  end
+  local reply = {}
+  for _, key in ipairs(keys) do reply[#reply + 1] = checkpoint_reply(entries, key) end
+  return reply
+end
+
+-- Every entry, flat (name, value) pairs.
+if op == 'cp_entries' then
+  return redis.call('HGETALL', KEYS[25])
+end
+
+-- arg(1) 'latest': keep the newest checkpoint of each namespace; 'runs': remove those of
+-- the run ids that follow. Replies how many were removed.
+if op == 'cp_prune' then
+  local entries, index = KEYS[25], KEYS[26]
+  local keys, doomed = redis.call('ZRANGE', index, 0, -1), {}
+  if arg(1) == 'latest' then
+    local newest = {}
+    for _, key in ipairs(keys) do newest[namespace_of_key(key)] = key end
+    for _, key in ipairs(keys) do
+      if newest[namespace_of_key(key)] ~= key then doomed[#doomed + 1] = key end
+    end
+  else
+    local runs, i = {}, 2
+    while arg(i) do
+      runs[arg(i)] = true
+      i = i + 1
+    end
+    for _, key in ipairs(keys) do
+      local link_text = redis.call('HGET', entries, 'l' .. key) or ''
+      if runs[split(link_text, LINK_SEP)[1]] then doomed[#doomed + 1] = key end
+    end
+  end
+  local removed = remove_checkpoints(entries, index, doomed)
+  if removed > 0 then mark_dirty() end
+  return remember(removed)
+end
+
+-- Add entries: arg(1) ttl text, 2 ttl ms, then (name, value) pairs. Creates the session
+-- when it is not live.
+if op == 'cp_load' then
+  local failure = checkpoints_live_or_create(arg(1), arg(2))
+  if failure then return failure end
+  local entries, index = KEYS[25], KEYS[26]
+  local fields, keys, i = {}, {}, 3
+  while arg(i) do
+    fields[#fields + 1] = arg(i)
+    fields[#fields + 1] = arg(i + 1)
+    if string.sub(arg(i), 1, 1) == 'c' then
+      keys[#keys + 1] = 0
+      keys[#keys + 1] = string.sub(arg(i), 2)
+    end
+    i = i + 2
+  end
+  if #fields > 0 then call_chunked('HSET', entries, fields) end
+  if #keys > 0 then call_chunked('ZADD', index, keys) end
+  new_key(entries)
+  new_key(index)
+  mark_dirty()
+  return remember(1)
+end

@@ -1,0 +1,279 @@
+"""The memory backend's checkpoints (the contract in :mod:`.checkpoints`).
+
+Mixed into :class:`~persistent_memory.backends.memory.MemoryBackend`: each write takes the
+backend's lock, journals itself, then changes the session and marks it for the mirror.
+The mirror holds what the journal lets go (see :mod:`persistent_memory.mirror_checkpoints`):
+each entry carries the session's change counter when it was last written, so a sync
+writes only the entries changed since the one before.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from persistent_memory.backends.checkpoints import (
+    LINK_SEP,
+    SEP,
+    CheckpointBackend,
+    StoredCheckpoint,
+    checkpoint_key,
+    merge_writes,
+)
+
+if TYPE_CHECKING:
+    from persistent_memory.backends.memory import MemoryBackend, _Session
+
+
+@dataclass
+class Checkpoints:
+    """One session's checkpoint entries (names as in :mod:`.checkpoints`)."""
+
+    entries: dict[str, str] = field(default_factory=dict)
+    #: Checkpoint keys ('{ns}\x1f{id}'), sorted: a namespace's are together, oldest first.
+    index: list[str] = field(default_factory=list)
+    #: The change counter, each entry's value of it when last written, and its value at the
+    #: last removal (the mirror then rewrites them all). A new epoch (a new session, an
+    #: import) is a new count: the mirror rewrites them all then too.
+    epoch: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seq: int = 0
+    seqs: dict[str, int] = field(default_factory=dict)
+    removed_at: int = 0
+
+    def set(self, name: str, text: str) -> None:
+        self.seq += 1
+        self.entries[name] = text
+        self.seqs[name] = self.seq
+
+    def add(self, key: str, record: str, link_text: str) -> None:
+        if "c" + key not in self.entries:
+            insort(self.index, key)
+        self.set("c" + key, record)
+        self.set("l" + key, link_text)
+
+    def stored(self, key: str) -> StoredCheckpoint:
+        ns, checkpoint_id = key.rsplit(SEP, 1)
+        refs = self.entries["l" + key].split(LINK_SEP)[1:]
+        blobs = {ref: text for ref in refs if (text := self.entries.get(f"b{ns}{SEP}{ref}")) is not None}
+        return StoredCheckpoint(
+            ns, checkpoint_id, self.entries["c" + key], self.entries.get("w" + key), blobs
+        )
+
+    def keys_of(self, ns: str | None) -> list[str]:
+        """Checkpoint keys of ``ns`` (None: all), oldest first within a namespace."""
+        if ns is None:
+            return self.index
+        start = bisect_left(self.index, ns + SEP)
+        end = bisect_left(self.index, ns + chr(ord(SEP) + 1))
+        return self.index[start:end]
+
+    def remove(self, keys: list[str]) -> int:
+        """Remove checkpoints, their writes, and values no checkpoint left references."""
+        if not keys:
+            return 0
+        self.seq += 1
+        self.removed_at = self.seq
+        gone = set(keys)
+        self.index = [key for key in self.index if key not in gone]
+        for key in keys:
+            for kind in "clw":
+                self.entries.pop(kind + key, None)
+                self.seqs.pop(kind + key, None)
+        referenced = set()
+        for key in self.index:
+            ns = key.rsplit(SEP, 1)[0]
+            referenced.update(f"b{ns}{SEP}{ref}" for ref in self.entries["l" + key].split(LINK_SEP)[1:])
+        for name in [name for name in self.entries if name[0] == "b" and name not in referenced]:
+            del self.entries[name]
+            self.seqs.pop(name, None)
+        return len(keys)
+
+    def snapshot_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seq": self.seq, "removed_at": self.removed_at, "seqs": dict(self.seqs)}
+
+    @classmethod
+    def restore(cls, entries: dict[str, str], state: dict[str, Any] | None = None) -> Checkpoints:
+        """From entries (and, from the mirror, the counters they were mirrored with; else
+        they start a new epoch, which the mirror writes whole)."""
+        restored = cls(dict(entries), sorted(name[1:] for name in entries if name[0] == "c"))
+        if state is None:
+            restored.seqs = dict.fromkeys(entries, 0)
+        else:
+            restored.epoch, restored.seq, restored.seqs = state["epoch"], state["seq"], dict(state["seqs"])
+        return restored
+
+
+class MemoryCheckpoints(CheckpointBackend):
+    """Checkpoints held in each session's ``checkpoints``."""
+
+    def _checkpoints(self: MemoryBackend, session: _Session) -> Checkpoints:
+        if session.checkpoints is None:
+            session.checkpoints = Checkpoints()
+        return session.checkpoints
+
+    def _live_or_created(self: MemoryBackend, session_id: str, now: float, op: str, *args: Any) -> _Session:
+        """The live session, else a new one (``args[-1]``: its TTL), once ``op`` is journaled."""
+        live = self._is_live(session_id, now)
+        if not live:
+            self._admit(session_id, now)
+        self._log(op, session_id, now, *args)
+        return self._sessions[session_id] if live else self._create(session_id, args[-1], now)
+
+    def _written(self: MemoryBackend, session_id: str, session: _Session, now: float) -> None:
+        self._touch(session, now)
+        self._mark(session_id)
+
+    def put_checkpoint(
+        self: MemoryBackend,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: str,
+        link_text: str,
+        blobs: dict[str, str],
+        ttl_seconds: float | None,
+    ) -> None:
+        with self._lock:
+            self._cp_put_op(time.time(), session_id, ns, checkpoint_id, record, link_text, blobs, ttl_seconds)
+
+    def _cp_put_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: str,
+        link_text: str,
+        blobs: dict[str, str],
+        ttl_seconds: float | None,
+    ) -> None:
+        args = (ns, checkpoint_id, record, link_text, blobs, ttl_seconds)
+        session = self._live_or_created(session_id, now, "cp_put", *args)
+        checkpoints = self._checkpoints(session)
+        for ref, text in blobs.items():
+            checkpoints.set(f"b{ns}{SEP}{ref}", text)
+        checkpoints.add(checkpoint_key(ns, checkpoint_id), record, link_text)
+        self._written(session_id, session, now)
+
+    def put_checkpoint_writes(
+        self: MemoryBackend,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: list[list[object]],
+        ttl_seconds: float | None,
+    ) -> None:
+        with self._lock:
+            self._cp_writes_op(time.time(), session_id, ns, checkpoint_id, writes, ttl_seconds)
+
+    def _cp_writes_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: list[list[object]],
+        ttl_seconds: float | None,
+    ) -> None:
+        session = self._live_or_created(session_id, now, "cp_writes", ns, checkpoint_id, writes, ttl_seconds)
+        checkpoints = self._checkpoints(session)
+        name = "w" + checkpoint_key(ns, checkpoint_id)
+        checkpoints.set(name, merge_writes(checkpoints.entries.get(name), writes))
+        self._written(session_id, session, now)
+
+    def get_checkpoint(
+        self: MemoryBackend, session_id: str, ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        with self._lock:
+            checkpoints = self._held(session_id)
+            if checkpoints is None:
+                return None
+            if checkpoint_id is None:
+                keys = checkpoints.keys_of(ns)
+                return checkpoints.stored(keys[-1]) if keys else None
+            key = checkpoint_key(ns, checkpoint_id)
+            return checkpoints.stored(key) if "c" + key in checkpoints.entries else None
+
+    def _held(self: MemoryBackend, session_id: str) -> Checkpoints | None:
+        """The live session's checkpoints for a read (None: no session, or none)."""
+        now = time.time()
+        if not self._is_live(session_id, now):
+            return None
+        return self._read(session_id, now).checkpoints
+
+    def list_checkpoints(
+        self: MemoryBackend, session_id: str, ns: str | None, before: str | None, offset: int, limit: int
+    ) -> list[StoredCheckpoint]:
+        with self._lock:
+            checkpoints = self._held(session_id)
+            if checkpoints is None:
+                return []
+            keys = checkpoints.keys_of(ns)
+            if ns is not None:
+                chosen = reversed(keys[: bisect_left(keys, checkpoint_key(ns, before))] if before else keys)
+            else:  # namespace by namespace, each newest first (the order Redis's index gives)
+                chosen = (key for key in reversed(keys) if before is None or key.rsplit(SEP, 1)[1] < before)
+            page = []
+            for position, key in enumerate(chosen):
+                if position >= offset + limit:
+                    break
+                if position >= offset:
+                    page.append(checkpoints.stored(key))
+            return page
+
+    def prune_checkpoints(self: MemoryBackend, session_id: str) -> int:
+        with self._lock:
+            return self._cp_prune_op(time.time(), session_id, None)
+
+    def delete_checkpoint_runs(self: MemoryBackend, session_id: str, run_ids: list[str]) -> int:
+        with self._lock:
+            return self._cp_prune_op(time.time(), session_id, run_ids)
+
+    def _cp_prune_op(self: MemoryBackend, now: float, session_id: str, run_ids: list[str] | None) -> int:
+        """Without ``run_ids``: keep the newest of each namespace; with them: remove theirs."""
+        if not self._is_live(session_id, now):
+            return 0
+        session = self._sessions[session_id]
+        checkpoints = session.checkpoints
+        if checkpoints is None:
+            return 0
+        if run_ids is None:
+            newest = {key.rsplit(SEP, 1)[0]: key for key in checkpoints.index}
+            doomed = [key for key in checkpoints.index if newest[key.rsplit(SEP, 1)[0]] != key]
+        else:
+            runs = set(run_ids)
+            doomed = [
+                key for key in checkpoints.index if checkpoints.entries["l" + key].split(LINK_SEP)[0] in runs
+            ]
+        if not doomed:
+            return 0
+        self._log("cp_prune", session_id, now, run_ids)
+        removed = checkpoints.remove(doomed)
+        self._written(session_id, session, now)
+        return removed
+
+    def checkpoint_entries(self: MemoryBackend, session_id: str) -> dict[str, str]:
+        with self._lock:
+            checkpoints = self._held(session_id)
+            return dict(checkpoints.entries) if checkpoints is not None else {}
+
+    def load_checkpoint_entries(
+        self: MemoryBackend, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+    ) -> None:
+        with self._lock:
+            self._cp_load_op(time.time(), session_id, entries, ttl_seconds)
+
+    def _cp_load_op(
+        self: MemoryBackend, now: float, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+    ) -> None:
+        session = self._live_or_created(session_id, now, "cp_load", entries, ttl_seconds)
+        checkpoints = self._checkpoints(session)
+        for name, text in entries.items():
+            if name[0] == "c":
+                checkpoints.add(name[1:], text, entries.get("l" + name[1:], ""))
+            elif name[0] != "l":
+                checkpoints.set(name, text)
+        self._written(session_id, session, now)

@@ -1,0 +1,188 @@
+"""The checkpoints service: the store's methods for graph checkpoints.
+
+:class:`CheckpointMethods` is mixed into :class:`~persistent_memory.store.MemoryStore`, so
+``get_store()`` and ``for_owner(...)`` stores have these methods, scoped to the store's
+owner like every other. A session holds the checkpoints of one graph thread; records,
+channel values and writes are texts the caller encodes (LangGraph's checkpointer in
+:mod:`persistent_memory.integrations.langgraph_saver`), stored as they are. Each method
+checks its arguments, then makes one backend call (one round trip on Redis).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from persistent_memory.backends.checkpoints import LINK_SEP, SEP, StoredCheckpoint, link
+from persistent_memory.exceptions import InvalidValue, SessionExpired, SessionNotFound
+
+if TYPE_CHECKING:
+    from persistent_memory.store import MemoryStore
+
+#: Longest namespace, id, channel or version (LangGraph's are short: a namespace is ""
+#: or "node:task-id|node:task-id"); an entry's name holds three, and is a unique column.
+MAX_NAME = 512
+ENTRY_KINDS = "clwb"
+
+
+def _name(value: Any, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty) or len(value) > MAX_NAME:
+        raise InvalidValue(f"{what} must be a string of 1 to {MAX_NAME} characters.")
+    if SEP in value or LINK_SEP in value:
+        raise InvalidValue(f"{what} must not hold the characters \\x1e or \\x1f.")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidValue(f"{what} must be a string.")
+    return value
+
+
+def validate_entries(entries: Any) -> dict[str, str]:
+    """Checkpoint entries as :meth:`CheckpointMethods.checkpoint_entries` gives them."""
+    if not isinstance(entries, dict):
+        raise InvalidValue("checkpoints must be an object of entries.")
+    for name, text in entries.items():
+        if not isinstance(name, str) or not name or name[0] not in ENTRY_KINDS or SEP not in name:
+            raise InvalidValue(f"Invalid checkpoint entry name {name!r}.")
+        _text(text, f"checkpoint entry {name!r}")
+    return entries
+
+
+class CheckpointMethods:
+    """Checkpoints of the graph thread a session holds."""
+
+    def put_checkpoint(
+        self: MemoryStore,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: str,
+        *,
+        run_id: str | None = None,
+        refs: list[str] = (),  # type: ignore[assignment]
+        blobs: dict[str, str] | None = None,
+        ttl_seconds: float | None = None,
+    ) -> None:
+        """Store a checkpoint of namespace ``ns``: its ``record``, the ``refs``
+        (``{channel}\\x1f{version}``) of the channel values it was saved with, and the new
+        values among them (``blobs``); creates the session (``ttl_seconds``, None: the
+        default) when it does not exist."""
+        _name(ns, "checkpoint_ns", empty=True)
+        _name(checkpoint_id, "checkpoint_id")
+        _text(record, "record")
+        for ref in refs:
+            channel, _, version = ref.partition(SEP)
+            _name(channel, "channel")
+            _name(version, "channel version")
+        for ref, text in (blobs or {}).items():
+            if ref not in refs:
+                raise InvalidValue(f"The value of {ref!r} is not one the checkpoint references.")
+            _text(text, "channel value")
+        self._call(
+            self.backend.put_checkpoint,
+            session_id,
+            ns,
+            checkpoint_id,
+            record,
+            link(_name(run_id, "run_id") if run_id else None, list(refs)),
+            dict(blobs or {}),
+            self._ttl(ttl_seconds),
+        )
+
+    def put_checkpoint_writes(
+        self: MemoryStore,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: list[tuple[str, int, str, str, str]],
+        *,
+        ttl_seconds: float | None = None,
+    ) -> None:
+        """Add a task's writes ``(task_id, idx, channel, value, task_path)`` to a checkpoint;
+        a write whose ``(task_id, idx)`` is stored is kept, but one with a negative ``idx``
+        (an error, an interrupt) replaces it."""
+        _name(ns, "checkpoint_ns", empty=True)
+        _name(checkpoint_id, "checkpoint_id")
+        items = []
+        for task_id, idx, channel, value, task_path in writes:
+            if isinstance(idx, bool) or not isinstance(idx, int):
+                raise InvalidValue("A write's idx must be an integer.")
+            items.append(
+                [
+                    _text(task_id, "task_id"),
+                    idx,
+                    _text(channel, "channel"),
+                    _text(value, "value"),
+                    _text(task_path, "task_path"),
+                ]
+            )
+        if items:
+            self._call(
+                self.backend.put_checkpoint_writes,
+                session_id,
+                ns,
+                checkpoint_id,
+                items,
+                self._ttl(ttl_seconds),
+            )
+
+    def get_checkpoint(
+        self: MemoryStore, session_id: str, ns: str, checkpoint_id: str | None = None
+    ) -> StoredCheckpoint | None:
+        """The checkpoint (None: the newest of ``ns``); None when there is none."""
+        _name(ns, "checkpoint_ns", empty=True)
+        if checkpoint_id is not None:
+            _name(checkpoint_id, "checkpoint_id")
+        return self._call(self.backend.get_checkpoint, session_id, ns, checkpoint_id)
+
+    def list_checkpoints(
+        self: MemoryStore,
+        session_id: str,
+        ns: str | None = None,
+        *,
+        before: str | None = None,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> list[StoredCheckpoint]:
+        """Checkpoints of ``ns`` (None: all namespaces), newest first within a namespace,
+        with ids below ``before`` when given: ``limit`` of them from ``offset``."""
+        if ns is not None:
+            _name(ns, "checkpoint_ns", empty=True)
+        if before is not None:
+            _name(before, "before")
+        return self._call(self.backend.list_checkpoints, session_id, ns, before, offset, limit)
+
+    def prune_checkpoints(self: MemoryStore, session_id: str) -> int:
+        """Keep only the newest checkpoint of each namespace; how many were removed."""
+        return self._call(self.backend.prune_checkpoints, session_id)
+
+    def delete_checkpoint_runs(self: MemoryStore, session_id: str, run_ids: list[str]) -> int:
+        """Remove the checkpoints these runs made; how many were removed."""
+        runs = [_name(run_id, "run_id") for run_id in run_ids]
+        return self._call(self.backend.delete_checkpoint_runs, session_id, runs) if runs else 0
+
+    def checkpoint_entries(self: MemoryStore, session_id: str) -> dict[str, str]:
+        """Every stored entry of the session's checkpoints ({}: none, or no session)."""
+        return self._call(self.backend.checkpoint_entries, session_id)
+
+    def load_checkpoint_entries(
+        self: MemoryStore, session_id: str, entries: dict[str, str], *, ttl_seconds: float | None = None
+    ) -> None:
+        """Add entries (as :meth:`checkpoint_entries` gives them: a copy of another thread's)
+        to the session's, creating it (``ttl_seconds``, None: the default) when it does not
+        exist."""
+        self._call(
+            self.backend.load_checkpoint_entries,
+            session_id,
+            validate_entries(entries),
+            self._ttl(ttl_seconds),
+        )
+
+    def delete_checkpoints(self: MemoryStore, session_id: str) -> bool:
+        """Delete the session and its checkpoints; whether there was one."""
+        try:
+            self.delete_session(session_id)
+        except (SessionNotFound, SessionExpired):
+            return False
+        return True

@@ -1,0 +1,263 @@
+"""LangGraph's checkpointer on every backend and Redis setup: LangGraph's own conformance
+suite (langgraph-checkpoint-conformance), real StateGraphs with interrupts, owners, TTLs,
+the sweep, forget-an-owner, export and the memory backend's crash safety."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
+from tests.conftest import TOPOLOGIES
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def conformance_report(make: Any) -> Any:
+    """Run LangGraph's conformance suite on savers ``make()`` builds; its report."""
+
+    @checkpointer_test(name="PersistentMemorySaver")
+    async def saver() -> Any:
+        yield make()
+
+    return asyncio.run(validate(saver))
+
+
+class TestConformance:
+    def test_every_capability_passes(self, store, capsys):
+        report = conformance_report(lambda: PersistentMemorySaver.for_owner("conformance"))
+        report.print_report()
+        printed = capsys.readouterr().out
+        with capsys.disabled():
+            print(printed)
+        assert {name for name, result in report.results.items() if result.detected} == {
+            capability.value for capability in ALL_CAPABILITIES
+        }
+        failures = {name: result.failures for name, result in report.results.items() if not result.passed}
+        assert not failures
+        assert sum(result.tests_passed for result in report.results.values()) >= 70
+
+
+# A real graph: a node that asks a human (interrupt) and one that answers ------------
+
+
+class State(TypedDict):
+    messages: Annotated[list[str], operator.add]
+    approved: bool
+    #: Never written after the first step: its value must be stored once.
+    persona: str
+
+
+def ask(state: State) -> dict[str, Any]:
+    decision = interrupt({"question": f"approve {state['messages'][-1]}?"})
+    return {"approved": decision == "yes", "messages": [f"human: {decision}"]}
+
+
+def answer(state: State) -> dict[str, Any]:
+    verdict = "approved" if state["approved"] else "refused"
+    return {"messages": [f"{state['persona']}: {verdict}"]}
+
+
+def build(saver: PersistentMemorySaver) -> Any:
+    graph = StateGraph(State)
+    graph.add_node("ask", ask)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=saver)
+
+
+def run_turn(graph: Any, thread: str, text: str, decision: str) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": thread}}
+    paused = graph.invoke({"messages": [f"user: {text}"], "persona": "bot"}, config)
+    assert paused["__interrupt__"][0].value == {"question": f"approve user: {text}?"}
+    assert graph.get_state(config).next == ("ask",)
+    return graph.invoke(Command(resume=decision), config)
+
+
+async def arun_turn(graph: Any, thread: str, text: str, decision: str) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": thread}}
+    paused = await graph.ainvoke({"messages": [f"user: {text}"], "persona": "bot"}, config)
+    assert paused["__interrupt__"][0].value == {"question": f"approve user: {text}?"}
+    return await graph.ainvoke(Command(resume=decision), config)
+
+
+class TestStateGraph:
+    def test_interrupt_and_resume(self, store):
+        graph = build(PersistentMemorySaver.for_owner("alice"))
+        first = run_turn(graph, "t-1", "hello", "yes")
+        assert first["messages"] == ["user: hello", "human: yes", "bot: approved"]
+        second = run_turn(graph, "t-1", "again", "no")
+        assert second["messages"][-3:] == ["user: again", "human: no", "bot: refused"]
+        assert len(second["messages"]) == 6
+        # A new saver (another process would do the same) reads the thread back.
+        again = build(PersistentMemorySaver.for_owner("alice"))
+        state = again.get_state({"configurable": {"thread_id": "t-1"}})
+        assert state.values["messages"] == second["messages"] and state.next == ()
+        history = list(again.get_state_history({"configurable": {"thread_id": "t-1"}}))
+        assert len(history) >= 8 and history[0].values == state.values
+
+    def test_ainvoke_on_threads_at_once(self, store):
+        graph = build(PersistentMemorySaver.for_owner("alice"))
+
+        async def main() -> list[dict[str, Any]]:
+            return await asyncio.gather(*(arun_turn(graph, f"a-{i}", f"q{i}", "yes") for i in range(6)))
+
+        results = asyncio.run(main())
+        for i, result in enumerate(results):
+            assert result["messages"] == [f"user: q{i}", "human: yes", "bot: approved"]
+
+    def test_invoke_from_threads_at_once(self, store):
+        from concurrent.futures import ThreadPoolExecutor
+
+        graph = build(PersistentMemorySaver.for_owner("alice"))
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda i: run_turn(graph, f"p-{i}", f"q{i}", "no"), range(8)))
+        assert [r["messages"][-1] for r in results] == ["bot: refused"] * 8
+
+    def test_channel_values_are_stored_once_per_version(self, store):
+        saver = PersistentMemorySaver.for_owner("alice")
+        graph = build(saver)
+        for turn in range(5):
+            run_turn(graph, "t-1", f"turn {turn}", "yes")
+        entries = store.for_owner("alice").checkpoint_entries(thread_session("t-1"))
+        blobs = [name for name in entries if name[0] == "b"]
+        persona = [name for name in blobs if name.split("\x1f")[1] == "persona"]
+        # Written by every input, but the same value: stored each time its version moved.
+        checkpoints = [name for name in entries if name[0] == "c"]
+        assert len(persona) <= 5 < len(checkpoints)
+        # Every checkpoint references a value per channel it has, each stored once.
+        links = [entries["l" + name[1:]].split("\x1e")[1:] for name in checkpoints]
+        assert len({ref for refs in links for ref in refs}) == len(blobs)
+
+
+class TestOwners:
+    def test_a_thread_is_its_owners_alone(self, store):
+        alice, bob = PersistentMemorySaver.for_owner("alice"), PersistentMemorySaver.for_owner("bob")
+        run_turn(build(alice), "shared-name", "secret", "yes")
+        config = {"configurable": {"thread_id": "shared-name", "checkpoint_ns": ""}}
+        assert bob.get_tuple(config) is None
+        assert list(bob.list(config)) == [] and list(bob.list(None)) == []
+        runs = {t.metadata.get("run_id") for t in alice.list(config)}
+        bob.delete_for_runs(list(runs))
+        bob.prune(["shared-name"], strategy="delete")
+        bob.copy_thread("shared-name", "stolen")
+        assert list(bob.list({"configurable": {"thread_id": "stolen"}})) == []
+        mine = list(alice.list(config))
+        assert mine and mine[0].checkpoint["channel_values"]["messages"][-1] == "bot: approved"
+        assert {t.config["configurable"]["thread_id"] for t in alice.list(None)} == {"shared-name"}
+        # The same thread id of another owner is another thread.
+        run_turn(build(bob), "shared-name", "bob's", "no")
+        assert alice.get_tuple(config).checkpoint["channel_values"]["messages"][0] == "user: secret"
+
+    def test_thread_ids_that_are_not_session_ids(self, store):
+        saver = PersistentMemorySaver.for_owner("alice")
+        for thread in ("user:42/chat 1", "é" * 200, "x" * 124, "x" * 125):
+            run_turn(build(saver), thread, "hi", "yes")
+        assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {
+            "user:42/chat 1",
+            "é" * 200,
+            "x" * 124,
+            "x" * 125,
+        }
+
+    def test_bad_input_writes_nothing(self, store):
+        from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+        from persistent_memory.exceptions import InvalidValue
+
+        saver = PersistentMemorySaver.for_owner("alice")
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": "bad\x1fns"}}
+        with pytest.raises(InvalidValue):
+            saver.put(config, generate_checkpoint(), {"source": "input", "step": 0}, {})
+        assert list(saver.list(None)) == []
+        assert store.for_owner("alice").list_sessions() == []
+
+
+class TestLifetime:
+    def test_a_thread_expires_with_its_ttl(self, store):
+        from tests.timing import LIVE_TTL, wait_past
+
+        saver = PersistentMemorySaver.for_owner("alice", ttl=LIVE_TTL)
+        run_turn(build(saver), "short", "hi", "yes")
+        info = store.for_owner("alice").session_info(thread_session("short"))
+        assert info["ttl_seconds"] == LIVE_TTL
+        assert saver.get_tuple({"configurable": {"thread_id": "short"}}) is not None
+        wait_past(info["expires_at"])
+        assert saver.get_tuple({"configurable": {"thread_id": "short"}}) is None
+        assert list(saver.list(None)) == []
+
+    def test_delete_thread_deletes_its_session(self, store):
+        saver = PersistentMemorySaver.for_owner("alice")
+        run_turn(build(saver), "gone", "hi", "yes")
+        saver.delete_thread("gone")
+        assert store.for_owner("alice").list_sessions() == []
+
+    def test_export_and_import_carry_checkpoints(self, store):
+        from persistent_memory.maintenance import export_sessions, import_sessions
+
+        saver = PersistentMemorySaver.for_owner("alice")
+        run_turn(build(saver), "kept", "hi", "yes")
+        config = {"configurable": {"thread_id": "kept"}}
+        before = [t.checkpoint for t in saver.list(config)]
+        lines = [json.dumps(record) for record in export_sessions(owner="alice", store=store)]
+        assert "checkpoints" in json.loads(lines[0])
+        saver.delete_thread("kept")
+        import_sessions(lines, store=store)
+        assert [t.checkpoint for t in saver.list(config)] == before
+        assert run_turn(build(saver), "kept", "more", "no")["messages"][-1] == "bot: refused"
+
+
+@pytest.mark.parametrize("backend_name", ["redis", "redis-cluster-layout"])
+class TestRedisKeys:
+    def keys(self, client: Any) -> list[str]:
+        return sorted(key.decode() for key in client.scan_iter("*~cp*"))
+
+    def test_every_key_expires_with_the_session(self, store, redis_client):
+        saver = PersistentMemorySaver.for_owner("alice", ttl=3600)
+        run_turn(build(saver), "t", "hi", "yes")
+        keys = self.keys(redis_client)
+        assert len(keys) == 2
+        meta = next(k for k in redis_client.scan_iter("*__meta__"))
+        deadline = redis_client.pexpiretime(meta)
+        assert [redis_client.pexpiretime(key) for key in keys] == [deadline, deadline]
+
+    @pytest.mark.django_db
+    def test_forget_and_sweep_leave_no_checkpoint_key(self, store, redis_client):
+        from persistent_memory.maintenance import sweep
+        from persistent_memory.memories.forget import forget_owner
+
+        run_turn(build(PersistentMemorySaver.for_owner("alice")), "t", "hi", "yes")
+        run_turn(build(PersistentMemorySaver.for_owner("bob")), "t", "hi", "yes")
+        forget_owner("alice")
+        assert [key for key in self.keys(redis_client) if "alice" in key] == []
+        assert len(self.keys(redis_client)) == 2
+        # A thread whose meta is gone (a crash between commands of another client): swept.
+        meta = next(k for k in redis_client.scan_iter("*bob*__meta__"))
+        redis_client.delete(meta)
+        sweep(store=store)
+        assert self.keys(redis_client) == []
+
+    def test_one_script_call_per_method(self, store, monkeypatch):
+        saver = PersistentMemorySaver.for_owner("alice")
+        run_turn(build(saver), "t", "hi", "yes")
+        backend = store.backend
+        calls: list[str] = []
+        original = backend._call
+        monkeypatch.setattr(backend, "_call", lambda op, *a, **k: calls.append(op) or original(op, *a, **k))
+        config = saver.get_tuple({"configurable": {"thread_id": "t"}}).config
+        saver.put_writes(config, [("messages", ["x"])], "task-1")
+        saver.put(config, saver.get_tuple(config).checkpoint | {"id": "z" * 8}, {"step": 9}, {"messages": 9})
+        assert calls == ["cp_get", "cp_writes", "cp_get", "cp_put"]
