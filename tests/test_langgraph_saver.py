@@ -7,6 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import random
+import signal
+import subprocess
+import sys
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -261,3 +266,101 @@ class TestRedisKeys:
         saver.put_writes(config, [("messages", ["x"])], "task-1")
         saver.put(config, saver.get_tuple(config).checkpoint | {"id": "z" * 8}, {"step": 9}, {"messages": 9})
         assert calls == ["cp_get", "cp_writes", "cp_get", "cp_put"]
+
+
+# The memory backend's checkpoints survive a restart, and SIGKILL ---------------------
+
+WRITER = """
+import sys, time
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+from persistent_memory.integrations.langgraph import PersistentMemorySaver
+saver = PersistentMemorySaver.for_owner("alice")
+parent = None
+for step in range(100000):
+    config = {"configurable": {"thread_id": "crash", "checkpoint_ns": ""}}
+    if parent:
+        config["configurable"]["checkpoint_id"] = parent
+    checkpoint = generate_checkpoint(channel_values={"n": step}, channel_versions={"n": step + 1})
+    saved = saver.put(config, checkpoint, {"source": "loop", "step": step}, {"n": step + 1})
+    saver.put_writes(saved, [("n", step)], f"task-{step}")
+    parent = saved["configurable"]["checkpoint_id"]
+    print(parent, step, flush=True)
+    time.sleep(0.002)
+"""
+
+READER = """
+from persistent_memory.integrations.langgraph import PersistentMemorySaver
+saver = PersistentMemorySaver.for_owner("alice")
+for item in saver.list({"configurable": {"thread_id": "crash", "checkpoint_ns": ""}}):
+    n = item.checkpoint["channel_values"]["n"]
+    assert item.pending_writes == [(f"task-{n}", "n", n)], item.pending_writes
+    print(item.checkpoint["id"], n)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL")
+def test_sigkill_loses_no_checkpoint(tmp_path):
+    """Checkpoints a process acknowledged are there after it is killed (some of them only in
+    the mirror by then, the journal's segment that had them dropped; some only in the journal)."""
+    from tests.servers import ROOT, demo_env, manage, prepare_database
+
+    env = demo_env(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", MEMORY_BACKEND="memory")
+    prepare_database(env)
+    acknowledged: dict[str, int] = {}
+    for _ in range(2):
+        writer = subprocess.Popen(
+            [sys.executable, "manage.py", "shell", "--no-imports", "-c", WRITER],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started, lines = time.monotonic(), 0
+        # Long enough for the mirror to have caught up (twice a second) and let the
+        # journal go, then at a random moment.
+        stop_after = 1.5 + random.random()
+        while time.monotonic() - started < stop_after or lines < 20:
+            line = writer.stdout.readline()
+            assert line, "the writer stopped"
+            checkpoint_id, step = line.split()
+            acknowledged[checkpoint_id] = int(step)
+            lines += 1
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        writer.stdout.close()
+        found = dict(line.split() for line in manage(env, "shell", "--no-imports", "-c", READER).splitlines())
+        assert {cid: int(step) for cid, step in found.items() if cid in acknowledged} == acknowledged
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_mirror_gives_a_restart_its_checkpoints(settings, tmp_path):
+    """In one process: the mirror writes only what changed, and a fresh memory store loads it."""
+    from persistent_memory.models import CheckpointEntry
+    from persistent_memory.store import get_store, reset_store
+    from tests.conftest import memory_settings_for
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory", MIRROR_MODE="deferred")
+    store = get_store()
+    saver = PersistentMemorySaver.for_owner("alice")
+    graph = build(saver)
+    run_turn(graph, "t", "one", "yes")
+    store.mirror.sync_dirty()
+    first = {e.name: e.pk for e in CheckpointEntry.objects.all()}
+    run_turn(graph, "t", "two", "no")
+    store.mirror.sync_dirty()
+    second = {e.name: e.pk for e in CheckpointEntry.objects.all()}
+    # Entries already mirrored were not written again.
+    assert all(second[name] == pk for name, pk in first.items()) and len(second) > len(first)
+    saver.prune(["t"])  # a removal: the next sync writes the thread whole
+    store.mirror.sync_dirty()
+    assert set(CheckpointEntry.objects.values_list("name", flat=True)) == set(
+        store.for_owner("alice").checkpoint_entries(thread_session("t"))
+    )
+    state = graph.get_state({"configurable": {"thread_id": "t"}}).values
+    reset_store()
+    restarted = get_store()
+    assert restarted is not store
+    assert restarted.mirror.restore() == 1
+    again = build(PersistentMemorySaver.for_owner("alice"))
+    assert again.get_state({"configurable": {"thread_id": "t"}}).values == state
+    assert run_turn(again, "t", "three", "yes")["messages"][-1] == "bot: approved"
