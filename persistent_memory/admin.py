@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from persistent_memory import maintenance
+from persistent_memory.admin_checkpoints import checkpoints_html
 from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
@@ -238,6 +239,7 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
             },
         ),
         ("Contents", {"fields": ("keys", "history_entries")}),
+        ("Graph checkpoints", {"fields": ("checkpoints",), "classes": ("collapse",)}),
         ("Mirror", {"fields": ("mirror_sync",)}),
     )
     readonly_fields = (
@@ -251,6 +253,7 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
         "last_activity_display",
         "keys",
         "history_entries",
+        "checkpoints",
         "mirror_sync",
     )
     inlines = (ValueInline, HistoryInline)
@@ -289,6 +292,10 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="history entries")
     def history_entries(self, obj: MemorySession) -> int:
         return obj.history_length
+
+    @admin.display(description="checkpoints (read from the store)")
+    def checkpoints(self, obj: MemorySession) -> str:
+        return checkpoints_html(obj)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: MemorySession) -> str:

@@ -364,3 +364,34 @@ def test_the_mirror_gives_a_restart_its_checkpoints(settings, tmp_path):
     again = build(PersistentMemorySaver.for_owner("alice"))
     assert again.get_state({"configurable": {"thread_id": "t"}}).values == state
     assert run_turn(again, "t", "three", "yes")["messages"][-1] == "bot: approved"
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+@pytest.mark.django_db
+def test_the_admin_shows_a_threads_checkpoints(configure):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from persistent_memory.models import MemorySession
+
+    store = configure(MIRROR_MODE="deferred")
+    run_turn(build(PersistentMemorySaver.for_owner("alice")), "t-1", "hello", "yes")
+    store.for_owner("alice").create_session("plain")
+    store.mirror.sync_dirty()
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests")
+    client = Client()
+    client.force_login(user)
+
+    def page(session_id: str) -> str:
+        pk = MemorySession.objects.get(owner="alice", session_id=session_id).pk
+        response = client.get(f"/admin/persistent_memory/memorysession/{pk}/change/")
+        assert response.status_code == 200
+        return response.content.decode()
+
+    body = page(thread_session("t-1"))
+    newest = PersistentMemorySaver.for_owner("alice").get_tuple({"configurable": {"thread_id": "t-1"}})
+    assert f"<code>{newest.config['configurable']['checkpoint_id']}</code>" in body
+    assert "<td>messages, persona</td>" in body or "<td>approved, messages, persona</td>" in body
+    assert body.count("<tr><td><code>") == len(list(PersistentMemorySaver.for_owner("alice").list(None)))
+    assert 'name="_save"' not in body
+    assert "None (not a graph thread, or none saved)." in page("plain")

@@ -105,7 +105,8 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
         kind, _, data = text.partition(":")
         return self.serde.loads_typed((kind, base64.b64decode(data)))
 
-    def _tuple(self, thread_id: Any, stored: StoredCheckpoint) -> CheckpointTuple:
+    def checkpoint_tuple(self, thread_id: Any, stored: StoredCheckpoint) -> CheckpointTuple:
+        """A stored checkpoint as LangGraph reads it (``thread_id`` None: the record's)."""
         record = json.loads(stored.record)
         if thread_id is None:
             thread_id = record["t"]
@@ -136,7 +137,7 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
         stored = self.store.get_checkpoint(
             thread_session(thread_id), configurable.get("checkpoint_ns", ""), get_checkpoint_id(config)
         )
-        return None if stored is None else self._tuple(thread_id, stored)
+        return None if stored is None else self.checkpoint_tuple(thread_id, stored)
 
     def list(
         self,
@@ -166,7 +167,7 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
                 pages = self._pages(session, ns, before_id, size)
             for page in pages:
                 for stored in page:
-                    item = self._tuple(thread_id, stored)
+                    item = self.checkpoint_tuple(thread_id, stored)
                     if filter and any(item.metadata.get(key) != value for key, value in filter.items()):
                         continue
                     if left is not None and left <= 0:
