@@ -45,3 +45,29 @@ def test_the_langgraph_store_view():
     assert shown == (1, "lg.profile.city", "semantic", "Lyon")
     assert memories_for(f"user:{bob.pk}").list() == (0, [])
     assert say(chat, AnonymousUser(), "Hello").status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_langgraph_saver_view(store):
+    """The page's checkpointer view: a thread goes on across requests, per owner."""
+    namespace: dict[str, Any] = {"__name__": "views"}
+    # Compiled as a module of its own would be: without this file's postponed annotations.
+    code = compile(readme_blocks.example("langgraph-saver-view"), "views", "exec", dont_inherit=True)
+    exec(code, namespace)  # noqa: S102 (the page's own example)
+    talk = namespace["talk"]
+    ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
+
+    def messages(user: Any, thread: str, message: str) -> list[str]:
+        request = RequestFactory().post(f"/talk/{thread}/", {"message": message})
+        request.user = user
+        response = talk(request, thread)
+        assert response.status_code == 200
+        return json.loads(response.content)["messages"]
+
+    assert messages(ada, "t1", "hi") == ["hi", "That makes 1 messages."]
+    assert messages(ada, "t1", "again") == ["hi", "That makes 1 messages.", "again", "That makes 3 messages."]
+    assert messages(bob, "t1", "hello") == ["hello", "That makes 1 messages."]  # Ada's t1 is hers
+    assert messages(ada, "t2", "new") == ["new", "That makes 1 messages."]
+    request = RequestFactory().post("/talk/t1/", {"message": "x"})
+    request.user = AnonymousUser()
+    assert talk(request, "t1").status_code == 403
