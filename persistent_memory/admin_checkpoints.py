@@ -33,7 +33,7 @@ def checkpoints_html(row: MemorySession) -> str:
     saver = PersistentMemorySaver(store=store)
     rows = []
     for item in stored:
-        checkpoint = saver.checkpoint_tuple(None, item)
+        checkpoint = saver.checkpoint_tuple(None, item, row.session_id)
         metadata = checkpoint.metadata
         parent = (
             checkpoint.parent_config["configurable"]["checkpoint_id"] if checkpoint.parent_config else "—"

@@ -153,6 +153,12 @@ class CheckpointMethods:
             _name(before, "before")
         return self._call(self.backend.list_checkpoints, session_id, ns, before, offset, limit)
 
+    def checkpoint_chain(self: MemoryStore, session_id: str, ns: str, ref: str) -> list[str]:
+        """The value stored under ``ref`` (``{channel}\\x1f{version}``) and, while it is a
+        delta, the value it extends, and so on: one call."""
+        _name(ns, "checkpoint_ns", empty=True)
+        return self._call(self.backend.checkpoint_chain, session_id, ns, _text(ref, "ref"))
+
     def prune_checkpoints(self: MemoryStore, session_id: str) -> int:
         """Keep only the newest checkpoint of each namespace; how many were removed."""
         return self._call(self.backend.prune_checkpoints, session_id)

@@ -124,6 +124,13 @@ class MessageConflict(PersistentMemoryError):
     code = "message_conflict"
 
 
+class CheckpointBaseMissing(PersistentMemoryError):
+    """A checkpoint's value extends a value the thread does not hold (deleted, or another
+    thread's under the same reference); nothing was written: send it whole."""
+
+    code = "checkpoint_base_missing"
+
+
 class MessageNotFound(PersistentMemoryError, LookupError):
     """No message of the conversation has this id (a parent, a leaf or a new head)."""
 

@@ -395,3 +395,105 @@ def test_the_admin_shows_a_threads_checkpoints(configure):
     assert body.count("<tr><td><code>") == len(list(PersistentMemorySaver.for_owner("alice").list(None)))
     assert 'name="_save"' not in body
     assert "None (not a graph thread, or none saved)." in page("plain")
+
+
+# Lists stored as deltas: linear storage, cold reads, forks, prunes ---------------------
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[dict[str, str]], operator.add]
+
+
+def in_place(left: list[Any], right: list[Any]) -> list[Any]:
+    left.extend(right)  # a reducer that changes the list it was given
+    return left
+
+
+class Mutating(TypedDict):
+    messages: Annotated[list[str], in_place]
+
+
+def chat_graph(saver: PersistentMemorySaver, state: type = Chat) -> Any:
+    def reply(chat: Any) -> dict[str, Any]:
+        return {"messages": [{"role": "assistant", "content": f"reply {len(chat['messages'])}"}]}
+
+    graph = StateGraph(state)
+    graph.add_node("reply", reply)
+    graph.add_edge(START, "reply")
+    graph.add_edge("reply", END)
+    return graph.compile(checkpointer=saver)
+
+
+def chat_turns(graph: Any, thread: str, turns: range) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": thread}}
+    for turn in turns:
+        result = graph.invoke(
+            {"messages": [{"role": "user", "content": f"turn {turn} " + "x" * 200}]}, config
+        )
+    return result
+
+
+def value_bytes(store: Any, thread: str) -> int:
+    entries = store.for_owner("alice").checkpoint_entries(thread_session(thread))
+    return sum(len(text) for name, text in entries.items() if name[0] == "b")
+
+
+def cold_state(thread: str) -> dict[str, Any]:
+    """The thread's state as a process that never saw it reads it."""
+    from persistent_memory.integrations.langgraph_values import LATEST
+
+    LATEST.forget(())
+    return build_cold().get_state({"configurable": {"thread_id": thread}}).values
+
+
+def build_cold() -> Any:
+    return chat_graph(PersistentMemorySaver.for_owner("alice"))
+
+
+class TestDeltas:
+    def test_storage_grows_linearly(self, store):
+        graph = chat_graph(PersistentMemorySaver.for_owner("alice"))
+        chat_turns(graph, "short", range(10))
+        chat_turns(graph, "long", range(40))
+        # Whole lists would be (40/10)^2 = 16 times the bytes; deltas about 4 (plus one
+        # whole list every 64 deltas).
+        assert value_bytes(store, "long") / value_bytes(store, "short") < 6
+
+    def test_a_cold_read_rebuilds_the_list(self, store):
+        graph = chat_graph(PersistentMemorySaver.for_owner("alice"))
+        warm = chat_turns(graph, "t", range(70))  # 140 writes: past a whole list's 64 deltas
+        assert len(warm["messages"]) == 140
+        config = {"configurable": {"thread_id": "t"}}
+        seen = [state.values for state in graph.get_state_history(config)]
+        assert cold_state("t") == warm
+        # Every checkpoint of the thread, each read back from a chain of its own.
+        assert [state.values for state in build_cold().get_state_history(config)] == seen
+        assert {len(values.get("messages", [])) for values in seen} == set(range(141))
+
+    def test_a_thread_deleted_elsewhere_is_written_whole(self, store):
+        graph = chat_graph(PersistentMemorySaver.for_owner("alice"))
+        chat_turns(graph, "t", range(3))
+        # Deleted behind this process's back: its newest list is not the thread's any more.
+        store.for_owner("alice").delete_session(thread_session("t"))
+        other = chat_graph(PersistentMemorySaver.for_owner("alice"))
+        chat_turns(other, "t", range(3))
+        assert cold_state("t")["messages"][-1] == {"role": "assistant", "content": "reply 5"}
+        assert len(cold_state("t")["messages"]) == 6
+
+    def test_a_pruned_thread_keeps_what_its_newest_list_extends(self, store):
+        saver = PersistentMemorySaver.for_owner("alice")
+        warm = chat_turns(chat_graph(saver), "t", range(5))
+        saver.prune(["t"])
+        assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
+        assert cold_state("t") == warm
+
+    def test_a_reducer_that_changes_its_list_in_place(self, store):
+        graph = chat_graph(PersistentMemorySaver.for_owner("alice"), Mutating)
+        config = {"configurable": {"thread_id": "m"}}
+        for turn in range(4):
+            warm = graph.invoke({"messages": [f"turn {turn}"]}, config)
+        from persistent_memory.integrations.langgraph_values import LATEST
+
+        LATEST.forget(())
+        cold = chat_graph(PersistentMemorySaver.for_owner("alice"), Mutating).get_state(config).values
+        assert cold == warm and len(cold["messages"]) == 8

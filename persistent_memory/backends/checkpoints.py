@@ -14,7 +14,12 @@ snapshot, an export and the mirror carry them as they are:
 * ``c{ns}\\x1f{id}``: the record;
 * ``l{ns}\\x1f{id}``: the run id, then each reference (``{channel}\\x1f{version}``), joined by ``\\x1e``;
 * ``w{ns}\\x1f{id}``: the writes, a JSON list of ``[task_id, idx, channel, value, task_path]``;
-* ``b{ns}\\x1f{channel}\\x1f{version}``: a channel value.
+* ``b{ns}\\x1f{channel}\\x1f{version}``: a channel value. One that starts with
+  ``d\\x1d{id}\\x1d{base ref}\\x1d{base id}\\x1d`` extends the value stored under
+  ``{base ref}`` (of the same namespace), whose text starts with ``f\\x1d{base id}\\x1d`` or
+  ``d\\x1d{base id}\\x1d`` (see :mod:`persistent_memory.integrations.langgraph_values`): a
+  put whose base is not so is refused (``CheckpointBaseMissing``), and a value stays while
+  a value kept extends it.
 
 Every method is one atomic step (one round trip on Redis) and takes storage ids; the
 session's keys expire with it, and deleting, sweeping or forgetting it removes them.
@@ -26,8 +31,9 @@ import json
 from abc import abstractmethod
 from typing import NamedTuple
 
-#: Between a namespace and an id (or a channel and a version); between the parts of a link.
-SEP, LINK_SEP = "\x1f", "\x1e"
+#: Between a namespace and an id (or a channel and a version); between the parts of a
+#: link; between the parts of a delta value.
+SEP, LINK_SEP, DELTA_SEP = "\x1f", "\x1e", "\x1d"
 
 
 class StoredCheckpoint(NamedTuple):
@@ -39,6 +45,19 @@ class StoredCheckpoint(NamedTuple):
     record: str
     writes: str | None
     blobs: dict[str, str]
+
+
+def delta_base(text: str) -> tuple[str, str] | None:
+    """The base reference and base id of a delta value's text (None: not a delta)."""
+    if not text.startswith("d" + DELTA_SEP):
+        return None
+    _, _, base_ref, base_id, _ = text.split(DELTA_SEP, 4)
+    return base_ref, base_id
+
+
+def has_id(text: str | None, value_id: str) -> bool:
+    """Whether a stored value's text is the whole or delta value ``value_id``."""
+    return text is not None and text[:1] in "fd" and text[1:].startswith(f"{DELTA_SEP}{value_id}{DELTA_SEP}")
 
 
 def checkpoint_key(ns: str, checkpoint_id: str) -> str:
@@ -104,6 +123,11 @@ class CheckpointBackend:
     ) -> list[StoredCheckpoint]:
         """Checkpoints of ``ns`` (None: every namespace), newest id first within a namespace,
         those with an id below ``before`` only when given; ``limit`` of them from ``offset``."""
+
+    @abstractmethod
+    def checkpoint_chain(self, session_id: str, ns: str, ref: str) -> list[str]:
+        """The value stored under ``ref`` and, while it is a delta, the value it extends, and
+        so on ([] when there is none)."""
 
     @abstractmethod
     def prune_checkpoints(self, session_id: str) -> int:

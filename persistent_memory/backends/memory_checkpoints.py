@@ -21,8 +21,11 @@ from persistent_memory.backends.checkpoints import (
     CheckpointBackend,
     StoredCheckpoint,
     checkpoint_key,
+    delta_base,
+    has_id,
     merge_writes,
 )
+from persistent_memory.exceptions import CheckpointBaseMissing
 
 if TYPE_CHECKING:
     from persistent_memory.backends.memory import MemoryBackend, _Session
@@ -82,14 +85,37 @@ class Checkpoints:
             for kind in "clw":
                 self.entries.pop(kind + key, None)
                 self.seqs.pop(kind + key, None)
-        referenced = set()
+        referenced: set[str] = set()
         for key in self.index:
             ns = key.rsplit(SEP, 1)[0]
-            referenced.update(f"b{ns}{SEP}{ref}" for ref in self.entries["l" + key].split(LINK_SEP)[1:])
+            for ref in self.entries["l" + key].split(LINK_SEP)[1:]:
+                referenced.update(self.chain_names(ns, ref))
         for name in [name for name in self.entries if name[0] == "b" and name not in referenced]:
             del self.entries[name]
             self.seqs.pop(name, None)
         return len(keys)
+
+    def chain_names(self, ns: str, ref: str) -> list[str]:
+        """The entry of value ``ref`` and those of the values it extends, in turn."""
+        names = []
+        while (text := self.entries.get(name := f"b{ns}{SEP}{ref}")) is not None and name not in names:
+            names.append(name)
+            base = delta_base(text)
+            if base is None:
+                break
+            ref = base[0]
+        return names
+
+    def check_bases(self, ns: str, blobs: dict[str, str]) -> None:
+        """CheckpointBaseMissing unless each delta among ``blobs`` extends a value held."""
+        for ref, text in blobs.items():
+            base = delta_base(text)
+            if base is not None and not has_id(
+                blobs.get(base[0]) or self.entries.get(f"b{ns}{SEP}{base[0]}"), base[1]
+            ):
+                raise CheckpointBaseMissing(
+                    f"The value of {ref!r} extends a value this thread does not hold."
+                )
 
     def snapshot_state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "seq": self.seq, "removed_at": self.removed_at, "seqs": dict(self.seqs)}
@@ -150,6 +176,8 @@ class MemoryCheckpoints(CheckpointBackend):
         blobs: dict[str, str],
         ttl_seconds: float | None,
     ) -> None:
+        held = self._sessions[session_id].checkpoints if self._is_live(session_id, now) else None
+        (held or Checkpoints()).check_bases(ns, blobs)
         args = (ns, checkpoint_id, record, link_text, blobs, ttl_seconds)
         session = self._live_or_created(session_id, now, "cp_put", *args)
         checkpoints = self._checkpoints(session)
@@ -223,6 +251,13 @@ class MemoryCheckpoints(CheckpointBackend):
                 if position >= offset:
                     page.append(checkpoints.stored(key))
             return page
+
+    def checkpoint_chain(self: MemoryBackend, session_id: str, ns: str, ref: str) -> list[str]:
+        with self._lock:
+            checkpoints = self._held(session_id)
+            if checkpoints is None:
+                return []
+            return [checkpoints.entries[name] for name in checkpoints.chain_names(ns, ref)]
 
     def prune_checkpoints(self: MemoryBackend, session_id: str) -> int:
         with self._lock:

@@ -71,6 +71,7 @@ from persistent_memory.conf import (
 from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
+    CheckpointBaseMissing,
     IdempotencyKeyReused,
     KeyNotFound,
     MessageConflict,
@@ -132,6 +133,7 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_IDEMPOTENCY_REUSED": IdempotencyKeyReused,
     "PM_MESSAGE_NOT_FOUND": MessageNotFound,
     "PM_MESSAGE_CONFLICT": MessageConflict,
+    "PM_CHECKPOINT_BASE": CheckpointBaseMissing,
     "PM_ORPHAN_TOOL_RESULT": OrphanToolResult,
 }
 

@@ -83,6 +83,10 @@ class RedisCheckpoints(CheckpointBackend):
         reply = self._cp("cp_list", session_id, ns or "", every, before or "", str(offset), str(limit))
         return [_stored(item) for item in reply] if reply else []
 
+    def checkpoint_chain(self: RedisBackend, session_id: str, ns: str, ref: str) -> list[str]:
+        reply = self._cp("cp_chain", session_id, ns, ref)
+        return [text.decode() for text in reply] if reply else []
+
     def prune_checkpoints(self: RedisBackend, session_id: str) -> int:
         return self._cp("cp_prune", session_id, "latest") or 0
 

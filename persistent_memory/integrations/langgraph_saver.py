@@ -44,6 +44,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from persistent_memory.backends.checkpoints import SEP, StoredCheckpoint
+from persistent_memory.exceptions import CheckpointBaseMissing
+from persistent_memory.integrations.langgraph_values import EMPTY, LATEST, Values
 from persistent_memory.store import get_store
 
 if TYPE_CHECKING:
@@ -84,6 +86,7 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde)
         self._store = store
         self.ttl = ttl
+        self._values = Values(self._dump, self._load)
 
     @classmethod
     def for_owner(cls, owner: str, **options: Any) -> PersistentMemorySaver:
@@ -105,16 +108,25 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
         kind, _, data = text.partition(":")
         return self.serde.loads_typed((kind, base64.b64decode(data)))
 
-    def checkpoint_tuple(self, thread_id: Any, stored: StoredCheckpoint) -> CheckpointTuple:
-        """A stored checkpoint as LangGraph reads it (``thread_id`` None: the record's)."""
+    def checkpoint_tuple(self, thread_id: Any, stored: StoredCheckpoint, session: str) -> CheckpointTuple:
+        """A stored checkpoint of thread session ``session`` as LangGraph reads it
+        (``thread_id`` None: the record's)."""
         record = json.loads(stored.record)
         if thread_id is None:
             thread_id = record["t"]
         checkpoint = self._load(record["c"])
+        store, ns = self.store, stored.ns
         values = {}
         for ref, text in stored.blobs.items():
-            if not text.startswith("empty:"):
-                values[ref.partition(SEP)[0]] = self._load(text)
+            channel = ref.partition(SEP)[0]
+            value, present = self._values.decode(
+                (store.owner, session, ns, channel),
+                ref,
+                text,
+                lambda base: store.checkpoint_chain(session, ns, base),
+            )
+            if present:
+                values[channel] = value
         writes: list[PendingWrite] = []
         if stored.writes:
             for task_id, _, channel, value, _ in sorted(json.loads(stored.writes), key=_writes_order):
@@ -134,10 +146,11 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
+        session = thread_session(thread_id)
         stored = self.store.get_checkpoint(
-            thread_session(thread_id), configurable.get("checkpoint_ns", ""), get_checkpoint_id(config)
+            session, configurable.get("checkpoint_ns", ""), get_checkpoint_id(config)
         )
-        return None if stored is None else self.checkpoint_tuple(thread_id, stored)
+        return None if stored is None else self.checkpoint_tuple(thread_id, stored, session)
 
     def list(
         self,
@@ -167,7 +180,7 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
                 pages = self._pages(session, ns, before_id, size)
             for page in pages:
                 for stored in page:
-                    item = self.checkpoint_tuple(thread_id, stored)
+                    item = self.checkpoint_tuple(thread_id, stored, session)
                     if filter and any(item.metadata.get(key) != value for key, value in filter.items()):
                         continue
                     if left is not None and left <= 0:
@@ -200,14 +213,10 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
     ) -> RunnableConfig:
         configurable = config["configurable"]
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        session = thread_session(thread_id)
         saved = checkpoint.copy()
         values = saved.pop("channel_values")  # type: ignore[misc]
         versions = {**saved["channel_versions"], **new_versions}
-        refs = [f"{channel}{SEP}{version}" for channel, version in versions.items()]
-        blobs = {
-            f"{channel}{SEP}{version}": self._dump(values[channel]) if channel in values else "empty:"
-            for channel, version in new_versions.items()
-        }
         meta = get_checkpoint_metadata(config, metadata)
         record = {
             "t": str(thread_id),
@@ -216,16 +225,37 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
             "m": self._dump(meta),
         }
         run_id = meta.get("run_id")
-        self.store.put_checkpoint(
-            thread_session(thread_id),
-            ns,
-            checkpoint["id"],
-            json.dumps(record),
-            run_id=str(run_id) if run_id else None,
-            refs=refs,
-            blobs=blobs,
-            ttl_seconds=self.ttl,
-        )
+        store = self.store
+        for attempt in (1, 2):
+            blobs, kept = {}, {}
+            for channel, version in new_versions.items():
+                ref = f"{channel}{SEP}{version}"
+                if channel not in values:
+                    blobs[ref] = EMPTY
+                    continue
+                key = (store.owner, session, ns, channel)
+                blobs[ref], kept[key] = self._values.encode(key, ref, values[channel])
+            try:
+                store.put_checkpoint(
+                    session,
+                    ns,
+                    checkpoint["id"],
+                    json.dumps(record),
+                    run_id=str(run_id) if run_id else None,
+                    refs=[f"{channel}{SEP}{version}" for channel, version in versions.items()],
+                    blobs=blobs,
+                    ttl_seconds=self.ttl,
+                )
+                break
+            except CheckpointBaseMissing:
+                # What this process saw of the thread is gone (deleted, another process's
+                # fork): send every value whole.
+                LATEST.forget((store.owner, session))
+                if attempt == 2:
+                    raise
+        for key, latest in kept.items():
+            if latest is not None:
+                LATEST.put(key, latest)
         return {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         }
@@ -251,7 +281,9 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
         )
 
     def delete_thread(self, thread_id: str) -> None:
-        self.store.delete_checkpoints(thread_session(thread_id))
+        store, session = self.store, thread_session(thread_id)
+        LATEST.forget((store.owner, session))
+        store.delete_checkpoints(session)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(run_id) for run_id in run_ids]

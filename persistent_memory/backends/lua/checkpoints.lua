@@ -11,7 +11,7 @@
 -- session's other operations name them from its base, as they name its conversations'
 -- keys: every one expires with the session and goes with it (purge_leftovers, touch).
 
-local SEP, LINK_SEP = '\31', '\30'
+local SEP, LINK_SEP, DELTA_SEP = '\31', '\30', '\29'
 
 local function checkpoint_keys()
   return base .. '~cp', base .. '~cpi'
@@ -36,6 +36,35 @@ end
 
 local function namespace_of_key(key)
   return string.match(key, '^(.*)' .. SEP)
+end
+
+-- A delta value's base reference and base id (nil: not a delta; see backends/checkpoints.py).
+local function delta_base(text)
+  if string.sub(text, 1, 2) ~= 'd' .. DELTA_SEP then return nil end
+  local parts = split(text, DELTA_SEP)
+  return parts[3], parts[4]
+end
+
+-- Whether a stored value's text is the whole or delta value ``id``.
+local function has_id(text, id)
+  if not text then return false end
+  local kind = string.sub(text, 1, 1)
+  return (kind == 'f' or kind == 'd') and string.sub(text, 2, #id + 3) == DELTA_SEP .. id .. DELTA_SEP
+end
+
+-- The entry names of value ``ref`` of namespace ``ns`` and of the values it extends, in turn.
+local function chain_names(entries, ns, ref)
+  local names, seen = {}, {}
+  while ref do
+    local name = 'b' .. ns .. SEP .. ref
+    if seen[name] then break end
+    local text = redis.call('HGET', entries, name)
+    if not text then break end
+    names[#names + 1] = name
+    seen[name] = true
+    ref = delta_base(text)
+  end
+  return names
 end
 
 -- A checkpoint as the client reads it: its key, record, writes (false: none), then each
@@ -73,7 +102,9 @@ local function remove_checkpoints(entries, index, doomed)
   for _, key in ipairs(kept) do
     local ns = namespace_of_key(key)
     local refs = split(redis.call('HGET', entries, 'l' .. key) or '', LINK_SEP)
-    for i = 2, #refs do referenced['b' .. ns .. SEP .. refs[i]] = true end
+    for i = 2, #refs do
+      for _, name in ipairs(chain_names(entries, ns, refs[i])) do referenced[name] = true end
+    end
   end
   local unreferenced = {}
   for _, name in ipairs(redis.call('HKEYS', entries)) do
@@ -120,10 +151,20 @@ end
 -- then (reference, value) pairs of the new channel values. Creates the session when
 -- it is not live.
 if op == 'cp_put' then
-  local failure = checkpoints_live_or_create(arg(5), arg(6))
-  if failure then return failure end
   local entries, index = KEYS[25], KEYS[26]
   local ns, key = arg(1), arg(1) .. SEP .. arg(2)
+  -- Every delta extends a value held (or given), checked before anything is written.
+  local live, given = redis.call('EXISTS', META) == 1, {}
+  for i = 7, #ARGV - 16, 2 do given[arg(i)] = arg(i + 1) end
+  for ref, text in pairs(given) do
+    local base_ref, base_id = delta_base(text)
+    local base = base_ref and (given[base_ref] or (live and redis.call('HGET', entries, 'b' .. ns .. SEP .. base_ref)))
+    if base_ref and not has_id(base, base_id) then
+      return fail('CHECKPOINT_BASE', "The value of '" .. ref .. "' extends a value this thread does not hold.")
+    end
+  end
+  local failure = checkpoints_live_or_create(arg(5), arg(6))
+  if failure then return failure end
   local fields = {'c' .. key, arg(3), 'l' .. key, arg(4)}
   local i = 7
   while arg(i) do
@@ -166,7 +207,7 @@ if op == 'cp_writes' then
   return remember(1)
 end
 
-if op == 'cp_get' or op == 'cp_list' or op == 'cp_entries' or op == 'cp_prune' then
+if op == 'cp_get' or op == 'cp_list' or op == 'cp_entries' or op == 'cp_prune' or op == 'cp_chain' then
   if redis.call('EXISTS', META) == 0 then
     return 0 -- no thread (or one whose time is up): nothing to read or prune
   end
@@ -181,6 +222,13 @@ if op == 'cp_get' then
     if not key then return 0 end
   end
   return checkpoint_reply(KEYS[25], key) or 0
+end
+
+-- The value of arg(2) in namespace arg(1) and the values it extends, in turn.
+if op == 'cp_chain' then
+  local entries, texts = KEYS[25], {}
+  for _, name in ipairs(chain_names(entries, arg(1), arg(2))) do texts[#texts + 1] = redis.call('HGET', entries, name) end
+  return texts
 end
 
 -- Checkpoints newest first within a namespace: arg(1) namespace, 2 '1' for every
