@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from persistent_memory import maintenance
-from persistent_memory.admin_checkpoints import checkpoints_html
+from persistent_memory.admin_checkpoints import checkpoints_html, is_thread
 from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
@@ -239,7 +239,6 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
             },
         ),
         ("Contents", {"fields": ("keys", "history_entries")}),
-        ("Graph checkpoints", {"fields": ("checkpoints",), "classes": ("collapse",)}),
         ("Mirror", {"fields": ("mirror_sync",)}),
     )
     readonly_fields = (
@@ -296,6 +295,13 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="checkpoints (read from the store)")
     def checkpoints(self, obj: MemorySession) -> str:
         return checkpoints_html(obj)
+
+    def get_fieldsets(self, request: HttpRequest, obj: MemorySession | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not is_thread(obj):
+            return fieldsets
+        # A LangGraph thread's session: its checkpoints, before the mirror's bookkeeping.
+        return [*fieldsets[:-1], ("Graph checkpoints", {"fields": ("checkpoints",)}), fieldsets[-1]]
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: MemorySession) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from django.utils.html import format_html, format_html_join
 
+from persistent_memory.checkpoints import THREAD_PREFIXES
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.store import get_store
 
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
 
 SHOWN = 50
+
+
+def is_thread(row: MemorySession) -> bool:
+    return row.session_id.startswith(THREAD_PREFIXES)
 
 
 def checkpoints_html(row: MemorySession) -> str:
@@ -25,7 +30,7 @@ def checkpoints_html(row: MemorySession) -> str:
     except PersistentMemoryError as exc:
         return f"Not read: {exc}"
     if not stored:
-        return "None (not a graph thread, or none saved)."
+        return "None saved."
     try:
         from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver
     except ImportError:

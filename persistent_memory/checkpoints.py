@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 #: or "node:task-id|node:task-id"); an entry's name holds three, and is a unique column.
 MAX_NAME = 512
 ENTRY_KINDS = "clwb"
+#: Session id prefixes of LangGraph threads (see persistent_memory.integrations.langgraph_saver).
+THREAD_PREFIXES = ("lgt_", "lgh_")
 
 
 def _name(value: Any, what: str, *, empty: bool = False) -> str:

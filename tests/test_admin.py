@@ -146,7 +146,6 @@ def test_session_page_reads_as_a_product(admin_client, store):
         "Last activity",
         "Keys",
         "History entries",
-        "Checkpoints (read from the store)",
         "Last sync",
     ]
     for internal in ("Ttl seconds", "History digest", "Journal seq", "journal_seq", "Synced at", "Gone at"):

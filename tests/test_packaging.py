@@ -50,6 +50,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "langchain-redis",
         "langgraph",
         "langgraph-checkpoint-sqlite",
+        "langgraph-checkpoint-postgres",
     }
     assert by_extra["mcp"] == {"mcp", "uvicorn"}
     assert by_extra["openai"] == {"openai"}
@@ -67,6 +68,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "uvicorn",
         "openai",
         "django-tasks",
+        "langgraph-checkpoint-conformance",
     }
     redis_line = next(line for line in metadata(wheel).get_all("Requires-Dist") if line.startswith("redis"))
     assert Requirement(redis_line).extras == {"hiredis"}

@@ -44,6 +44,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from persistent_memory.backends.checkpoints import SEP, StoredCheckpoint
+from persistent_memory.checkpoints import THREAD_PREFIXES
 from persistent_memory.exceptions import CheckpointBaseMissing
 from persistent_memory.integrations.langgraph_values import EMPTY, LATEST, Values
 from persistent_memory.store import get_store
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]{1,124}")
-#: Session id prefixes of threads (see the module's docstring).
-PREFIXES = ("lgt_", "lgh_")
 #: Checkpoints read per call when ``list`` filters on metadata.
 PAGE = 100
 
@@ -63,8 +62,8 @@ def thread_session(thread_id: Any) -> str:
     """The session id that holds a thread's checkpoints."""
     text = str(thread_id)
     if _PLAIN.fullmatch(text):
-        return PREFIXES[0] + text
-    return PREFIXES[1] + hashlib.sha256(text.encode()).hexdigest()[:48]
+        return THREAD_PREFIXES[0] + text
+    return THREAD_PREFIXES[1] + hashlib.sha256(text.encode()).hexdigest()[:48]
 
 
 def _writes_order(item: list[Any]) -> tuple[str, str, int]:
@@ -202,7 +201,7 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
 
     def _thread_sessions(self) -> list[str]:
         store = self.store
-        return [info["session_id"] for prefix in PREFIXES for info in store.list_session_infos(prefix)]
+        return [info["session_id"] for prefix in THREAD_PREFIXES for info in store.list_session_infos(prefix)]
 
     def put(
         self,
