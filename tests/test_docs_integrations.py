@@ -48,26 +48,45 @@ def test_the_langgraph_store_view():
 
 
 @pytest.mark.django_db
-def test_the_langgraph_saver_view(store):
-    """The page's checkpointer view: a thread goes on across requests, per owner."""
+def test_the_langgraph_agent_view(store, server, monkeypatch):
+    """The page's agent against a local chat-completions server (tests/chat_server.py):
+    threads go on across requests, facts cross the caller's threads, owners stay apart."""
+    from tests.chat_server import Reply
+
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
     namespace: dict[str, Any] = {"__name__": "views"}
     # Compiled as a module of its own would be: without this file's postponed annotations.
-    code = compile(readme_blocks.example("langgraph-saver-view"), "views", "exec", dont_inherit=True)
+    code = compile(readme_blocks.example("langgraph-agent-view"), "views", "exec", dont_inherit=True)
     exec(code, namespace)  # noqa: S102 (the page's own example)
     talk = namespace["talk"]
     ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
 
-    def messages(user: Any, thread: str, message: str) -> list[str]:
+    def said(user: Any, thread: str, message: str, answer: str) -> list[dict[str, str]]:
+        server.replies = [Reply(answer)]
         request = RequestFactory().post(f"/talk/{thread}/", {"message": message})
         request.user = user
         response = talk(request, thread)
         assert response.status_code == 200
         return json.loads(response.content)["messages"]
 
-    assert messages(ada, "t1", "hi") == ["hi", "That makes 1 messages."]
-    assert messages(ada, "t1", "again") == ["hi", "That makes 1 messages.", "again", "That makes 3 messages."]
-    assert messages(bob, "t1", "hello") == ["hello", "That makes 1 messages."]  # Ada's t1 is hers
-    assert messages(ada, "t2", "new") == ["new", "That makes 1 messages."]
+    def sent() -> list[dict[str, Any]]:
+        return server.requests[-1]["body"]["messages"]
+
+    assert said(ada, "t1", "Hi", "Hello Ada.") == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello Ada."},
+    ]
+    assert sent()[0] == {"role": "system", "content": "What you know about the user: nothing yet."}
+    thread = said(ada, "t1", "Remember: I drink tea", "Noted.")
+    assert [m["content"] for m in thread] == ["Hi", "Hello Ada.", "Remember: I drink tea", "Noted."]
+    assert [m["content"] for m in sent()[1:]] == ["Hi", "Hello Ada.", "Remember: I drink tea"]
+    # Another thread of Ada's: a new conversation, the same facts.
+    assert said(ada, "t2", "What do I drink?", "Tea.")[0]["content"] == "What do I drink?"
+    assert sent()[0]["content"] == "What you know about the user: I drink tea."
+    # Bob's t1 is not Ada's, and her facts are hers.
+    assert len(said(bob, "t1", "Hi", "Hello Bob.")) == 2
+    assert sent()[0]["content"] == "What you know about the user: nothing yet."
     request = RequestFactory().post("/talk/t1/", {"message": "x"})
     request.user = AnonymousUser()
     assert talk(request, "t1").status_code == 403
