@@ -22,6 +22,7 @@ from langgraph.types import Command, interrupt
 
 from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
 from tests.conftest import TOPOLOGIES
+from tests.test_crash import database  # noqa: F401 (the fixture: SQLite and PostgreSQL)
 
 
 @pytest.fixture(params=TOPOLOGIES)
@@ -204,6 +205,17 @@ class TestLifetime:
         assert saver.get_tuple({"configurable": {"thread_id": "short"}}) is None
         assert list(saver.list(None)) == []
 
+    @pytest.mark.django_db
+    def test_forgetting_the_owner_forgets_its_threads(self, store):
+        from persistent_memory.memories.forget import forget_owner
+
+        alice, bob = PersistentMemorySaver.for_owner("alice"), PersistentMemorySaver.for_owner("bob")
+        run_turn(build(alice), "t", "hi", "yes")
+        run_turn(build(bob), "t", "hi", "yes")
+        forget_owner("alice")
+        assert list(alice.list(None)) == [] and store.for_owner("alice").list_sessions() == []
+        assert len(list(bob.list(None))) > 1
+
     def test_delete_thread_deletes_its_session(self, store):
         saver = PersistentMemorySaver.for_owner("alice")
         run_turn(build(saver), "gone", "hi", "yes")
@@ -299,12 +311,13 @@ for item in saver.list({"configurable": {"thread_id": "crash", "checkpoint_ns": 
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL")
-def test_sigkill_loses_no_checkpoint(tmp_path):
+def test_sigkill_loses_no_checkpoint(database):  # noqa: F811 (the fixture imported above)
     """Checkpoints a process acknowledged are there after it is killed (some of them only in
-    the mirror by then, the journal's segment that had them dropped; some only in the journal)."""
+    the mirror by then, the journal's segment that had them dropped; some only in the
+    journal), on SQLite and on PostgreSQL (tests.test_crash's ``database``)."""
     from tests.servers import ROOT, demo_env, manage, prepare_database
 
-    env = demo_env(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", MEMORY_BACKEND="memory")
+    env = demo_env(DATABASE_URL=database.url, MEMORY_BACKEND="memory")
     prepare_database(env)
     acknowledged: dict[str, int] = {}
     for _ in range(2):
