@@ -500,6 +500,25 @@ class TestDeltas:
         assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
         assert cold_state("t") == warm
 
+    def test_deleting_runs_keeps_what_the_kept_lists_extend(self, store):
+        import uuid
+
+        saver = PersistentMemorySaver.for_owner("alice")
+        graph = chat_graph(saver)
+        runs = [str(uuid.uuid4()) for _ in range(6)]
+        for turn, run in enumerate(runs):
+            message = {"role": "user", "content": f"turn {turn}"}
+            warm = graph.invoke({"messages": [message]}, {"configurable": {"thread_id": "t", "run_id": run}})
+        config = {"configurable": {"thread_id": "t"}}
+        history = list(graph.get_state_history(config))
+        assert {state.metadata.get("run_id") for state in history} == set(runs)
+        kept = [state.values for state in history if state.metadata["run_id"] not in runs[:3]]
+        saver.delete_for_runs(runs[:3])
+        assert cold_state("t") == warm
+        cold = list(build_cold().get_state_history(config))
+        assert [state.values for state in cold] == kept
+        assert {state.metadata.get("run_id") for state in cold} == set(runs[3:])
+
     def test_a_reducer_that_changes_its_list_in_place(self, store):
         graph = chat_graph(PersistentMemorySaver.for_owner("alice"), Mutating)
         config = {"configurable": {"thread_id": "m"}}

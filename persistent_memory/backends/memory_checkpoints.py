@@ -89,17 +89,22 @@ class Checkpoints:
         for key in self.index:
             ns = key.rsplit(SEP, 1)[0]
             for ref in self.entries["l" + key].split(LINK_SEP)[1:]:
-                referenced.update(self.chain_names(ns, ref))
+                referenced.update(self.chain_names(ns, ref, referenced))
         for name in [name for name in self.entries if name[0] == "b" and name not in referenced]:
             del self.entries[name]
             self.seqs.pop(name, None)
         return len(keys)
 
-    def chain_names(self, ns: str, ref: str) -> list[str]:
-        """The entry of value ``ref`` and those of the values it extends, in turn."""
-        names = []
-        while (text := self.entries.get(name := f"b{ns}{SEP}{ref}")) is not None and name not in names:
+    def chain_names(self, ns: str, ref: str, known: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """The entry of value ``ref`` and those of the values it extends, in turn, up to one
+        in ``known`` (a chain walked already: its rest is known too)."""
+        names: list[str] = []
+        seen: set[str] = set()
+        while (text := self.entries.get(name := f"b{ns}{SEP}{ref}")) is not None:
+            if name in seen or name in known:
+                break
             names.append(name)
+            seen.add(name)
             base = delta_base(text)
             if base is None:
                 break

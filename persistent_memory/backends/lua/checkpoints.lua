@@ -52,12 +52,14 @@ local function has_id(text, id)
   return (kind == 'f' or kind == 'd') and string.sub(text, 2, #id + 3) == DELTA_SEP .. id .. DELTA_SEP
 end
 
--- The entry names of value ``ref`` of namespace ``ns`` and of the values it extends, in turn.
-local function chain_names(entries, ns, ref)
+-- The entry names of value ``ref`` of namespace ``ns`` and of the values it extends, in
+-- turn, up to one in ``known`` (a chain walked already: the rest of it is known too).
+local function chain_names(entries, ns, ref, known)
   local names, seen = {}, {}
+  known = known or {}
   while ref do
     local name = 'b' .. ns .. SEP .. ref
-    if seen[name] then break end
+    if seen[name] or known[name] then break end
     local text = redis.call('HGET', entries, name)
     if not text then break end
     names[#names + 1] = name
@@ -103,7 +105,7 @@ local function remove_checkpoints(entries, index, doomed)
     local ns = namespace_of_key(key)
     local refs = split(redis.call('HGET', entries, 'l' .. key) or '', LINK_SEP)
     for i = 2, #refs do
-      for _, name in ipairs(chain_names(entries, ns, refs[i])) do referenced[name] = true end
+      for _, name in ipairs(chain_names(entries, ns, refs[i], referenced)) do referenced[name] = true end
     end
   end
   local unreferenced = {}
