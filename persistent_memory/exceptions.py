@@ -124,6 +124,12 @@ class MessageConflict(PersistentMemoryError):
     code = "message_conflict"
 
 
+class HeadMoved(MessageConflict):
+    """A conversation's head is no longer the message a change was made against."""
+
+    code = "head_moved"
+
+
 class CheckpointBaseMissing(PersistentMemoryError):
     """A checkpoint's value extends a value the thread does not hold (deleted, or another
     thread's under the same reference); nothing was written: send it whole."""

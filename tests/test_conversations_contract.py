@@ -16,6 +16,7 @@ from persistent_memory import get_store, maintenance
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conversations.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
 from persistent_memory.exceptions import (
+    HeadMoved,
     InvalidMessage,
     InvalidValue,
     MessageConflict,
@@ -821,6 +822,105 @@ def test_clear_messages_is_recorded_in_the_history(store):
     assert (entry["conversation"], entry["removed"]) == ("default", 2)
 
 
+# Popping the head ------------------------------------------------------------------------
+
+
+def test_pop_message_takes_the_head_off(store):
+    stored = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    popped = store.pop_message("s1", stored[1]["id"])
+    assert popped["removed"] == stored[1]
+    assert (popped["head"], popped["messages"]) == (stored[0]["id"], [])
+    assert thread(store) == stored[:1]
+    info = conversation_info(store)
+    assert (info["head"], info["message_count"], info["tokens"]) == (stored[0]["id"], 1, stored[0]["tokens"])
+    assert store.get_context("s1")["messages"] == [{"role": "user", "content": "q"}]
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf=stored[1]["id"])
+    # The next append goes after the new head, with the next seq.
+    again = store.add_messages("s1", [assistant("b")])["messages"][0]
+    assert (again["parent_id"], again["seq"]) == (stored[0]["id"], 3)
+    (entry,) = [entry for entry in store.get_history("s1", 0) if entry["op"] == "pop_message"]
+    assert (entry["conversation"], entry["removed"]) == ("default", stored[1]["id"])
+
+
+def test_pop_message_replaces_the_head_in_one_step(store):
+    stored = store.add_messages("s1", [user("q"), calling("c1", "c2")])["messages"]
+    popped = store.pop_message("s1", stored[1]["id"], replacement=[calling("c1")])
+    (replaced,) = popped["messages"]
+    assert (replaced["parent_id"], popped["head"]) == (stored[0]["id"], replaced["id"])
+    assert [message["id"] for message in thread(store)] == [stored[0]["id"], replaced["id"]]
+    store.add_messages("s1", [result("c1")])  # answers the replacement's call
+    with pytest.raises(OrphanToolResult):
+        store.add_messages("s1", [result("c2")])  # the popped call is gone
+
+
+def test_pop_message_of_a_moved_head_changes_nothing(store):
+    stored = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    before = state(store)
+    with pytest.raises(HeadMoved) as raised:
+        store.pop_message("s1", stored[0]["id"], replacement=[assistant("x")])
+    assert raised.value.code == "head_moved" and isinstance(raised.value, MessageConflict)
+    with pytest.raises(OrphanToolResult):  # a replacement is checked as an append
+        store.pop_message("s1", stored[1]["id"], replacement=[result("nope")])
+    with pytest.raises(MessageConflict):
+        store.pop_message("s1", stored[1]["id"], replacement=[assistant("x", id=stored[1]["id"])])
+    assert state(store) == before
+
+
+def test_pop_message_of_an_empty_or_missing_conversation(store):
+    with pytest.raises(SessionNotFound):
+        store.pop_message("s1", "m1")
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    with pytest.raises(MessageNotFound):
+        store.pop_message("s1", "m1")
+    store.add_messages("s1", [user("only", id="m1")])
+    assert store.pop_message("s1", "m1")["head"] is None
+    # The last message taken: the conversation goes, as a clear takes it.
+    assert store.list_conversations("s1") == []
+    assert store.get_messages("s1") == {"conversation": "default", "head": None, "messages": []}
+    with pytest.raises(MessageNotFound):
+        store.pop_message("s1", "m1")
+    assert store.add_messages("s1", [user("again")])["messages"][0]["parent_id"] is None
+    assert store.get("s1", "k") == 1
+
+
+def test_pop_message_keeps_a_message_another_branch_goes_on_from(store):
+    q, a = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    follow = store.add_messages("s1", [user("more")])["messages"][0]
+    store.set_head("s1", a["id"])
+    assert store.pop_message("s1", a["id"])["head"] == q["id"]
+    assert thread(store) == [q]
+    assert thread(store, leaf=follow["id"]) == [q, a, follow]  # the other branch is whole
+    assert conversation_info(store)["message_count"] == 3
+    # Popping the branch's end leaves its parent a leaf again: one branch.
+    store.set_head("s1", follow["id"])
+    store.pop_message("s1", follow["id"])
+    store.pop_message("s1", a["id"])
+    info = conversation_info(store)
+    assert (info["message_count"], info["branch_count"], info["head"]) == (1, 1, q["id"])
+
+
+def test_pop_message_of_a_root_with_a_replacement(store):
+    (root,) = store.add_messages("s1", [system("rules")])["messages"]
+    popped = store.pop_message("s1", root["id"], replacement=[system("new rules"), user("q")])
+    assert [message["parent_id"] for message in popped["messages"]] == [None, popped["messages"][0]["id"]]
+    assert store.get_context("s1")["messages"] == [
+        {"role": "system", "content": "new rules"},
+        {"role": "user", "content": "q"},
+    ]
+
+
+def test_pop_message_is_isolated_by_owner(store):
+    alice, bob = store.for_owner("alice"), store.for_owner("bob")
+    (message,) = alice.add_messages("s1", [user("mine")])["messages"]
+    bob.add_messages("s1", [user("his", id=message["id"])])
+    with pytest.raises(SessionNotFound):
+        store.for_owner("carol").pop_message("s1", message["id"])
+    bob.pop_message("s1", message["id"])
+    assert contents(thread(alice)) == ["mine"]
+
+
 # Session ends ---------------------------------------------------------------------------
 
 
@@ -909,7 +1009,10 @@ def test_every_conversation_key_shares_the_session_ttl(redis_store, redis_client
     keys = assert_aligned(redis_client, "s1", conversations=["default", "other"])
     assert all(pttl < 59_900 for pttl in keys.values())
     store.clear_messages("s1", conversation="other")
-    store.add_messages("s1", [user("again")], conversation="other")
+    (again,) = store.add_messages("s1", [user("again")], conversation="other")["messages"]
+    assert_aligned(redis_client, "s1", conversations=["default", "other"])
+    # Popping the only message takes the conversation's keys; its replacement makes them anew.
+    store.pop_message("s1", again["id"], conversation="other", replacement=[user("new"), assistant("a")])
     assert_aligned(redis_client, "s1", conversations=["default", "other"])
 
 
@@ -1067,6 +1170,9 @@ def test_every_conversation_method_is_one_round_trip(counting_client):
         "list_conversations": lambda: store.list_conversations("s1"),
         "set_head": lambda: store.set_head("s1", first[1]["id"]),
         "clear_messages": lambda: store.clear_messages("s2"),
+        "pop_message (with a replacement)": lambda: store.pop_message(
+            "s1", heads["s1"], replacement=[user("again")]
+        ),
         "enrich lane (recording)": lambda: lanes.enrich({"text": "q3", "metadata": {"session_id": "s1"}}),
         "store lane (recording)": lambda: lanes.store({"text": "a3", "metadata": {"session_id": "s1"}}),
         "enrich lane with run_id": lambda: MemoryFilter(store).enrich(
@@ -1080,6 +1186,7 @@ def test_every_conversation_method_is_one_round_trip(counting_client):
     for name, call in operations.items():
         if name == "add_messages (re-sent)":
             store.add_messages("s1", [user("q", id="m1")])
+        heads = {"s1": store.get_messages("s1", limit=1)["head"]}
         CountingConnection.sends = 0
         call()
         trips[name] = CountingConnection.sends

@@ -281,6 +281,18 @@ def test_cleared_conversations_leave_the_mirror(mirrored):
     assert MemoryMessage.objects.get(message_id="sys").role == "user"
 
 
+def test_popped_messages_leave_the_mirror(mirrored):
+    store = mirrored
+    chat(store, "s1")
+    store.mirror.sync_dirty()
+    head = store.get_messages("s1")["head"]
+    store.pop_message("s1", head, replacement=[{"id": "instead", "role": "assistant", "content": "Other"}])
+    store.mirror.sync_dirty()
+    assert_conversations_mirrored(store, "s1")
+    assert not MemoryMessage.objects.filter(message_id=head).exists()
+    assert MemoryMessage.objects.get(message_id="instead").content_text == "Other"
+
+
 def test_deleted_sessions_keep_their_conversation_rows_until_swept(mirrored):
     store = mirrored
     chat(store, "s1")
@@ -462,6 +474,9 @@ def test_the_journal_brings_back_what_the_mirror_had_not(journaled):  # noqa: F8
     store.set_head("kept", "a2")
     store.add_messages("kept", [{"id": "u9", "role": "user", "content": "after the sync"}])
     store.clear_messages("kept", conversation="cleared")
+    store.pop_message("kept", "u9", replacement=[{"id": "u10", "role": "user", "content": "instead"}])
+    late = store.get_messages("kept", conversation="late")["head"]
+    store.pop_message("kept", late, conversation="late")
     before = reads(store, "kept")
     assert set(before["texts"]) == {"default", "late"}
     crash(store)

@@ -112,6 +112,15 @@ class Question(NamedTuple):
     reserve_summary: bool = True
 
 
+class Popped(NamedTuple):
+    """What ``pop_message`` took off a conversation, the head after it and the
+    replacement's messages as stored."""
+
+    removed: str
+    head: str | None
+    messages: list[str]
+
+
 class Answer(NamedTuple):
     """What the store lane records: the answer as an assistant message of ``conversation``.
     Its parent is the question ``run`` enriched when the binding names one in this
@@ -194,6 +203,22 @@ class ConversationBackend:
         self, session_id: str, conversation: str, *, idempotency: IdempotencyRecord | None = None
     ) -> int:
         """Remove the conversation; return how many messages it held."""
+
+    @abstractmethod
+    def pop_message(
+        self,
+        session_id: str,
+        conversation: str,
+        head_id: str,
+        messages: list[PreparedMessage],
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Popped:
+        """Take the head off the current thread if it is still ``head_id`` (else
+        ``HeadMoved``; ``MessageNotFound`` when the conversation is empty) and append
+        ``messages`` (checked as an append is) after its parent in the same step: the head
+        is removed unless another branch goes on from it, and a summary anchored there
+        goes with it."""
 
     @abstractmethod
     def enrich_recording(

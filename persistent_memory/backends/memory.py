@@ -801,6 +801,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             "messages": self._messages_op,
             "head": self._head_op,
             "clear_messages": self._clear_messages_op,
+            "pop": self._pop_op,
             "summary": self._summary_op,
             "cp_put": self._cp_put_op,
             "cp_writes": self._cp_writes_op,

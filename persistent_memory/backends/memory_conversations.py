@@ -17,13 +17,20 @@ from persistent_memory.backends.conversations import (
     ConversationBackend,
     ConversationInfo,
     Enriched,
+    Popped,
     Question,
     WindowTexts,
 )
 from persistent_memory.backends.memory_once import idempotent
 from persistent_memory.backends.memory_tree import StoredMessage, Tree
 from persistent_memory.conversations.messages import PreparedMessage
-from persistent_memory.exceptions import MessageNotFound, QuotaExceeded
+from persistent_memory.exceptions import (
+    HeadMoved,
+    MessageConflict,
+    MessageNotFound,
+    PersistentMemoryError,
+    QuotaExceeded,
+)
 
 if TYPE_CHECKING:
     from persistent_memory.backends.memory import MemoryBackend, _Session
@@ -217,6 +224,59 @@ class MemoryConversations(ConversationBackend):
             session_id, session, now, "clear_messages", None, conversation=conversation, removed=removed
         )
         return removed
+
+    @idempotent
+    def pop_message(
+        self: MemoryBackend,
+        session_id: str,
+        conversation: str,
+        head_id: str,
+        messages: list[PreparedMessage],
+    ) -> Popped:
+        with self._lock:
+            return self._pop_op(time.time(), session_id, conversation, head_id, messages)
+
+    def _pop_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        conversation: str,
+        head_id: str,
+        items: list[PreparedMessage] | list[list[str]],
+    ) -> Popped:
+        batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
+        session = self._live(session_id, now)
+        tree = session.conversations.get(conversation)
+        if tree is None or tree.head is None:
+            raise MessageNotFound(f"Conversation {conversation!r} has no messages.")
+        if tree.head != head_id:
+            raise HeadMoved(f"The head of conversation {conversation!r} is no longer {head_id!r}.")
+        removed = tree.messages[head_id]
+        # The replacement is checked as an append after the parent: the head moves there
+        # first, and back if a check fails (nothing else changed yet).
+        if removed.parent in tree.messages:
+            tree.set_head(removed.parent)
+        else:  # a root, or its parent was trimmed
+            tree.clear_head()
+        try:
+            if any(message.id == head_id for message in batch):
+                raise MessageConflict(f"The replacement reuses the id {head_id!r} of the message it takes.")
+            plan = tree.plan(None, batch) if batch else []
+            self._check_room(session, plan)
+        except PersistentMemoryError:
+            tree.set_head(head_id)
+            raise
+        self._log("pop", session_id, now, conversation, head_id, [journaled(message) for message in batch])
+        size = tree.size
+        tree.drop(removed)
+        session.size += tree.size - size
+        if not tree.messages:  # as a clear leaves it (its keys go, on Redis)
+            del session.conversations[conversation]
+        self._record(
+            session_id, session, now, "pop_message", None, conversation=conversation, removed=head_id
+        )
+        texts = self._commit(session_id, session, conversation, tree, plan, now).messages if plan else []
+        return Popped(removed.text, tree.head, texts)
 
     # Reads -----------------------------------------------------------------------------
 

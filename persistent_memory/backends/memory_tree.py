@@ -309,6 +309,24 @@ class Tree:
         self._move_thread(message_id)
         self.head = message_id
 
+    def clear_head(self) -> None:
+        """No head: the next append starts a new root."""
+        self._move_thread(None)
+        self.head = None
+
+    def drop(self, message: StoredMessage) -> None:
+        """Remove a message off the current thread (``pop_message``): unless another branch
+        goes on from it; a summary anchored there goes with it."""
+        if message.id in self.parents:
+            return
+        self._remove(message)
+        if message.parent is not None and not any(
+            other.parent == message.parent for other in self.messages.values()
+        ):
+            self.parents.discard(message.parent)
+        if self.summaries.pop(message.id, None) is not None:
+            self.find_anchor()
+
     def _move_thread(self, parent_id: str | None) -> None:
         """Make the thread end at ``parent_id`` (None: empty)."""
         if parent_id is None:

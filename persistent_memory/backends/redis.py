@@ -72,6 +72,7 @@ from persistent_memory.exceptions import (
     BackendUnavailable,
     CapacityExceeded,
     CheckpointBaseMissing,
+    HeadMoved,
     IdempotencyKeyReused,
     KeyNotFound,
     MessageConflict,
@@ -133,6 +134,7 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_IDEMPOTENCY_REUSED": IdempotencyKeyReused,
     "PM_MESSAGE_NOT_FOUND": MessageNotFound,
     "PM_MESSAGE_CONFLICT": MessageConflict,
+    "PM_HEAD_MOVED": HeadMoved,
     "PM_CHECKPOINT_BASE": CheckpointBaseMissing,
     "PM_ORPHAN_TOOL_RESULT": OrphanToolResult,
 }

@@ -16,6 +16,7 @@ from persistent_memory.backends.conversations import (
     ConversationInfo,
     ConversationSnapshot,
     Enriched,
+    Popped,
     Question,
     Summary,
     SummaryBackend,
@@ -203,6 +204,26 @@ class RedisConversations(ConversationBackend):
         return self._run(
             "clear_messages", session_id, conversation, idempotency=idempotency, conversation=conversation
         )
+
+    def pop_message(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        head_id: str,
+        messages: list[PreparedMessage],
+        *,
+        idempotency: IdempotencyRecord | None = None,
+    ) -> Popped:
+        reply = self._run(
+            "pop",
+            session_id,
+            conversation,
+            head_id,
+            *message_args(messages),
+            idempotency=idempotency,
+            conversation=conversation,
+        )
+        return Popped(reply[0].decode(), reply[1].decode() or None, [text.decode() for text in reply[2:]])
 
     def enrich_recording(
         self: RedisBackend,

@@ -287,6 +287,34 @@ class ConversationMethods:
         once = self._once(idempotency)
         return self._call(self.backend.clear_messages, session_id, conversation, **once)
 
+    def pop_message(
+        self: MemoryStore,
+        session_id: str,
+        head_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        replacement: list[dict[str, Any]] | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> dict[str, Any]:
+        """Take the head off the current thread if it is still ``head_id`` (else
+        ``HeadMoved``), and append ``replacement`` (None: nothing) after its parent in the
+        same step; ``{"conversation", "head", "removed", "messages"}``. The head is removed
+        unless another branch goes on from it."""
+        conversation = validate_conversation(conversation)
+        validate_message_id(head_id, what="head_id")
+        batch = self._prepare(replacement) if replacement else []
+        once = self._once(idempotency)
+        popped = self._call(self.backend.pop_message, session_id, conversation, head_id, batch, **once)
+        stored = [json.loads(text) for text in popped.messages]
+        if stored and messages_added.receivers:
+            self.messages_added(session_id, conversation, stored, "pop_message")
+        return {
+            "conversation": conversation,
+            "head": popped.head,
+            "removed": json.loads(popped.removed),
+            "messages": stored,
+        }
+
     # The lanes -------------------------------------------------------------------
 
     def _lane_message(self: MemoryStore, role: str, text: str) -> Any:

@@ -35,7 +35,7 @@ if op == 'messages' then
 end
 
 if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'head'
-  or op == 'clear_messages' then
+  or op == 'clear_messages' or op == 'pop' then
   local err = check_live()
   if err then return err end
 end
@@ -116,6 +116,67 @@ if op == 'clear_messages' then
   return remember(count)
 end
 
+-- Take the head off the current thread (pop_message): arg(1) conversation, 2 the head it
+-- must still be, then the replacement's (id, body, link) triples, appended after its
+-- parent. The head is removed unless another branch goes on from it; a summary anchored
+-- there goes with it; a conversation left empty goes as a clear takes it. Replies the
+-- removed text, the head after ('' for none), then the replacement's stored texts.
+if op == 'pop' then
+  local name = arg(1)
+  local c = conv_key(name)
+  local head = redis.call('HGET', c, 'head')
+  if not head then
+    return fail('MESSAGE_NOT_FOUND', "Conversation '" .. name .. "' has no messages.")
+  end
+  if head ~= arg(2) then
+    return fail('HEAD_MOVED', "The head of conversation '" .. name .. "' is no longer '" .. arg(2) .. "'.")
+  end
+  local link = link_of(c, head)
+  local parent = text_or_nil(link.p)
+  if parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then parent = nil end -- trimmed
+  local plan, failure = plan_append(name, parent or false, 3)
+  if not plan then return failure end
+  for _, entry in ipairs(plan) do
+    if entry.id == head then
+      return fail('MESSAGE_CONFLICT', "The replacement reuses the id '" .. head .. "' of the message it takes.")
+    end
+  end
+  local ok, total = fits({}, new_bytes(plan))
+  if not ok then return too_big(total) end
+  local removed = redis.call('HGET', c .. ':m', head)
+  redis.call('RPOP', c .. ':t') -- the head ends the current thread
+  redis.call('ZREM', c .. ':s', head)
+  if parent then redis.call('HSET', c, 'head', parent) else redis.call('HDEL', c, 'head') end
+  if redis.call('SISMEMBER', c .. ':k', head) == 0 then
+    redis.call('HDEL', c .. ':m', head)
+    redis.call('HDEL', c .. ':l', head)
+    redis.call('ZREM', c .. ':o', head)
+    redis.call('HINCRBY', c, 'tokens', -link.t)
+    redis.call('HINCRBY', c, 'bytes', -#removed)
+    if parent then
+      local pattern = '"p": ' .. cjson.encode(parent) .. ','
+      local siblings = false
+      for _, raw in ipairs(redis.call('HVALS', c .. ':l')) do
+        if string.find(raw, pattern, 1, true) then
+          siblings = true
+          break
+        end
+      end
+      if not siblings then redis.call('SREM', c .. ':k', parent) end
+    end
+    redis.call('HDEL', c .. ':y', head)
+  end
+  if redis.call('HGET', c, 'anchor') == head then find_anchor(c) end
+  if redis.call('HLEN', c .. ':m') == 0 then
+    redis.call('DEL', unpack(conv_keys(name)))
+    redis.call('SREM', base .. '~convs', name)
+  end
+  record(history_entry('pop_message', nil, ', "conversation": ' .. cjson.encode(name)
+    .. ', "removed": ' .. cjson.encode(head)))
+  local reply = {removed, commit(name, plan) or ''}
+  for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
+  return remember(reply)
+end
 
 -- The summary (text, anchor, anchor seq, tokens, covered tokens: false when none applies
 -- to the current thread), then the current thread's stored texts after its anchor.

@@ -138,14 +138,16 @@ end
 
 -- Check an append of the messages given from arg(first) on (id, body, link triples; all
 -- the arguments left, or ``count`` of them) after
--- ``parent`` (nil: the head), without writing: each message as it would be stored, and
+-- ``parent`` (nil: the head; false: none, a new root), without writing: each message as it would be stored, and
 -- whether it is new. Returns nil and an error reply when a check fails.
 local function plan_append(name, parent, first, count)
   local c = conv_key(name)
   if parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
     return nil, fail('MESSAGE_NOT_FOUND', "The conversation has no message '" .. parent .. "'.")
   end
-  local previous = parent or text_or_nil(redis.call('HGET', c, 'head'))
+  local previous = parent
+  if parent == nil then previous = text_or_nil(redis.call('HGET', c, 'head')) end
+  if not previous then previous = nil end
   local open = open_calls(c, previous)
   local seq = tonumber(redis.call('HGET', c, 'seq')) or 0
   local plan = {}
