@@ -64,15 +64,47 @@ def completion(model: str, reply: Reply) -> dict[str, Any]:
     }
 
 
+class JSONHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler reading and answering JSON (the stand-in servers' base)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def read_json(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+    def send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test)
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], name: str) -> Iterator[str]:
+    """Serve ``handler`` on a free loopback port; yields the base URL (ending with ``/v1``)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _handler(state: ChatServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:  # quiet
-            pass
-
+    class Handler(JSONHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = self.read_json()
             with state.lock:
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 state.requests.append({"path": self.path, "headers": headers, "body": body})
@@ -80,23 +112,12 @@ def _handler(state: ChatServer) -> type[BaseHTTPRequestHandler]:
             if reply.delay:
                 time.sleep(reply.delay)
             if self.path != "/v1/chat/completions":
-                self._send(404, {"error": {"message": "Not found", "type": "invalid_request_error"}})
+                self.send_json(404, {"error": {"message": "Not found", "type": "invalid_request_error"}})
             elif reply.status != 200:
                 error = {"message": f"Scripted error {reply.status}", "type": "server_error", "code": None}
-                self._send(reply.status, {"error": error})
+                self.send_json(reply.status, {"error": error})
             else:
-                self._send(200, completion(body.get("model", ""), reply))
-
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up (a timeout test)
+                self.send_json(200, completion(body.get("model", ""), reply))
 
     return Handler
 
@@ -105,13 +126,5 @@ def _handler(state: ChatServer) -> type[BaseHTTPRequestHandler]:
 def chat_server() -> Iterator[ChatServer]:
     """A running server on a free loopback port; ``url`` ends with ``/v1``."""
     state = ChatServer()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="chat-server", daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(state), "chat-server") as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -16,6 +16,14 @@ from tests import readme_blocks
 pytest.importorskip("langgraph")
 
 
+def example_module(name: str) -> dict[str, Any]:
+    """The page's example ``name``, run as a module of its own (without this file's
+    postponed annotations)."""
+    namespace: dict[str, Any] = {"__name__": "views"}
+    exec(compile(readme_blocks.example(name), "views", "exec", dont_inherit=True), namespace)  # noqa: S102
+    return namespace
+
+
 def say(chat: Any, user: Any, message: str) -> Any:
     request = RequestFactory().post("/chat/", {"message": message})
     request.user = user
@@ -26,9 +34,7 @@ def say(chat: Any, user: Any, message: str) -> Any:
 def test_the_langgraph_store_view():
     """The page's view: each user's city is remembered in their own memories, and only
     theirs; a caller without an owner is refused."""
-    namespace: dict[str, Any] = {"__name__": "views"}
-    exec(readme_blocks.example("langgraph-store-view"), namespace)  # noqa: S102 (the page's own example)
-    chat = namespace["chat"]
+    chat = example_module("langgraph-store-view")["chat"]
     ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
 
     def reply(user: Any, message: str) -> str:
@@ -55,11 +61,7 @@ def test_the_langgraph_agent_view(store, server, monkeypatch):
 
     monkeypatch.setenv("OPENAI_BASE_URL", server.url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
-    namespace: dict[str, Any] = {"__name__": "views"}
-    # Compiled as a module of its own would be: without this file's postponed annotations.
-    code = compile(readme_blocks.example("langgraph-agent-view"), "views", "exec", dont_inherit=True)
-    exec(code, namespace)  # noqa: S102 (the page's own example)
-    talk = namespace["talk"]
+    talk = example_module("langgraph-agent-view")["talk"]
     ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
 
     def said(user: Any, thread: str, message: str, answer: str) -> list[dict[str, str]]:
@@ -90,3 +92,52 @@ def test_the_langgraph_agent_view(store, server, monkeypatch):
     request = RequestFactory().post("/talk/t1/", {"message": "x"})
     request.user = AnonymousUser()
     assert talk(request, "t1").status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_openai_agents_view(store, monkeypatch):
+    """The page's agent against a local Responses API server (tests/responses_server.py):
+    a chat goes on across requests with its tool calls, owners stay apart."""
+    from tests.responses_server import call, responses_server, text
+
+    def history(body: dict[str, Any]) -> list[dict[str, Any]]:
+        return [text(f"{len(body['input'])} items so far.")]
+
+    script = [
+        [call("opening_hours", {"day": "Sunday"})],
+        [text("We are closed on Sunday.")],
+        history,
+        history,
+    ]
+    with responses_server(*script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+        monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
+        chat = example_module("openai-agents-view")["chat"]
+        ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
+
+        def reply(user: Any, message: str) -> str:
+            request = RequestFactory().post("/chat/c1/", {"message": message})
+            request.user = user
+            response = chat(request, "c1")
+            assert response.status_code == 200
+            return json.loads(response.content)["reply"]
+
+        assert reply(ada, "Are you open on Sunday?") == "We are closed on Sunday."
+        # Ada's second turn is sent her first turn: question, call, output, answer, then this.
+        assert reply(ada, "And on Monday?") == "5 items so far."
+        assert reply(bob, "Hello") == "1 items so far."  # Bob's c1 is not Ada's
+        request = RequestFactory().post("/chat/c1/", {"message": "x"})
+        request.user = AnonymousUser()
+        assert chat(request, "c1").status_code == 403
+    sent = server.requests[2]["input"]
+    assert [item.get("type", "message") for item in sent] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+        "message",
+    ]
+    assert sent[2]["output"] == "closed"
+    roles = [m["role"] for m in store.for_owner(f"user:{ada.pk}").get_messages("c1")["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]

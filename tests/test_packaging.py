@@ -56,6 +56,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra["openai"] == {"openai"}
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
     assert by_extra["langgraph"] == {"langgraph"}
+    assert by_extra["openai-agents"] == {"openai-agents"}
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",
@@ -120,14 +121,16 @@ def test_the_mcp_package_imports_only_core_and_mcp_extra_requirements():
     assert "mcp" in owners
 
 
-@pytest.mark.parametrize("framework", ["langgraph"])
-def test_each_integration_imports_only_core_and_its_extras_requirements(framework):
-    """``persistent_memory.integrations.<framework>`` needs the core and its own extra."""
-    extra = {Requirement(line).name.lower() for line in metadata_extras()[framework]}
-    _, owners = imported_distributions([ROOT / "persistent_memory" / "integrations" / f"{framework}.py"])
-    allowed = CORE | extra
+@pytest.mark.parametrize(
+    ("module", "extra"), [("langgraph", "langgraph"), ("openai_agents", "openai-agents")]
+)
+def test_each_integration_imports_only_core_and_its_extras_requirements(module, extra):
+    """``persistent_memory.integrations.<module>`` needs the core and its own extra."""
+    needed = {Requirement(line).name.lower() for line in metadata_extras()[extra]}
+    _, owners = imported_distributions([ROOT / "persistent_memory" / "integrations" / f"{module}.py"])
+    allowed = CORE | needed
     assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
-    assert framework in owners
+    assert needed & {dist for dists in owners.values() for dist in dists}
 
 
 def metadata_extras() -> dict[str, list[str]]:
@@ -182,7 +185,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs,langgraph]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents]"]
 
 
 def test_ci_runs_the_readmes_test_command_exactly():

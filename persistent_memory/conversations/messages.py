@@ -187,6 +187,16 @@ def _check(index: int, message: Any) -> tuple[tuple[str, ...], str | None]:
     return calls, answers
 
 
+def is_chat_message(message: Any) -> bool:
+    """Whether ``message`` has the shape of a chat message (the checks of an append that
+    need no stored thread, but the byte and depth caps)."""
+    try:
+        _check(0, message)
+    except InvalidValue:
+        return False
+    return True
+
+
 def prepare_messages(
     messages: Any,
     *,
