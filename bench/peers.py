@@ -8,22 +8,23 @@ size for every library, then times two operations:
 
 * ``read``: what to send to a model now, the newest ~2,000 tokens of the thread. Ours:
   ``get_context(max_tokens=2000)`` (token counts made at write time, o200k_base). The
-  Agents SDK's sessions: ``get_items(limit=20)`` (20 messages of 400 characters are
-  about 2,000 tokens). LangChain: the history's ``messages``, then ``trim_messages``
-  (``strategy="last"``, ``count_tokens_approximately``, LangChain's cheap counter).
-  LangGraph: ``get_tuple`` of the thread's latest checkpoint, then ``trim_messages`` of
-  its ``messages`` channel alike. Django ORM: every row of the thread from our memory
-  store's mirror (``MemoryMessage`` by ``seq``), then the newest within 2,000 tokens by
-  their ``tokens`` column.
-* ``append``: one turn, here ONE user message. Ours: ``add_messages``; the SDK:
-  ``add_items``; LangChain: ``add_messages([HumanMessage])``; LangGraph: ``put`` of a
-  checkpoint whose ``messages`` channel holds the whole thread plus the message, as a
-  graph with a messages channel writes it (the read of the state the graph does
-  first is not included: it is the read above). Each call appends to the next of
-  APPEND_THREADS threads of that size, so a thread grows by the calls timed divided by
-  APPEND_THREADS (the JSON says by how much); LangGraph's threads do not grow (each put
-  holds the filled thread plus one message), and their checkpoints are deleted between
-  turns, outside the timing, to bound memory.
+  Agents SDK's sessions, and ours (``PersistentMemorySession`` on the same two stores,
+  the "ours: Agents SDK session" rows): ``get_items(limit=20)`` (20 messages of 400
+  characters are about 2,000 tokens). LangChain: the history's ``messages``, then
+  ``trim_messages`` (``strategy="last"``, ``count_tokens_approximately``, LangChain's
+  cheap counter). LangGraph: ``get_tuple`` of the thread's latest checkpoint, then
+  ``trim_messages`` of its ``messages`` channel alike. Django ORM: every row of the
+  thread from our memory store's mirror (``MemoryMessage`` by ``seq``), then the newest
+  within 2,000 tokens by their ``tokens`` column.
+* ``append``: one turn, here ONE user message. Ours: ``add_messages``; the SDK's
+  sessions and ours: ``add_items``; LangChain: ``add_messages([HumanMessage])``;
+  LangGraph: ``put`` of a checkpoint whose ``messages`` channel holds the whole thread
+  plus the message, as a graph with a messages channel writes it (the read of the state
+  the graph does first is not included: it is the read above). Each call appends to the
+  next of APPEND_THREADS threads of that size, so a thread grows by the calls timed
+  divided by APPEND_THREADS (the JSON says by how much); LangGraph's threads do not grow
+  (each put holds the filled thread plus one message), and their checkpoints are deleted
+  between turns, outside the timing, to bound memory.
 
 Libraries take turns within each of ``--rounds`` rounds, each operation of each library
 running ``--duration`` seconds a turn (the order rotates each round). Reported per
@@ -31,10 +32,13 @@ operation and size: each library's ops/s (median over rounds) and p50 latency, a
 ratio to it per round, median over rounds ("ours / this": above 1, ours is faster),
 for ours on Redis and ours on memory. The EVALSHA of ``return 1`` through redis-py on the
 same server is one more row, for scale (its ratio: our read of the smallest size over it).
+Our two Agents SDK sessions are also compared with the SDK's ``RedisSession`` and
+``SQLiteSession`` the same way (JSON ``session_ratios``, a second table).
 
 Notes for reading the figures: the SDK's sessions are async, driven by one event loop
 (``asyncio.Runner``), so their figures include that loop's step (and for SQLiteSession
-its worker thread hop), as an async app pays them; ours are sync and called directly.
+its worker thread hop), as an async app pays them; so do our sessions' (on Redis, their
+worker thread hop too); our store's own rows are sync and called directly.
 Our stores run with their defaults (the memory extraction worker on; the memory store
 with its journal and immediate mirror, whose catch-up after each of its append turns is
 waited for outside the timing). LangChain's ``RedisChatMessageHistory`` needs the
@@ -42,7 +46,7 @@ RediSearch and RedisJSON modules: on a redis-server without them it is left out 
 JSON says why.
 
 Writes the figures to bench/results/local/peers.json (git ignores that folder) or
---output, and prints a markdown table.
+--output, and prints two markdown tables.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ BATCH = 100
 READ, APPEND, FLOOR = "read", "append", "floor"
 OURS_REDIS, OURS_MEMORY = "ours (Redis)", "ours (memory)"
 EVALSHA = "redis-py EVALSHA (return 1)"
+SESSION_REDIS, SESSION_MEMORY = "ours: Agents SDK session (Redis)", "ours: Agents SDK session (memory)"
+REDIS_SESSION, SQLITE_SESSION = "RedisSession (Agents SDK)", "SQLiteSession (Agents SDK)"
 PEER_PACKAGES = (
     "openai-agents",
     "langchain-core",
@@ -199,9 +205,12 @@ def django_orm(store: Any, size: int) -> Library:
 # The OpenAI Agents SDK -------------------------------------------------------------
 
 
-def agents_sessions(make: Callable[[str], Any], name: str, size: int, runner: asyncio.Runner) -> Library:
-    """A session class of the SDK, one session object per thread, driven by ``runner``."""
-    read_id, append_ids = thread_ids(name.split()[0], size)
+def agents_sessions(
+    make: Callable[[str], Any], name: str, size: int, runner: asyncio.Runner, *, slug: str | None = None
+) -> Library:
+    """A session class of the SDK (or ours), one session object per thread, driven by
+    ``runner``; ``slug`` names its threads (default: the first word of ``name``)."""
+    read_id, append_ids = thread_ids(slug or name.split()[0], size)
     sessions = {session_id: make(session_id) for session_id in [read_id, *append_ids]}
     items = [{"role": role, "content": content} for role, content in texts(size)]
     for session in sessions.values():
@@ -217,6 +226,21 @@ def agents_sessions(make: Callable[[str], Any], name: str, size: int, runner: as
             APPEND: lambda: runner.run(appended().add_items(message)),
         },
     )
+
+
+def our_session(
+    name: str, store: Any, size: int, runner: asyncio.Runner, slug: str, *, mirrored: bool = False
+) -> Library:
+    """``PersistentMemorySession`` on our ``store``, filled and driven as the SDK's sessions
+    are; ``mirrored`` as for :func:`ours`."""
+    from persistent_memory.integrations.openai_agents import PersistentMemorySession
+
+    library = agents_sessions(
+        lambda sid: PersistentMemorySession(sid, store=store), name, size, runner, slug=slug
+    )
+    if mirrored:
+        library.after_turn[APPEND] = lambda: wait_for_mirror(store)
+    return library
 
 
 # LangChain and LangGraph -----------------------------------------------------------
@@ -374,6 +398,11 @@ def rounds(
     return per_round, latencies, calls
 
 
+def ratio(ours_rates: list[float], rates: list[float]) -> float:
+    """The median over rounds of ours / this, per round."""
+    return round(statistics.median(o / p for o, p in zip(ours_rates, rates, strict=True)), 3)
+
+
 def figures(
     per_round: dict[Key, list[float]], latencies: dict[Key, list[float]], calls: dict[Key, int]
 ) -> dict[str, Any]:
@@ -394,11 +423,24 @@ def figures(
             ours_key = (READ, min(s for _, s, _ in per_round if s), ours_name) if operation == FLOOR else None
             ours_rates = per_round.get(ours_key or (operation, size, ours_name))
             if ours_rates and library != ours_name:
-                ratios[ours_name] = round(
-                    statistics.median(o / p for o, p in zip(ours_rates, rates, strict=True)), 3
-                )
+                ratios[ours_name] = ratio(ours_rates, rates)
         entry["ours_over_this"] = ratios
         results.setdefault(operation, {}).setdefault(str(size), {})[library] = entry
+    return results
+
+
+def session_ratios(per_round: dict[Key, list[float]]) -> dict[str, Any]:
+    """``{operation: {size: {"<our session> / <SDK session>": ratio}}}``: each of our
+    Agents SDK sessions over the SDK's RedisSession and SQLiteSession."""
+    results: dict[str, Any] = {}
+    for (operation, size, library), rates in per_round.items():
+        if library not in (SESSION_REDIS, SESSION_MEMORY):
+            continue
+        for peer in (REDIS_SESSION, SQLITE_SESSION):
+            peer_rates = per_round.get((operation, size, peer))
+            if peer_rates:
+                found = results.setdefault(operation, {}).setdefault(str(size), {})
+                found[f"{library} / {peer}"] = ratio(rates, peer_rates)
     return results
 
 
@@ -419,6 +461,23 @@ def table(results: dict[str, Any]) -> str:
                     f"| {operation} | {shown} | {library} | {entry['ops_per_s']:,.0f} "
                     f"| {entry['p50_us']:,.1f} | {cells[0]} | {cells[1]} |"
                 )
+    return "\n".join(lines)
+
+
+def session_table(results: dict[str, Any], ratios: dict[str, Any]) -> str:
+    lines = [
+        f"| Operation | Size | Our session | ops/s | ÷ {REDIS_SESSION} | ÷ {SQLITE_SESSION} |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for operation, sizes in ratios.items():
+        for size, found in sizes.items():
+            for library in (SESSION_REDIS, SESSION_MEMORY):
+                cells = [found.get(f"{library} / {peer}") for peer in (REDIS_SESSION, SQLITE_SESSION)]
+                if cells == [None, None]:
+                    continue
+                shown = ["" if cell is None else f"{cell:.2f}" for cell in cells]
+                ops = results[operation][size][library]["ops_per_s"]
+                lines.append(f"| {operation} | {size} | {library} | {ops:,.0f} | {shown[0]} | {shown[1]} |")
     return "\n".join(lines)
 
 
@@ -473,12 +532,11 @@ def libraries_at(
                 ours(OURS_REDIS, redis_store, size, "redis"),
                 ours(OURS_MEMORY, memory_store, size, "memory", mirrored=True),
                 agents_sessions(
-                    lambda sid: RedisSession(sid, redis_client=async_client),
-                    "RedisSession (Agents SDK)",
-                    size,
-                    runner,
+                    lambda sid: RedisSession(sid, redis_client=async_client), REDIS_SESSION, size, runner
                 ),
-                agents_sessions(sqlite_session, "SQLiteSession (Agents SDK)", size, runner),
+                agents_sessions(sqlite_session, SQLITE_SESSION, size, runner),
+                our_session(SESSION_REDIS, redis_store, size, runner, "session-redis"),
+                our_session(SESSION_MEMORY, memory_store, size, runner, "session-memory", mirrored=True),
             ]
             if langchain_redis is not None:
                 group.append(
@@ -536,10 +594,13 @@ def main() -> None:
         "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
         "skipped": skipped,
         "results": figures(per_round, latencies, calls),
+        "session_ratios": session_ratios(per_round),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results["results"]))
+    print()
+    print(session_table(results["results"], results["session_ratios"]))
     for library, why in skipped.items():
         print(f"\nNot measured: {library}: {why}")
     print(f"\nLoad average: {load_start[0]:.2f} at start, {results['load_average']['end'][0]:.2f} at end.")

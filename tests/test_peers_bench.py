@@ -16,12 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "peers.py"
 
 OURS = {"ours (Redis)", "ours (memory)"}
-APPENDERS = OURS | {
-    "RedisSession (Agents SDK)",
-    "SQLiteSession (Agents SDK)",
-    "LangGraph InMemorySaver",
-    "LangGraph SqliteSaver",
-}
+OUR_SESSIONS = {"ours: Agents SDK session (Redis)", "ours: Agents SDK session (memory)"}
+SDK_SESSIONS = {"RedisSession (Agents SDK)", "SQLiteSession (Agents SDK)"}
+LANGGRAPH = {"LangGraph InMemorySaver", "LangGraph SqliteSaver"}
+APPENDERS = OURS | OUR_SESSIONS | SDK_SESSIONS | LANGGRAPH
 READERS = APPENDERS | {"Django ORM (our mirror's rows)"}
 #: Measured only on a redis-server with RediSearch and RedisJSON; the JSON says why not.
 LANGCHAIN = "LangChain RedisChatMessageHistory"
@@ -59,3 +57,14 @@ def test_a_short_peers_run_reports_every_library_at_every_size(tmp_path):
         assert set(figure["ours_over_this"]) == OURS
     assert len(results["load_average"]["start"]) == len(results["load_average"]["end"]) == 3
     assert results["settings"]["append"] == "one user message"
+
+    # Each of our Agents SDK sessions over each of the SDK's, per operation and size.
+    assert "| Operation | Size | Our session | ops/s |" in done.stdout
+    pairs = {f"{ours} / {sdk}" for ours in OUR_SESSIONS for sdk in SDK_SESSIONS}
+    session_ratios = results["session_ratios"]
+    assert set(session_ratios) == {"read", "append"}
+    for operation, sizes in session_ratios.items():
+        assert set(sizes) == {"100", "300"}, operation
+        for size, ratios in sizes.items():
+            assert set(ratios) == pairs, (operation, size)
+            assert all(ratio > 0 for ratio in ratios.values()), (operation, size)
