@@ -382,6 +382,49 @@ def test_the_runner_keeps_a_conversation_across_runs(store):
     assert run(PersistentMemorySession("chat", owner="bob").get_items()) == []
 
 
+def test_a_run_paused_for_approval_resumes_on_the_session(store):
+    refunded: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        refunded.append(order)
+        return f"refunded {order}"
+
+    session = PersistentMemorySession("chat", owner="alice")
+    config = RunConfig(tracing_disabled=True)
+
+    async def both(url: str) -> tuple[Any, Any]:
+        client = openai.AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
+        model = OpenAIResponsesModel(model="gpt-test", openai_client=client)
+        agent = Agent(name="support", instructions="Help.", model=model, tools=[refund])
+        paused = await Runner.run(agent, "Refund order 7", session=session, run_config=config)
+        assert [item.get("type", "message") for item in await session.get_items()] == [
+            "message",
+            "function_call",
+        ]
+        state = paused.to_state()
+        for interruption in paused.interruptions:
+            state.approve(interruption)
+        return paused, await Runner.run(agent, state, session=session, run_config=config)
+
+    with responses_server([call("refund", {"order": "7"}, call_id="c7")], [text("Refunded.")]) as server:
+        paused, resumed = run(both(server.url))
+    assert [interruption.name for interruption in paused.interruptions] == ["refund"]
+    assert (resumed.final_output, refunded) == ("Refunded.", ["7"])
+    items = run(session.get_items())
+    assert [item.get("type", "message") for item in items] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert (items[2]["call_id"], items[2]["output"]) == ("c7", "refunded 7")
+    # The approved call's output answers the call stored before the pause: one chat turn.
+    roles = [m["role"] for m in store.for_owner("alice").get_messages("chat")["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+
 # What the app does with any session -----------------------------------------------------
 
 

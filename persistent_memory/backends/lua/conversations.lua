@@ -137,9 +137,9 @@ local function open_calls(c, id)
 end
 
 -- Check an append of the messages given from arg(first) on (id, body, link triples; all
--- the arguments left, or ``count`` of them) after
--- ``parent`` (nil: the head; false: none, a new root), without writing: each message as it would be stored, and
--- whether it is new. Returns nil and an error reply when a check fails.
+-- the arguments left, or ``count`` of them) after ``parent`` (nil: the head; false: none,
+-- a new root), without writing: each message as it would be stored, and whether it is
+-- new. Returns nil and an error reply when a check fails.
 local function plan_append(name, parent, first, count)
   local c = conv_key(name)
   if parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
