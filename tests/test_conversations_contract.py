@@ -13,8 +13,10 @@ import pytest
 import redis
 
 from persistent_memory import get_store, maintenance
+from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conversations.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
+from persistent_memory.conversations.summaries import summary_tokens
 from persistent_memory.exceptions import (
     HeadMoved,
     InvalidMessage,
@@ -909,6 +911,26 @@ def test_pop_message_of_a_root_with_a_replacement(store):
         {"role": "system", "content": "new rules"},
         {"role": "user", "content": "q"},
     ]
+
+
+def test_pop_message_takes_a_summary_anchored_at_the_head_with_it(store):
+    def summary(text: str, message: dict[str, Any]) -> Summary:
+        return Summary(text, message["id"], message["seq"], summary_tokens(text, "o200k_base"), 0)
+
+    q, a = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
+    assert store.backend.commit_summary("s1", "default", None, summary("Up to q.", q))
+    rolling = store.get_context("s1", strategy="rolling_summary")
+    assert (rolling["summary"], contents(rolling["messages"])) == ("Up to q.", ["a"])
+    store.pop_message("s1", a["id"])  # a summary of what stays, stays
+    rolling = store.get_context("s1", strategy="rolling_summary")
+    assert (rolling["summary"], rolling["messages"]) == ("Up to q.", [])
+    (b,) = store.add_messages("s1", [assistant("b")])["messages"]
+    assert store.backend.commit_summary("s1", "default", q["id"], summary("Up to b.", b))
+    store.pop_message("s1", b["id"])  # the summary anchored at the head goes with it
+    rolling = store.get_context("s1", strategy="rolling_summary")
+    assert (rolling["summary"], contents(rolling["messages"])) == (None, ["q"])
+    (record,) = maintenance.export_sessions(store=store)
+    assert record["conversations"]["default"]["summaries"] == []
 
 
 def test_pop_message_is_isolated_by_owner(store):
