@@ -130,6 +130,14 @@ class HeadMoved(MessageConflict):
     code = "head_moved"
 
 
+class RevisionConflict(MessageConflict):
+    """A conversation's record no longer has the revision a write was made against (or
+    has one, or the conversation has messages, when the write expected none); nothing
+    was written."""
+
+    code = "revision_conflict"
+
+
 class CheckpointBaseMissing(PersistentMemoryError):
     """A checkpoint's value extends a value the thread does not hold (deleted, or another
     thread's under the same reference); nothing was written: send it whole."""

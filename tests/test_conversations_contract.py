@@ -25,6 +25,7 @@ from persistent_memory.exceptions import (
     MessageNotFound,
     OrphanToolResult,
     QuotaExceeded,
+    RevisionConflict,
     SessionNotFound,
 )
 from persistent_memory.pipeline import MemoryFilter
@@ -943,6 +944,203 @@ def test_pop_message_is_isolated_by_owner(store):
     assert contents(thread(alice)) == ["mine"]
 
 
+# A record beside a conversation (write_thread) --------------------------------------------
+
+
+def record(revision: str, **fields: Any) -> dict[str, Any]:
+    return {"revision": revision, **fields}
+
+
+def test_write_thread_creates_the_session_conversation_and_record(store):
+    stored = store.write_thread(
+        "s1",
+        key="rec",
+        expected=None,
+        record=record("r1", n=1),
+        messages=[user("q"), assistant("a")],
+        head_id=None,
+    )
+    assert store.get("s1", "rec") == {"revision": "r1", "n": 1}
+    # The chain starts at a root; the head is where the write put it (none here).
+    assert [m["parent_id"] for m in stored] == [None, stored[0]["id"]]
+    assert store.get_messages("s1")["head"] is None
+    assert conversation_info(store)["message_count"] == 2
+    assert thread(store, leaf=stored[1]["id"]) == stored
+    assert [entry["op"] for entry in store.get_history("s1", 0)] == ["put"]
+
+
+def test_write_thread_appends_after_a_parent_and_moves_the_head(store):
+    q, a = store.write_thread(
+        "s1",
+        key="rec",
+        expected=None,
+        record=record("r1"),
+        messages=[user("q", id="q"), assistant("a", id="a")],
+        head_id="a",
+    )
+    assert store.get_messages("s1")["head"] == "a"
+    # A regenerated answer: a branch after q, and the head goes to it.
+    (b,) = store.write_thread(
+        "s1",
+        key="rec",
+        expected="r1",
+        record=record("r2"),
+        messages=[assistant("b", id="b")],
+        parent_id="q",
+        head_id="b",
+    )
+    assert (b["parent_id"], thread(store)) == ("q", [q, b])
+    assert conversation_info(store)["branch_count"] == 2
+    # Back to the first answer, nothing appended (a branch switch).
+    assert store.write_thread("s1", key="rec", expected="r2", record=record("r3"), head_id="a") == []
+    assert thread(store) == [q, a]
+    # No head: the thread is empty, the messages stay.
+    store.write_thread("s1", key="rec", expected="r3", record=record("r4"), head_id=None)
+    assert thread(store) == [] and conversation_info(store)["message_count"] == 3
+    # A new root beside the old ones.
+    (root,) = store.write_thread(
+        "s1", key="rec", expected="r4", record=record("r5"), messages=[user("again")], head_id=None
+    )
+    assert root["parent_id"] is None and root["seq"] == 4
+    assert store.get("s1", "rec") == {"revision": "r5"}
+
+
+def test_write_thread_against_another_revision_writes_nothing(store):
+    store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("q", id="q")], head_id="q"
+    )
+    store.add_messages("s1", [user("x")], conversation="plain")  # messages, but no record
+    store.put("s1", "junk", [1, 2])  # a value that is not a record
+    before = state(store), state(store, conversation="plain"), store.get_all("s1")
+    attempts = [
+        {"expected": "r0"},  # stale
+        {"expected": None},  # a record is there
+        {"expected": "r1", "key": "other"},  # no record under that key
+        {"expected": None, "key": "rec2", "conversation": "plain"},
+        {"expected": "r1", "key": "junk", "conversation": "j"},
+    ]
+    for attempt in attempts:
+        options = {"key": "rec", "record": record("r2"), "messages": [assistant("a")], "parent_id": "q"}
+        with pytest.raises(RevisionConflict) as raised:
+            store.write_thread("s1", head_id=None, **(options | attempt))
+        assert raised.value.code == "revision_conflict" and isinstance(raised.value, MessageConflict)
+    assert (state(store), state(store, conversation="plain"), store.get_all("s1")) == before
+    with pytest.raises(RevisionConflict):  # no session: no record
+        store.write_thread("s2", key="rec", expected="r1", record=record("r2"))
+    assert_no_session(store, "s2")
+
+
+def test_write_thread_checks_everything_before_writing(store):
+    store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[calling("c1", id="c")], head_id="c"
+    )
+    before = state(store), store.get_all("s1")
+    refused = {
+        MessageNotFound: [
+            {"messages": [user("x")], "parent_id": "missing", "head_id": None},
+            {"messages": [user("x")], "parent_id": "c", "head_id": "missing"},
+        ],
+        OrphanToolResult: [{"messages": [result("nope")], "parent_id": "c", "head_id": None}],
+        MessageConflict: [{"messages": [user("other", id="c")], "parent_id": None, "head_id": None}],
+        InvalidValue: [
+            {"record": {"no": "revision"}},
+            {"record": record("")},
+            {"messages": [{"role": "nobody"}]},
+        ],
+    }
+    for error, attempts in refused.items():
+        for attempt in attempts:
+            options = {"key": "rec", "expected": "r1", "record": record("r2"), "head_id": "c"} | attempt
+            with pytest.raises(error):
+                store.write_thread("s1", **options)
+    assert (state(store), store.get_all("s1")) == before
+    # The call's own result answers it.
+    store.write_thread(
+        "s1",
+        key="rec",
+        expected="r1",
+        record=record("r2"),
+        messages=[result("c1", id="t")],
+        parent_id="c",
+        head_id="t",
+    )
+    assert ids(thread(store)) == ["c", "t"]
+
+
+def test_write_thread_takes_a_batch_up_to_max_messages(configure):
+    store = configure(MAX_BATCH=2, MAX_MESSAGES=5)
+    history = [user(f"m{i}", id=f"m{i}") for i in range(5)]
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=history, head_id="m4")
+    assert ids(thread(store)) == [f"m{i}" for i in range(5)]
+    with pytest.raises(InvalidMessage):
+        store.write_thread(
+            "s1", key="rec", expected="r1", record=record("r2"), messages=[user("x")] * 6, parent_id="m4"
+        )
+
+
+def test_write_thread_is_held_to_the_byte_cap(configure):
+    store = configure(MAX_SESSION_BYTES=2000)
+    with pytest.raises(QuotaExceeded):
+        store.write_thread(
+            "s1", key="rec", expected=None, record=record("r1", pad="x" * 2000), messages=[user("q")]
+        )
+    assert_no_session(store, "s1")
+    store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("q", id="q")], head_id="q"
+    )
+    before = state(store), store.get_all("s1")
+    with pytest.raises(QuotaExceeded):
+        store.write_thread(
+            "s1", key="rec", expected="r1", record=record("r2"), messages=[user("x" * 2000)], parent_id="q"
+        )
+    assert (state(store), store.get_all("s1")) == before
+
+
+def test_remove_thread_takes_the_record_and_its_conversation(store):
+    store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("q", id="q")], head_id="q"
+    )
+    with pytest.raises(RevisionConflict):
+        store.remove_thread("s1", key="rec", expected="r0")
+    assert thread(store) != []
+    # Nothing else in the session: it goes too.
+    store.remove_thread("s1", key="rec", expected="r1")
+    assert_no_session(store, "s1")
+    # With something else in it, the session stays with that.
+    store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("q", id="q")], head_id="q"
+    )
+    store.put("s1", "other", 1)
+    store.add_messages("s1", [user("kept")], conversation="kept")
+    store.remove_thread("s1", key="rec", expected="r1")
+    assert store.get_all("s1") == {"other": 1}
+    assert [info["conversation"] for info in store.list_conversations("s1")] == ["kept"]
+    assert [entry["op"] for entry in store.get_history("s1", 0)][-2:] == ["clear", "clear_messages"]
+    with pytest.raises(RevisionConflict):
+        store.remove_thread("s1", key="rec", expected="r1")
+    # A record created again under the key starts afresh.
+    (again,) = store.write_thread("s1", key="rec", expected=None, record=record("r9"), messages=[user("new")])
+    assert again["parent_id"] is None
+
+
+def test_write_thread_is_isolated_by_owner(store):
+    alice, bob = store.for_owner("alice"), store.for_owner("bob")
+    alice.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("mine", id="q")], head_id="q"
+    )
+    with pytest.raises(RevisionConflict):
+        bob.write_thread(
+            "s1", key="rec", expected="r1", record=record("r2"), messages=[user("his")], parent_id="q"
+        )
+    with pytest.raises(RevisionConflict):
+        bob.remove_thread("s1", key="rec", expected="r1")
+    bob.write_thread(
+        "s1", key="rec", expected=None, record=record("b1"), messages=[user("his", id="q")], head_id="q"
+    )
+    assert contents(thread(alice)) == ["mine"] and alice.get("s1", "rec") == {"revision": "r1"}
+    assert_no_session(store, "s1")
+
+
 # Session ends ---------------------------------------------------------------------------
 
 
@@ -1036,6 +1234,21 @@ def test_every_conversation_key_shares_the_session_ttl(redis_store, redis_client
     # Popping the only message takes the conversation's keys; its replacement makes them anew.
     store.pop_message("s1", again["id"], conversation="other", replacement=[user("new"), assistant("a")])
     assert_aligned(redis_client, "s1", conversations=["default", "other"])
+
+
+def test_a_record_and_its_conversation_share_the_session_ttl(settings, redis_client, redis_url):
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url, SESSION_TTL_HOURS=1)
+    store = get_store()
+    # A session the write creates takes the default TTL; later writes keep its expiry.
+    store.write_thread(
+        "s1", key="rec", expected=None, record={"revision": "r1"}, messages=[user("q", id="q")]
+    )
+    time.sleep(0.2)
+    store.write_thread(
+        "s1", key="rec", expected="r1", record={"revision": "r2"}, messages=[assistant("a")], parent_id="q"
+    )
+    keys = assert_aligned(redis_client, "s1", conversations=["default"])
+    assert f"{PREFIX}:s1:rec" in keys and all(3_500_000 < pttl < 3_599_900 for pttl in keys.values())
 
 
 def test_conversation_keys_without_a_ttl_persist_with_the_session(redis_store, redis_client):
@@ -1195,6 +1408,23 @@ def test_every_conversation_method_is_one_round_trip(counting_client):
         "pop_message (with a replacement)": lambda: store.pop_message(
             "s1", heads["s1"], replacement=[user("again")]
         ),
+        "write_thread (new session)": lambda: store.write_thread(
+            "s4",
+            key="rec",
+            expected=None,
+            record={"revision": "r1"},
+            messages=[user("q", id="q")],
+            head_id="q",
+        ),
+        "write_thread (append)": lambda: store.write_thread(
+            "s4",
+            key="rec",
+            expected="r1",
+            record={"revision": "r2"},
+            messages=[assistant("a")],
+            parent_id="q",
+        ),
+        "remove_thread": lambda: store.remove_thread("s4", key="rec", expected="r2"),
         "enrich lane (recording)": lambda: lanes.enrich({"text": "q3", "metadata": {"session_id": "s1"}}),
         "store lane (recording)": lambda: lanes.store({"text": "a3", "metadata": {"session_id": "s1"}}),
         "enrich lane with run_id": lambda: MemoryFilter(store).enrich(

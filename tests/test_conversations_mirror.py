@@ -477,12 +477,24 @@ def test_the_journal_brings_back_what_the_mirror_had_not(journaled):  # noqa: F8
     store.pop_message("kept", "u9", replacement=[{"id": "u10", "role": "user", "content": "instead"}])
     late = store.get_messages("kept", conversation="late")["head"]
     store.pop_message("kept", late, conversation="late")
+    # A record and its conversation, one written twice, one removed with its session.
+    message = {"id": "r-q", "role": "user", "content": "recorded"}
+    store.write_thread(
+        "kept", key="rec", expected=None, record={"revision": "1"}, messages=[message], conversation="rec"
+    )
+    store.write_thread(
+        "kept", key="rec", expected="1", record={"revision": "2"}, head_id="r-q", conversation="rec"
+    )
+    store.write_thread("gone", key="rec", expected=None, record={"revision": "1"}, messages=[message])
+    store.remove_thread("gone", key="rec", expected="1")
+    values = store.get_all("kept")
     before = reads(store, "kept")
-    assert set(before["texts"]) == {"default", "late"}
+    assert set(before["texts"]) == {"default", "late", "rec"}
     crash(store)
 
     fresh = journaled()
     assert reads(fresh, "kept") == before
+    assert fresh.get_all("kept") == values and fresh.list_sessions() == ["kept"]
     # Once the mirror has caught up, a restart from the rows alone gives the same.
     fresh.mirror.sync_dirty()
     assert not MemoryConversation.objects.filter(name="cleared").exists()

@@ -121,6 +121,22 @@ class Popped(NamedTuple):
     messages: list[str]
 
 
+class RecordWrite(NamedTuple):
+    """A compare-and-set of a conversation together with the record an integration keeps
+    beside it, a session value (``write_thread``)."""
+
+    #: The session value that holds the record: a JSON object with a ``"revision"``.
+    key: str
+    #: The revision it must hold (None: no value under ``key``, and no such conversation).
+    expected: str | None
+    #: Its new JSON text (None: remove the record and the conversation).
+    value: str | None
+    #: Where the messages go: after this message (None: as a new root).
+    parent: str | None
+    #: The head after the write (None: none).
+    head: str | None
+
+
 class Answer(NamedTuple):
     """What the store lane records: the answer as an assistant message of ``conversation``.
     Its parent is the question ``run`` enriched when the binding names one in this
@@ -219,6 +235,23 @@ class ConversationBackend:
         ``messages`` (checked as an append is) after its parent in the same step: the head
         is removed unless another branch goes on from it, and a summary anchored there
         goes with it."""
+
+    @abstractmethod
+    def write_thread(
+        self,
+        session_id: str,
+        conversation: str,
+        write: RecordWrite,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+    ) -> list[str]:
+        """Check that the record's revision is ``write.expected`` (else ``RevisionConflict``),
+        then in the same step append ``messages`` (checked as an append is) after
+        ``write.parent``, move the head to ``write.head`` (a stored or new message, else
+        ``MessageNotFound``) and store ``write.value``, creating the session (with
+        ``ttl_seconds``) when it is not live; or, with no value, remove the record and the
+        conversation, and the session when nothing else is left in it. Returns the
+        messages as stored."""
 
     @abstractmethod
     def enrich_recording(

@@ -802,6 +802,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             "head": self._head_op,
             "clear_messages": self._clear_messages_op,
             "pop": self._pop_op,
+            "thread": self._thread_op,
             "summary": self._summary_op,
             "cp_put": self._cp_put_op,
             "cp_writes": self._cp_writes_op,

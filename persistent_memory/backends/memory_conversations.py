@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from persistent_memory.backends.conversations import (
     Appended,
@@ -19,6 +19,7 @@ from persistent_memory.backends.conversations import (
     Enriched,
     Popped,
     Question,
+    RecordWrite,
     WindowTexts,
 )
 from persistent_memory.backends.memory_once import idempotent
@@ -30,6 +31,7 @@ from persistent_memory.exceptions import (
     MessageNotFound,
     PersistentMemoryError,
     QuotaExceeded,
+    RevisionConflict,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +51,15 @@ def prepared(item: list[str]) -> PreparedMessage:
     return PreparedMessage(
         message_id, data["r"], body, link, data["t"], tuple(data["c"]), data["a"], data["f"]
     )
+
+
+def _revision(value_json: str) -> Any:
+    """The ``"revision"`` of a record held as a session value (None: not a record)."""
+    try:
+        value = json.loads(value_json)
+    except ValueError:
+        return None
+    return value.get("revision") if isinstance(value, dict) else None
 
 
 class MemoryConversations(ConversationBackend):
@@ -277,6 +288,112 @@ class MemoryConversations(ConversationBackend):
         )
         texts = self._commit(session_id, session, conversation, tree, plan, now).messages if plan else []
         return Popped(removed.text, tree.head, texts)
+
+    def write_thread(
+        self: MemoryBackend,
+        session_id: str,
+        conversation: str,
+        write: RecordWrite,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+    ) -> list[str]:
+        with self._lock:
+            return self._thread_op(time.time(), session_id, conversation, write, messages, ttl_seconds)
+
+    def _thread_op(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        conversation: str,
+        write: RecordWrite | list[Any],
+        items: list[PreparedMessage] | list[list[str]],
+        ttl_seconds: float | None,
+    ) -> list[str]:
+        write = RecordWrite(*write)
+        batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
+        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        stored = session.values.get(write.key) if session else None
+        tree = session.conversations.get(conversation) if session else None
+        if write.expected is None:
+            matches = stored is None and tree is None
+        else:
+            matches = stored is not None and _revision(stored) == write.expected
+        if not matches:
+            raise RevisionConflict(f"The record of conversation {conversation!r} has another revision.")
+        if write.value is None:  # a record was there: the session is live
+            return self._unrecord(now, session_id, cast("_Session", session), conversation, write)
+        tree = tree or Tree()
+        head_before = tree.head
+        # Checked as an append after the parent: the head moves there first, and back if
+        # a check fails (nothing else changed yet).
+        if write.parent is None:
+            tree.clear_head()
+        elif write.parent in tree.messages:
+            tree.set_head(write.parent)
+        try:
+            plan = tree.plan(write.parent, batch, root=write.parent is None)
+            planned = {message.id for message, _ in plan}
+            if write.head is not None and write.head not in tree.messages and write.head not in planned:
+                raise MessageNotFound(f"Conversation {conversation!r} has no message {write.head!r}.")
+            grown = len(write.key) + len(write.value) - (len(write.key) + len(stored) if stored else 0)
+            self._check_room(session, plan, values=grown)
+        except PersistentMemoryError:
+            if head_before is None:
+                tree.clear_head()
+            else:
+                tree.set_head(head_before)
+            raise
+        if session is None:
+            self._admit(session_id, now)
+        if self.journal is not None:
+            journal_items = [journaled(message) for message in batch]
+            self._log("thread", session_id, now, conversation, list(write), journal_items, ttl_seconds)
+        if session is None:
+            session = self._create(session_id, ttl_seconds, now)
+        texts = [message.text for message, _ in plan]
+        if plan:
+            self._commit(session_id, session, conversation, tree, plan, now)
+        if write.head is None:
+            tree.clear_head()
+        elif write.head in tree.messages:  # not trimmed by the append
+            tree.set_head(write.head)
+        if tree.messages:
+            session.conversations[conversation] = tree
+        self._write(session, {write.key: write.value})
+        self._record(session_id, session, now, "put", write.key)
+        return texts
+
+    def _unrecord(
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        session: _Session,
+        conversation: str,
+        write: RecordWrite,
+    ) -> list[str]:
+        """Remove a record and its conversation, and the session when nothing is left in it."""
+        self._log("thread", session_id, now, conversation, list(write), [], None)
+        tree = session.conversations.pop(conversation, None)
+        if tree is not None:
+            session.size -= tree.size
+        self._remove_value(session, write.key)
+        checkpoints = session.checkpoints.entries if session.checkpoints else None
+        if not (session.values or session.conversations or checkpoints):
+            self._drop(session_id)
+        else:
+            self._record(session_id, session, now, "clear", write.key)
+            if tree is not None:
+                self._record(
+                    session_id,
+                    session,
+                    now,
+                    "clear_messages",
+                    None,
+                    conversation=conversation,
+                    removed=len(tree.messages),
+                )
+        self._mark(session_id)
+        return []
 
     # Reads -----------------------------------------------------------------------------
 

@@ -248,12 +248,15 @@ class Tree:
 
     # Writing ------------------------------------------------------------------
 
-    def plan(self, parent_id: str | None, batch: list[PreparedMessage]) -> list[tuple[StoredMessage, bool]]:
-        """Check an append without changing anything: each message as it would be stored,
-        and whether it is new (False: it repeats a stored one). Raises what the append would."""
+    def plan(
+        self, parent_id: str | None, batch: list[PreparedMessage], *, root: bool = False
+    ) -> list[tuple[StoredMessage, bool]]:
+        """Check an append after ``parent_id`` (None: the head; with ``root``, none: a new
+        root) without changing anything: each message as it would be stored, and whether it
+        is new (False: it repeats a stored one). Raises what the append would."""
         if parent_id is not None:
             self.require(parent_id)
-        previous = self.head if parent_id is None else parent_id
+        previous = None if root else self.head if parent_id is None else parent_id
         open_calls = self.open_calls(previous)
         seq = self.seq
         plan: list[tuple[StoredMessage, bool]] = []

@@ -82,6 +82,7 @@ from persistent_memory.exceptions import (
     PersistentMemoryError,
     QuotaExceeded,
     ReplicasBehind,
+    RevisionConflict,
     SessionExists,
     SessionExpired,
     SessionNotFound,
@@ -135,6 +136,7 @@ _SCRIPT_ERRORS: dict[str, type[PersistentMemoryError]] = {
     "PM_MESSAGE_NOT_FOUND": MessageNotFound,
     "PM_MESSAGE_CONFLICT": MessageConflict,
     "PM_HEAD_MOVED": HeadMoved,
+    "PM_REVISION_CONFLICT": RevisionConflict,
     "PM_CHECKPOINT_BASE": CheckpointBaseMissing,
     "PM_ORPHAN_TOOL_RESULT": OrphanToolResult,
 }

@@ -18,6 +18,7 @@ from persistent_memory.backends.conversations import (
     Enriched,
     Popped,
     Question,
+    RecordWrite,
     Summary,
     SummaryBackend,
     SummarySource,
@@ -224,6 +225,33 @@ class RedisConversations(ConversationBackend):
             conversation=conversation,
         )
         return Popped(reply[0].decode(), reply[1].decode() or None, [text.decode() for text in reply[2:]])
+
+    def write_thread(
+        self: RedisBackend,
+        session_id: str,
+        conversation: str,
+        write: RecordWrite,
+        messages: list[PreparedMessage],
+        ttl_seconds: float | None,
+    ) -> list[str]:
+        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+
+        reply = self._run(
+            "thread",
+            session_id,
+            conversation,
+            write.key,
+            write.expected or "",
+            write.value or "",
+            write.parent or "",
+            write.head or "",
+            _ttl_text(ttl_seconds),
+            _ttl_ms(ttl_seconds),
+            *message_args(messages),
+            conversation=conversation,
+            key=write.key,
+        )
+        return [text.decode() for text in reply]
 
     def enrich_recording(
         self: RedisBackend,

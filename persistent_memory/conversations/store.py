@@ -12,9 +12,16 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from persistent_memory.backends.conversations import Answer, ConversationInfo, Question, WindowTexts
+from persistent_memory.backends.conversations import (
+    Answer,
+    ConversationInfo,
+    Question,
+    RecordWrite,
+    WindowTexts,
+)
 from persistent_memory.conversations.messages import (
     DEFAULT_CONVERSATION,
+    PreparedMessage,
     chat_message,
     prepare_messages,
     validate_conversation,
@@ -31,7 +38,7 @@ from persistent_memory.conversations.summaries import (
 from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidValue
 from persistent_memory.idempotency import Idempotency
-from persistent_memory.validation import validate_int
+from persistent_memory.validation import encode_value, validate_int, validate_key
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
@@ -79,6 +86,12 @@ class Context(TypedDict):
     truncated: bool
     summary: NotRequired[str | None]
     summary_state: NotRequired[str | None]
+
+
+def _revision(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidValue("A revision is a non-empty string.")
+    return value
 
 
 def _limit(value: Any, name: str) -> int | None:
@@ -176,17 +189,29 @@ class ConversationMethods:
             self.default_ttl_seconds,
             **once,
         )
-        stored = [json.loads(text) for text in appended.messages]
+        stored = self._stored(session_id, conversation, batch, appended.messages, "add_messages")
+        return {"conversation": conversation, "head": appended.head, "messages": stored}
+
+    def _stored(
+        self: MemoryStore,
+        session_id: str,
+        conversation: str,
+        batch: list[PreparedMessage],
+        texts: list[str],
+        source: str,
+    ) -> list[dict[str, Any]]:
+        """An append's messages as stored, after ``messages_added`` for the new ones."""
+        stored = [json.loads(text) for text in texts]
         if messages_added.receivers:
             # A re-sent message (a no-op) is stored with its first body, not this batch's.
             added = [
                 message
-                for message, text, prepared in zip(stored, appended.messages, batch, strict=True)
+                for message, text, prepared in zip(stored, texts, batch, strict=True)
                 if text.endswith(prepared.body[1:])
             ]
             if added:
-                self.messages_added(session_id, conversation, added, "add_messages")
-        return {"conversation": conversation, "head": appended.head, "messages": stored}
+                self.messages_added(session_id, conversation, added, source)
+        return stored
 
     def messages_added(
         self: MemoryStore, session_id: str, conversation: str, messages: list[dict[str, Any]], source: str
@@ -314,6 +339,68 @@ class ConversationMethods:
             "removed": json.loads(popped.removed),
             "messages": stored,
         }
+
+    def write_thread(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        key: str,
+        expected: str | None,
+        record: dict[str, Any],
+        messages: list[dict[str, Any]] | None = None,
+        parent_id: str | None = None,
+        head_id: str | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> list[dict[str, Any]]:
+        """A compare-and-set of a conversation and the record an integration keeps beside it
+        (session value ``key``, a JSON object whose ``"revision"`` changes on every write):
+        if the stored record's revision is ``expected`` (None: there is no record and no such
+        conversation; else ``RevisionConflict``), append ``messages`` as a chain after
+        ``parent_id`` (None: as a new root), move the head to ``head_id`` (None: none) and
+        store ``record``, all in one step, creating the session when it does not exist.
+        Returns the messages as stored. A batch may hold up to ``MAX_MESSAGES`` messages."""
+        conversation = validate_conversation(conversation)
+        key = validate_key(key)
+        for name, message_id in (("parent_id", parent_id), ("head_id", head_id)):
+            if message_id is not None:
+                validate_message_id(message_id, what=name)
+        if not isinstance(record, dict) or _revision(record.get("revision")) is None:
+            raise InvalidValue('record must be a JSON object with a "revision".')
+        value = encode_value(record, max_bytes=self.max_value_bytes, max_depth=self.max_json_depth)
+        options = self.conversation_options
+        batch = (
+            prepare_messages(
+                messages,
+                tokenizer=options.tokenizer,
+                max_batch=max(options.max_batch, self.backend.max_messages),
+                max_message_bytes=options.max_message_bytes,
+                max_depth=self.max_json_depth,
+            )
+            if messages
+            else []
+        )
+        write = RecordWrite(key, _revision(expected), value, parent_id, head_id)
+        texts = self._call(
+            self.backend.write_thread, session_id, conversation, write, batch, self.default_ttl_seconds
+        )
+        return self._stored(session_id, conversation, batch, texts, "write_thread")
+
+    def remove_thread(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        key: str,
+        expected: str,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> None:
+        """Remove the record under ``key`` and its conversation if the record's revision is
+        still ``expected`` (else ``RevisionConflict``), and the session when nothing else is
+        left in it."""
+        conversation = validate_conversation(conversation)
+        if _revision(expected) is None:
+            raise InvalidValue("A revision is a non-empty string.")
+        write = RecordWrite(validate_key(key), expected, None, None, None)
+        self._call(self.backend.write_thread, session_id, conversation, write, [], None)
 
     # The lanes -------------------------------------------------------------------
 

@@ -1,11 +1,30 @@
 -- The conversation operations (messages, read_messages, context, conversations, head,
--- clear_messages, summary_source, commit_summary).
+-- clear_messages, pop, thread, summary_source, commit_summary).
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
--- Keys used here: 1 meta, 5 conversation names, 17-24 the conversation named; through sessions.lua, the
--- session's keys and indexes when an append creates it.
+-- Keys used here: 1 meta, 2 the key set, 5 conversation names, 15 the value key named
+-- (thread), 17-24 the conversation named; through sessions.lua, the session's keys and
+-- indexes when an append creates it.
 
 -- The conversation operations: arg(1) is the conversation's name (but for 'conversations').
+
+-- Before an append that may create the session: nil when the session (live, or created
+-- now with that TTL) has room for the plan and the values in ``sizes`` (key -> new
+-- length), else the error reply (nothing written).
+local function make_room(live, sizes, plan, ttl_text, ttl_ms)
+  local ok, total = true, new_bytes(plan)
+  if live then
+    ok, total = fits(sizes, total)
+  else
+    for key, size in pairs(sizes) do total = total + #key + size end
+    ok = byte_cap <= 0 or total <= byte_cap
+  end
+  if not ok then return too_big(total) end
+  if not live then
+    if not owner_has_room() then return no_room() end
+    create(now, ttl_text, ttl_ms, default_idle_ms)
+  end
+end
 
 -- Append (add_messages): arg(2) parent id ('': the head), 3 ttl text, 4 ttl ms, then
 -- (id, body, link) triples. Creates the session when it is not live. Replies the head,
@@ -18,17 +37,8 @@ if op == 'messages' then
   end
   local plan, failure = plan_append(name, text_or_nil(arg(2) ~= '' and arg(2)), 5)
   if not plan then return failure end
-  local ok, total = true, new_bytes(plan)
-  if live then
-    ok, total = fits({}, total)
-  elseif byte_cap > 0 then
-    ok = total <= byte_cap
-  end
-  if not ok then return too_big(total) end
-  if not live then
-    if not owner_has_room() then return no_room() end
-    create(now, arg(3), arg(4), default_idle_ms)
-  end
+  failure = make_room(live, {}, plan, arg(3), arg(4))
+  if failure then return failure end
   local reply = {commit(name, plan) or ''}
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)
@@ -174,6 +184,79 @@ if op == 'pop' then
   record(history_entry('pop_message', nil, ', "conversation": ' .. cjson.encode(name)
     .. ', "removed": ' .. cjson.encode(head)))
   local reply = {removed, commit(name, plan) or ''}
+  for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
+  return remember(reply)
+end
+
+-- A compare-and-set of a conversation and the record kept beside it (write_thread):
+-- arg(1) conversation, 2 the record's key (a session value, KEYS[15]), 3 the revision it
+-- must hold ('': no record and no such conversation), 4 its new JSON text ('': remove the
+-- record and the conversation, and the session when nothing else is left in it), 5 the
+-- messages' parent ('': a new root), 6 the head after ('': none), 7 ttl text, 8 ttl ms,
+-- then (id, body, link) triples. Creates the session when it is not live. Replies the
+-- messages' stored texts.
+if op == 'thread' then
+  local name, key, expected, value = arg(1), arg(2), arg(3), arg(4)
+  local c = conv_key(name)
+  local live = redis.call('EXISTS', META) == 1
+  if not live then purge_leftovers() end
+  local stored = live and redis.call('GET', base .. key)
+  local matches
+  if expected == '' then
+    matches = not stored and redis.call('EXISTS', c) == 0
+  elseif stored then
+    local parsed, record = pcall(cjson.decode, stored)
+    matches = parsed and type(record) == 'table' and record.revision == expected
+  end
+  if not matches then
+    return fail('REVISION_CONFLICT', "The record of conversation '" .. name .. "' has another revision.")
+  end
+  if value == '' then
+    local count = redis.call('HLEN', c .. ':m')
+    redis.call('DEL', base .. key, unpack(conv_keys(name)))
+    redis.call('SREM', KEYSET, key)
+    redis.call('SREM', base .. '~convs', name)
+    if redis.call('EXISTS', KEYSET, base .. '~convs', base .. '~cp') == 0 then
+      purge_leftovers() -- as a delete leaves it
+      redis.call('DEL', META)
+      unindex(sid)
+    else
+      record(history_entry('clear', key))
+      if count > 0 then
+        record(history_entry('clear_messages', nil, ', "conversation": ' .. cjson.encode(name)
+          .. ', "removed": ' .. count))
+      end
+    end
+    mark_dirty()
+    return remember({})
+  end
+  local plan, failure = plan_append(name, text_or_nil(arg(5) ~= '' and arg(5)) or false, 9)
+  if not plan then return failure end
+  local head = text_or_nil(arg(6) ~= '' and arg(6))
+  if head and redis.call('HEXISTS', c .. ':m', head) == 0 then
+    local planned = false
+    for _, entry in ipairs(plan) do planned = planned or entry.id == head end
+    if not planned then
+      return fail('MESSAGE_NOT_FOUND', "Conversation '" .. name .. "' has no message '" .. head .. "'.")
+    end
+  end
+  failure = make_room(live, {[key] = #value}, plan, arg(7), arg(8))
+  if failure then return failure end
+  commit(name, plan)
+  if not head then
+    if redis.call('EXISTS', c) == 1 then
+      move_thread(c, nil)
+      redis.call('HDEL', c, 'head')
+    end
+  elseif redis.call('HEXISTS', c .. ':m', head) == 1 then -- not trimmed by the append
+    move_thread(c, head)
+    redis.call('HSET', c, 'head', head)
+  end
+  redis.call('SET', base .. key, value)
+  new_key(base .. key)
+  if redis.call('SADD', KEYSET, key) > 0 then new_key(KEYSET) end
+  record(history_entry('put', key))
+  local reply = {}
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)
 end
