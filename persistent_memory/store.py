@@ -344,6 +344,20 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         """Every key and value of the session, in one backend call."""
         return _sorted(decode_value(self._call(self.backend.get_all, session_id)))
 
+    def get_many(self, session_ids: list[str], key: str) -> dict[str, Any]:
+        """A fresh copy of the value under ``key`` of each of ``session_ids`` (this owner's)
+        that has one, by session id; in one backend call (one round trip per primary)."""
+        key = validate_key(key)
+        valid = [validate_session_id(session_id) for session_id in session_ids]
+        if self.mirror.restore_pending:
+            self._not_restored()
+        storage = {
+            storage_id(self.owner, session_id) if self.owner else session_id: session_id
+            for session_id in valid
+        }
+        found = self.backend.get_many(list(storage), key) if storage else {}
+        return {storage[sid]: decode_value(text) for sid, text in found.items()}
+
     def list_keys(self, session_id: str) -> list[str]:
         """The session's keys, sorted."""
         return self._call(self.backend.list_keys, session_id)

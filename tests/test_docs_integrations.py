@@ -141,3 +141,48 @@ def test_the_openai_agents_view(store, monkeypatch):
     assert sent[2]["output"] == "closed"
     roles = [m["role"] for m in store.for_owner(f"user:{ada.pk}").get_messages("c1")["messages"]]
     assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+
+
+@pytest.mark.django_db
+def test_the_pydantic_ai_view(store, monkeypatch):
+    """The page's agent, its model replaced as Pydantic AI's testing guide says
+    (``agent.override`` with a ``FunctionModel``): a chat goes on across requests with its
+    tool calls, owners stay apart."""
+    from asgiref.sync import async_to_sync
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    page = example_module("pydantic-ai-view")
+    chat, agent = page["chat"], page["agent"]
+    sent: list[Any] = []
+
+    def model(messages: list[Any], info: Any) -> ModelResponse:
+        sent.append(messages)
+        last = messages[-1].parts[-1]
+        if isinstance(last, ToolReturnPart):
+            return ModelResponse(parts=[TextPart(f"We are {last.content} on Sunday.")])
+        if "Sunday" in str(last.content):
+            return ModelResponse(parts=[ToolCallPart("opening_hours", {"day": "Sunday"})])
+        return ModelResponse(parts=[TextPart(f"{len(messages)} messages so far.")])
+
+    ada, bob = (get_user_model().objects.create_user(name) for name in ("ada", "bob"))
+
+    def reply(user: Any, message: str) -> str:
+        request = RequestFactory().post("/chat/c1/", {"message": message})
+        request.user = user
+        response = async_to_sync(chat)(request, "c1")
+        assert response.status_code == 200
+        return json.loads(response.content)["reply"]
+
+    with agent.override(model=FunctionModel(model)):
+        assert reply(ada, "Are you open on Sunday?") == "We are closed on Sunday."
+        # Ada's second turn is sent her first: question, call, result, answer, then this.
+        assert reply(ada, "And on Monday?") == "5 messages so far."
+        assert reply(bob, "Hello") == "1 messages so far."  # Bob's c1 is not Ada's
+        request = RequestFactory().post("/chat/c1/", {"message": "x"})
+        request.user = AnonymousUser()
+        assert async_to_sync(chat)(request, "c1").status_code == 403
+    thread = store.for_owner(f"user:{ada.pk}").get_messages("c1")["messages"]
+    assert [m["role"] for m in thread] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert thread[2]["content"] == "opening_hours: closed"

@@ -57,6 +57,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
     assert by_extra["langgraph"] == {"langgraph"}
     assert by_extra["openai-agents"] == {"openai-agents"}
+    assert by_extra["pydantic-ai"] == {"pydantic-ai-slim", "pydantic"}
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",
@@ -122,7 +123,8 @@ def test_the_mcp_package_imports_only_core_and_mcp_extra_requirements():
 
 
 @pytest.mark.parametrize(
-    ("module", "extra"), [("langgraph", "langgraph"), ("openai_agents", "openai-agents")]
+    ("module", "extra"),
+    [("langgraph", "langgraph"), ("openai_agents", "openai-agents"), ("pydantic_ai", "pydantic-ai")],
 )
 def test_each_integration_imports_only_core_and_its_extras_requirements(module, extra):
     """``persistent_memory.integrations.<module>`` needs the core and its own extra."""
@@ -185,7 +187,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai]"]
 
 
 def test_ci_runs_the_readmes_test_command_exactly():

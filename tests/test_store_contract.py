@@ -7,6 +7,8 @@ import time
 import pytest
 
 from persistent_memory.exceptions import (
+    InvalidKey,
+    InvalidSessionId,
     InvalidValue,
     KeyNotFound,
     NotANumber,
@@ -474,6 +476,29 @@ class TestLanes:
 
 def test_ping(store):
     store.ping()
+
+
+def test_get_many_reads_one_key_of_many_sessions_of_the_owner(store):
+    alice, bob = store.for_owner("alice"), store.for_owner("bob")
+    for i in range(40):  # spread over the cluster layout's buckets
+        alice.create_session(f"s{i}")
+        if i % 3:
+            alice.put(f"s{i}", "k", {"n": i})
+    bob.create_session("s1")
+    bob.put("s1", "k", "bob's")
+    alice.delete_session("s2")
+    asked = [f"s{i}" for i in range(40)] + ["missing"]
+    expected = {f"s{i}": {"n": i} for i in range(40) if i % 3 and i != 2}
+    assert alice.get_many(asked, "k") == expected
+    assert bob.get_many(asked, "k") == {"s1": "bob's"}
+    assert store.get_many(asked, "k") == {} and alice.get_many([], "k") == {}
+    found = alice.get_many(["s1"], "k")
+    found["s1"]["n"] = 0  # a copy
+    assert alice.get("s1", "k") == {"n": 1}
+    with pytest.raises(InvalidKey):
+        alice.get_many(["s1"], "bad key")
+    with pytest.raises(InvalidSessionId):
+        alice.get_many(["bad id"], "k")
 
 
 class TestRunBindings:

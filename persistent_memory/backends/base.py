@@ -261,6 +261,11 @@ class BaseBackend(ABC):
         most of what reading a session costs."""
 
     @abstractmethod
+    def get_many(self, session_ids: list[str], key: str) -> dict[str, str]:
+        """The value (JSON text) under ``key`` of each live session that has one (one round
+        trip per primary on Redis)."""
+
+    @abstractmethod
     def list_keys(self, session_id: str) -> list[str]:
         """The session's keys, sorted."""
 

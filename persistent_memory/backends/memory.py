@@ -531,6 +531,16 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         with self._lock:
             return self._values_json(self._read(session_id, time.time()))
 
+    def get_many(self, session_ids: list[str], key: str) -> dict[str, str]:
+        now = time.time()
+        with self._lock:
+            found = {}
+            for session_id in session_ids:
+                session = self._sessions.get(session_id)
+                if session is not None and not session.expired(now) and key in session.values:
+                    found[session_id] = session.values[key]
+            return found
+
     def list_keys(self, session_id: str) -> list[str]:
         with self._lock:
             return sorted(self._live(session_id, time.time()).values)

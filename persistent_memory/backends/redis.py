@@ -666,6 +666,13 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
     def get_all(self, session_id: str) -> str:
         return self._run("get_all", session_id).decode()
 
+    def get_many(self, session_ids: list[str], key: str) -> dict[str, str]:
+        # Plain GETs: a value key expires and goes with its session.
+        values = self._checked(self._batch([("GET", self.layout.value_key(sid, key)) for sid in session_ids]))
+        return {
+            sid: value.decode() for sid, value in zip(session_ids, values, strict=True) if value is not None
+        }
+
     def list_keys(self, session_id: str) -> list[str]:
         return sorted(item.decode() for item in self._run("keys", session_id))
 

@@ -1,2 +1,21 @@
 """Adapters for agent frameworks, one module each, behind an extra of its own
 (``persistent_memory.integrations.langgraph``: ``pip install ...[langgraph]``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from persistent_memory.store import MemoryStore
+
+T = TypeVar("T")
+
+
+async def off_the_loop(store: MemoryStore, method: Callable[..., T], *args: Any) -> T:
+    """``method(*args)`` for an async API: inline on the memory backend (a call there never
+    waits for I/O), in a worker thread otherwise (a Redis call blocks)."""
+    if store.backend.name == "memory":
+        return method(*args)
+    return await asyncio.to_thread(method, *args)

@@ -31,7 +31,6 @@ thread on Redis and inline on the memory backend (a call there never waits for I
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from agents.memory.session_settings import SessionSettings, resolve_session_limi
 
 from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, is_chat_message
 from persistent_memory.exceptions import HeadMoved, MessageNotFound, OrphanToolResult, SessionNotFound
+from persistent_memory.integrations import off_the_loop
 from persistent_memory.store import get_store
 from persistent_memory.validation import validate_session_id
 
@@ -322,9 +322,7 @@ class PersistentMemorySession:
     # The SDK's protocol -------------------------------------------------------------
 
     async def _async(self, method: Callable[..., T], *args: Any) -> T:
-        if self.store.backend.name == "memory":
-            return method(*args)
-        return await asyncio.to_thread(method, *args)
+        return await off_the_loop(self.store, method, *args)
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         return await self._async(self.read_items, limit)
