@@ -195,11 +195,15 @@ def test_fork_copies_the_history_it_keeps(store):
     assert prompts(run(memory.load("c"))) == ["one", "two"]  # the original carries on
     whole = run(memory.fork("c"))
     assert run(memory.load(whole.conversation_id)).messages == run(memory.load("c")).messages
+    # The original goes on after a fork of all of it, in its own session only.
+    run(turn(memory, "c", "three"))
+    assert prompts(run(memory.load("c"))) == ["one", "two", "three"]
+    assert prompts(run(memory.load(whole.conversation_id))) == ["one", "two"]
+    assert store.list_conversations("c")[0]["message_count"] == 6
     # Deleting the original takes none of a fork's messages.
     run(memory.delete("c"))
     assert run(memory.load("c")) is None
     assert prompts(run(memory.load("f"))) == ["one", "forked"]
-    assert prompts(run(memory.load(whole.conversation_id))) == ["one", "two"]
     with pytest.raises(ConversationConflict):  # the fork's id is taken
         run(memory.fork("f", new_conversation_id=whole.conversation_id))
     with pytest.raises(UserError):

@@ -220,8 +220,10 @@ class PersistentMemoryConversationStore(ConversationStore):
         for before, entry in zip(new_entries, new_entries[1:], strict=False):
             if entry.parent_id != before.id:
                 raise UserError("new_entries must be a chain, each after the one before it.")
-        copied = self._kept_elsewhere(record, parent if new_entries else record.head_id, new_ids)
-        if copied:  # a fork: its history first, then what comes after it
+        copied = []
+        if expected_revision is None:  # a new conversation: a fork's history is elsewhere
+            copied = self._kept_elsewhere(record, parent if new_entries else record.head_id, new_ids)
+        if copied:  # its history first, then what comes after it
             parent = None
             messages = [*copied, *messages]
         try:
@@ -242,8 +244,8 @@ class PersistentMemoryConversationStore(ConversationStore):
     def _kept_elsewhere(
         self, record: ConversationRecord, last: str | None, new_ids: set[str]
     ) -> list[dict[str, Any]]:
-        """The history a fork keeps, to copy (empty when ``last``, where the record's history
-        goes on from, is in the conversation's own session or is new)."""
+        """The history a fork keeps, to copy: up to ``last``, where the new record's history
+        goes on from (empty when there is none or it is new)."""
         source = self._where.get(last) if last is not None and last not in new_ids else None
         if source is None or source == record.conversation_id:
             return []
