@@ -257,6 +257,27 @@ def counting_client(redis_url: str, redis_client: redis.Redis) -> Iterator[redis
     pool.disconnect()
 
 
+class AsyncSends:
+    """Counts what redis.asyncio connections send (the async bridge's): one packed send is
+    one round trip. A new connection's handshake is not counted."""
+
+    HANDSHAKE = (b"HELLO", b"CLIENT", b"SELECT", b"AUTH", b"PING")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import redis.asyncio.connection as connection
+
+        self.sends = 0
+        original = connection.AbstractConnection.send_packed_command
+
+        async def counted(conn: Any, command: Any, check_health: bool = True) -> None:
+            packed = b"".join(command) if isinstance(command, list) else command
+            if not any(word in packed[:40].upper() for word in self.HANDSHAKE):
+                self.sends += 1
+            await original(conn, command, check_health)
+
+        monkeypatch.setattr(connection.AbstractConnection, "send_packed_command", counted)
+
+
 def pttls(client: redis.Redis, keys: list[Any]) -> list[int]:
     """PTTL of each key, read in one MULTI so that all are read at the same moment (reads
     one by one drift apart by however long the test waits for the CPU between them)."""

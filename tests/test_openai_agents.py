@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+import redis
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from agents.items import TResponseInputItem
 from agents.memory import Session, SessionSettings
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.integrations.openai_agents import PersistentMemorySession, items_of, messages_of
 from persistent_memory.store import MemoryStore
-from tests.conftest import TOPOLOGIES, CountingConnection
+from tests.conftest import TOPOLOGIES, AsyncSends, CountingConnection
 from tests.responses_server import call, reasoning, responses_server, text
 
 
@@ -464,10 +465,15 @@ def test_a_session_expires_with_the_store_ttl(store):
     assert run(session.get_items()) == []
 
 
-def test_round_trips_on_redis(counting_client):
-    store = MemoryStore(RedisBackend(client=counting_client, max_history=100, auto_summarize=True))
+def test_round_trips_on_redis(redis_url, redis_client, monkeypatch):
+    """The async methods await Redis on the event loop (no worker thread): one script
+    call each (pop_item two)."""
+    client = redis.Redis.from_url(redis_url)
+    store = MemoryStore(RedisBackend(client=client, max_history=100, auto_summarize=True))
     session = PersistentMemorySession("s1", store=store)
     store.create_session("warm")  # the script is loaded
+    counted = AsyncSends(monkeypatch)
+    monkeypatch.setattr(asyncio, "to_thread", None)  # any worker thread would fail
     trips = {}
     for name, method in {
         "add_items": lambda: session.add_items([user("q"), function_call("a"), output("a"), said("a")]),
@@ -476,8 +482,33 @@ def test_round_trips_on_redis(counting_client):
         "pop_item": lambda: session.pop_item(),
         "clear_session": lambda: session.clear_session(),
     }.items():
-        CountingConnection.sends = 0
+        counted.sends = 0
         run(method())
-        trips[name] = CountingConnection.sends
+        trips[name] = counted.sends
     assert trips == {"add_items": 1, "get_items": 1, "get_items(limit)": 1, "pop_item": 2, "clear_session": 1}
     store.close()
+
+
+def test_a_client_the_bridge_cannot_make_runs_in_a_worker_thread(counting_client):
+    """Connections of the project's own class (here, counting ones) are not remade on the
+    loop: the call runs in a worker thread, on them."""
+    store = MemoryStore(RedisBackend(client=counting_client, max_history=100, auto_summarize=True))
+    session = PersistentMemorySession("s1", store=store)
+    run(session.add_items([user("q")]))
+    CountingConnection.sends = 0
+    assert run(session.get_items()) == [user("q")]
+    assert CountingConnection.sends == 1
+    store.close()
+
+
+def test_an_unreachable_redis_is_the_stores_error_in_async_calls():
+    from persistent_memory.exceptions import BackendUnavailable
+    from tests.conftest import _free_port
+
+    client = redis.Redis(port=_free_port(), socket_connect_timeout=1)
+    store = MemoryStore(RedisBackend(client=client, max_history=100, auto_summarize=True))
+    session = PersistentMemorySession("s1", store=store)
+    with pytest.raises(BackendUnavailable):
+        run(session.get_items())
+    with pytest.raises(BackendUnavailable):
+        run(session.add_items([user("q")]))

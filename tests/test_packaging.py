@@ -56,8 +56,8 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     assert by_extra["openai"] == {"openai"}
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
     assert by_extra["langgraph"] == {"langgraph"}
-    assert by_extra["openai-agents"] == {"openai-agents"}
-    assert by_extra["pydantic-ai"] == {"pydantic-ai-slim", "pydantic"}
+    assert by_extra["openai-agents"] == {"openai-agents", "greenlet"}
+    assert by_extra["pydantic-ai"] == {"pydantic-ai-slim", "pydantic", "greenlet"}
     assert by_extra["test"] == {
         "pytest",
         "pytest-django",

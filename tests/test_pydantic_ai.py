@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import redis
 from pydantic_ai import Agent
 from pydantic_ai.conversation import Conversation
 from pydantic_ai.conversation_store import (
@@ -45,7 +46,7 @@ from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import InvalidSessionId
 from persistent_memory.integrations.pydantic_ai import KEY, PersistentMemoryConversationStore, entry_of
 from persistent_memory.store import MemoryStore
-from tests.conftest import TOPOLOGIES, CountingConnection
+from tests.conftest import TOPOLOGIES, AsyncSends
 from tests.timing import LIVE_TTL, wait_past
 
 
@@ -507,11 +508,14 @@ def test_delete_keeps_a_session_that_holds_more(store):
     assert "d" not in store.list_sessions()
 
 
-def test_round_trips_on_redis(counting_client):
-    store = MemoryStore(RedisBackend(client=counting_client, max_history=100, auto_summarize=True))
+def test_round_trips_on_redis(redis_url, redis_client, monkeypatch):
+    """Each method awaits Redis on the event loop (no worker thread), in these many round trips."""
+    client = redis.Redis.from_url(redis_url)
+    store = MemoryStore(RedisBackend(client=client, max_history=100, auto_summarize=True))
     memory = PersistentMemoryConversationStore(store=store)
     store.create_session("warm")  # the script is loaded
     first = run(echo().run("one", conversation=Conversation(conversation_id="c")))
+    counted = AsyncSends(monkeypatch)
     trips = {}
     for name, call in {
         "save (new)": lambda: memory.save(first),
@@ -521,8 +525,10 @@ def test_round_trips_on_redis(counting_client):
         "delete": lambda: memory.delete("c"),
     }.items():
         coroutine = call()  # a run inside it is made before counting
-        CountingConnection.sends = 0
-        run(coroutine)
-        trips[name] = CountingConnection.sends
+        with monkeypatch.context() as patched:
+            patched.setattr(asyncio, "to_thread", None)  # any worker thread would fail
+            counted.sends = 0
+            run(coroutine)
+            trips[name] = counted.sends
     assert trips == {"save (new)": 2, "load": 2, "save (a turn)": 2, "read_record": 1, "delete": 2}
     store.close()

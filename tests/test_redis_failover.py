@@ -18,6 +18,7 @@ their retry under the same idempotency key applies nothing twice.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import subprocess
@@ -301,3 +302,44 @@ def test_sentinel_errors_name_the_master_in_use(settings, request, healed, redis
     message = str(refused.value)
     assert f"{HOST}:{new[1]}" in message and f":{old[1]}" not in message
     assert "NOREPLICAS" in message
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_async_sessions_go_on_through_a_failover(name, settings, request, healed):
+    """An Agents SDK session's async calls, awaited on the event loop (the bridge's own
+    connections, not the store's), meet the failover as errors of the store and then reach
+    the new primary, without a restart."""
+    from persistent_memory.integrations.openai_agents import PersistentMemorySession
+
+    topology_conf(name, settings, request)
+    (session_id, *_) = session_ids_for(name, request)
+    primary = Primary(name, request, [session_id])
+    session = PersistentMemorySession(session_id)
+    primary.wait_replicated()
+
+    async def write(text: str) -> bool:
+        try:
+            await session.add_items([{"role": "user", "content": text}])
+        except BackendUnavailable:
+            return False
+        return True
+
+    async def main() -> tuple[int, list[str]]:
+        assert all([await write(f"before {i}") for i in range(5)])
+        failing_over = asyncio.ensure_future(asyncio.to_thread(primary.fail_over))
+        errors = 0
+        while not failing_over.done():  # the loop goes on while the primary dies
+            errors += not await write("during")
+            await asyncio.sleep(0.02)
+        await failing_over
+        deadline = time.monotonic() + TIMEOUT
+        while not await write("after 0"):  # the first call on a dead connection may fail
+            errors += 1
+            assert time.monotonic() < deadline, "no write reached the new primary"
+        assert all([await write(f"after {i}") for i in range(1, 6)])
+        items = await session.get_items(limit=6)
+        return errors, [item["content"] for item in items]
+
+    errors, newest = asyncio.run(main())
+    assert newest == [f"after {i}" for i in range(6)]
+    assert errors > 0  # the calls did meet the failover

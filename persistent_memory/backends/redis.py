@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -99,6 +100,13 @@ def _script() -> str:
 
 
 SCRIPT = _script()
+
+
+def _bridged() -> Any:
+    """:mod:`persistent_memory.integrations.redis_bridge` when this call runs in its bridge
+    (an async caller's: see there), else None."""
+    module = sys.modules.get("persistent_memory.integrations.redis_bridge")
+    return module if module is not None and module.current() is not None else None
 
 
 def _pack(connection: redis.Connection, command: tuple[Any, ...]) -> Any:
@@ -244,6 +252,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             str(self.summarize_after_tokens or 0),
         )
         self._sha = client.register_script(SCRIPT).sha
+        self._loops: Any = None  # redis_bridge.LoopClients, made by the first async call
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
@@ -360,6 +369,11 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         ``aside`` (another slot's) is sent before the script's reply is read: both
         replies come back in one round trip.
         """
+        bridge = _bridged()
+        if bridge is not None:
+            return self._call_bridged(
+                bridge, op, session_id, args, idempotency, bound, elsewhere, aside, names
+            )
         command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
         wait = 0 if op in _READS else self.wait_replicas
         side = None
@@ -384,6 +398,35 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         except (redis.RedisError, RedisClusterException) as exc:
             with self._errors():
                 raise exc
+
+    def _call_bridged(
+        self,
+        bridge: Any,
+        op: str,
+        session_id: str,
+        args: tuple[Any, ...],
+        idempotency: IdempotencyRecord | None,
+        bound: bool,
+        elsewhere: int | None,
+        aside: tuple[Any, ...] | None,
+        names: dict[str, Any],
+    ) -> Any:
+        """:meth:`_call` for an async caller (see :mod:`persistent_memory.integrations.redis_bridge`):
+        the script call is awaited on the caller's event loop; what the bridge does not send
+        itself runs in a worker thread."""
+        if self._loops is None:
+            self._loops = bridge.LoopClients(self.client)
+        client = bridge.await_only(self._loops.get())
+        wait = 0 if op in _READS else self.wait_replicas
+        if client is None or aside is not None or (wait and self.on_cluster):
+            options = {"idempotency": idempotency, "bound": bound, "elsewhere": elsewhere, "aside": aside}
+            return bridge.blocking(lambda: self._call(op, session_id, *args, **options, **names))
+        command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
+        try:
+            return bridge.await_only(bridge.exchange(self, client, command, wait))
+        except (redis.RedisError, RedisClusterException) as exc:
+            with self._errors():
+                raise exc from None
 
     def _send(self, command: tuple[Any, ...], wait: int) -> tuple[redis.ConnectionPool, redis.Connection]:
         """Send a plain command (with its WAIT) on its key's primary; :meth:`_receive` reads."""
@@ -490,6 +533,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         all before any reply is read (one round trip in time), replies or errors in order.
         Not the cluster client's pipeline: it sends a command again after a timeout, and a
         write must never run twice."""
+        bridge = _bridged()
+        if bridge is not None:  # several primaries at once: in a worker thread
+            return bridge.blocking(self._batch, commands, key_at)
         groups: dict[int, tuple[redis.ConnectionPool, list[int]]] = {}
         replies: list[Any] = [None] * len(commands)
         sent: list[tuple[redis.ConnectionPool, redis.Connection, list[int]]] = []
@@ -527,6 +573,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several EVALSHAs, one pipeline per primary; replies or errors. Those a server did
         not run (the script not loaded there, the slot moved) are sent again, alone."""
+        bridge = _bridged()
+        if bridge is not None:
+            return bridge.blocking(self._run_many, commands)
         replies = self._batch(commands, key_at=3)
         unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
         if unloaded:
@@ -837,6 +886,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return [node] if prefix else [node, f"{root}:~owned"]
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
+        bridge = _bridged()
+        if bridge is not None:
+            return bridge.blocking(self.scan_sessions, cursor, count, prefix)
         # One cursor over every bucket and up to two sets in each: cursor = (position * 2
         # + set) * buckets + bucket, position being the set's SSCAN (ZSCAN) cursor.
         roots = self.layout.roots()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,7 +14,10 @@ T = TypeVar("T")
 
 async def off_the_loop(store: MemoryStore, method: Callable[..., T], *args: Any) -> T:
     """``method(*args)`` for an async API: inline on the memory backend (a call there never
-    waits for I/O), in a worker thread otherwise (a Redis call blocks)."""
+    waits for I/O); on Redis its script call awaited on this event loop, without a thread
+    (see :mod:`persistent_memory.integrations.redis_bridge`)."""
     if store.backend.name == "memory":
         return method(*args)
-    return await asyncio.to_thread(method, *args)
+    from persistent_memory.integrations.redis_bridge import run_bridged
+
+    return await run_bridged(method, *args)

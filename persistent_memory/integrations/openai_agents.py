@@ -25,8 +25,9 @@ How items are stored (every item reads back equal):
 
 ``get_items``, ``add_items`` and ``clear_session`` are one round trip on Redis;
 ``pop_item`` two (it reads the newest message, then takes it off with a compare-and-set
-on the head, retried if another writer moved it). The async methods run in a worker
-thread on Redis and inline on the memory backend (a call there never waits for I/O).
+on the head, retried if another writer moved it). The async methods await Redis on the
+event loop, without a thread (see :mod:`persistent_memory.integrations.redis_bridge`), and
+run inline on the memory backend (a call there never waits for I/O).
 """
 
 from __future__ import annotations

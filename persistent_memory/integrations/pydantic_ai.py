@@ -32,7 +32,8 @@ How it maps:
 - Conversations longer than ``MAX_MESSAGES`` lose their oldest messages as every
   conversation does (with a summarizer, only what its summary covers).
 
-The async methods run in a worker thread on Redis and inline on the memory backend (a
+The async methods await Redis on the event loop, without a thread (see
+:mod:`persistent_memory.integrations.redis_bridge`), and run inline on the memory backend (a
 call there never waits for I/O).
 """
 

@@ -1,0 +1,210 @@
+"""Async calls of the Redis backend on the event loop, without a worker thread.
+
+The store's code is synchronous: one service layer for the API, the admin, the commands
+and the integrations. An async caller (the agent frameworks' sessions and stores) runs a
+store method in a *bridge*, a greenlet (the mechanism SQLAlchemy's asyncio support uses):
+the method runs unchanged, and where the backend would send its one script call on a
+socket, it hands an awaitable to the event loop and is resumed with the reply. So the
+call is one EVALSHA on a redis.asyncio connection of the loop, and no thread waits on it.
+
+What the bridge sends itself: a script call on one server or Sentinel's master (on a
+pooled connection, with ``WAIT`` in the same packet when REDIS_WAIT_REPLICAS asks), and on
+Redis Cluster through redis.asyncio's cluster client (which follows MOVED and ASK).
+Everything else a store method might do on Redis (pipelines over several primaries, a
+write beside another slot's, a cluster write that waits for replicas, a client whose
+connections the bridge cannot make, TLS among them) runs in a worker thread as before,
+still awaited. Each event loop gets its own connections (redis.asyncio's are bound to
+the loop that made them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import greenlet
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
+
+from persistent_memory.backends.redis import SCRIPT, _pack
+
+if TYPE_CHECKING:
+    from persistent_memory.backends.redis import RedisBackend
+
+T = TypeVar("T")
+
+#: The connection classes whose connections the bridge can make on the loop.
+_PLAIN = (redis.Connection, redis.UnixDomainSocketConnection, SentinelManagedConnection)
+#: The connection options the bridge carries over from the backend's client.
+_OPTIONS = ("host", "port", "db", "path", "username", "password", "socket_timeout", "socket_connect_timeout")
+
+
+class _Bridge(greenlet.greenlet):
+    """A store call running for a coroutine, which ``await_only`` hands its awaitables to."""
+
+    def __init__(self, run: Callable[..., Any], driver: greenlet.greenlet) -> None:
+        super().__init__(run, driver)
+        self.driver = driver
+
+
+def current() -> _Bridge | None:
+    """The bridge this code runs in (None: a plain call)."""
+    here = greenlet.getcurrent()
+    return here if isinstance(here, _Bridge) else None
+
+
+def await_only(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` on the event loop of the bridge this code runs in."""
+    bridge = current()
+    if bridge is None:
+        if isinstance(awaitable, Coroutine):
+            awaitable.close()  # never to be awaited
+        raise RuntimeError("await_only() outside a bridge")
+    return bridge.driver.switch(awaitable)
+
+
+async def run_bridged(method: Callable[..., T], *args: Any) -> T:
+    """``method(*args)`` in a bridge: what it awaits is awaited here, on this loop."""
+    bridge = _Bridge(method, greenlet.getcurrent())
+    bridge.gr_context = contextvars.copy_context()  # the caller's, as in a worker thread
+    result = bridge.switch(*args)
+    while not bridge.dead:
+        try:
+            value = await result
+        except BaseException:
+            result = bridge.throw(*sys.exc_info())
+        else:
+            result = bridge.switch(value)
+    return result
+
+
+def blocking(method: Callable[..., T], *args: Any) -> T:
+    """``method(*args)``, in a worker thread when called in a bridge (it would block the loop)."""
+    if current() is None:
+        return method(*args)
+    return await_only(asyncio.to_thread(method, *args))
+
+
+# The loop's connections ---------------------------------------------------------------
+
+
+def _options(kwargs: dict[str, Any], connection: type | None = None) -> dict[str, Any] | None:
+    """The async connections' options from a sync pool's (None: ones the bridge cannot make)."""
+    connection = kwargs.get("connection_class", connection)
+    if connection is not None and connection not in _PLAIN:
+        return None  # TLS, or a class of the project's own
+    if kwargs.get("credential_provider") is not None:
+        return None
+    return {name: kwargs[name] for name in _OPTIONS if kwargs.get(name) is not None}
+
+
+def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
+    """A redis.asyncio client for the current loop that reaches what ``client`` reaches
+    (None: the bridge does not handle its kind). Retries off, as the backend's are."""
+    if isinstance(client, RedisCluster):
+        options = _options(client.nodes_manager.connection_kwargs)
+        if options is None:
+            return None
+        options = {name: options[name] for name in options.keys() - {"host", "port", "db", "path"}}
+        nodes = [ClusterNode(node.host, node.port) for node in client.get_primaries()]
+        return AsyncRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    options = _options(pool.connection_kwargs, pool.connection_class)
+    if options is None:
+        return None
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels = []
+        for sentinel in pool.sentinel_manager.sentinels:
+            kwargs = sentinel.connection_pool.connection_kwargs
+            sentinels.append((kwargs["host"], kwargs["port"]))
+        sentinel_options = _options(pool.sentinel_manager.sentinel_kwargs) or {}
+        manager = Sentinel(sentinels, sentinel_kwargs={**sentinel_options, "retry": Retry(NoBackoff(), 0)})
+        master = {name: value for name, value in options.items() if name not in ("host", "port", "path")}
+        return manager.master_for(pool.service_name, retry=Retry(NoBackoff(), 0), **master)
+    if "path" in options:
+        options["connection_class"] = aioredis.UnixDomainSocketConnection
+    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(**options), retry=Retry(NoBackoff(), 0))
+
+
+class LoopClients:
+    """One redis.asyncio client per event loop (None where the bridge cannot make one)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+    async def get(self) -> aioredis.Redis | AsyncRedisCluster | None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if loop not in self._clients:
+                client = async_client(self._client)
+                # A cluster client's first calls, made at once, race its lazy start and
+                # lose their connections (redis-py, retries off): the loop's calls all
+                # wait for one start instead.
+                cluster = isinstance(client, AsyncRedisCluster)
+                self._clients[loop] = (client, loop.create_task(client.initialize()) if cluster else None)
+            client, started = self._clients[loop]
+        if started is not None:
+            try:
+                await asyncio.shield(started)  # once done, at once
+            except BaseException:
+                with self._lock:  # the next call starts again
+                    self._clients.pop(loop, None)
+                raise
+        return client
+
+
+async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
+    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``; as
+    ``RedisBackend._exchange`` does on a sync connection."""
+    if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
+        try:
+            return await client.execute_command(*command)
+        except redis.exceptions.NoScriptError:  # a node new to the slot, or restarted
+            await client.script_load(SCRIPT)
+            return await client.execute_command(*command)
+    pool = client.connection_pool
+    connection = await pool.get_connection()
+    try:
+        while True:
+            commands = [command, ("WAIT", wait, backend.wait_timeout_ms)] if wait else [command]
+            await connection.send_packed_command(
+                _pack(connection, command) if not wait else connection.pack_commands(commands)
+            )
+            try:
+                reply = await connection.read_response()
+            except redis.exceptions.NoScriptError:  # a restarted or flushed server
+                if wait:
+                    await connection.read_response()  # WAIT's: nothing was written
+                await connection.send_command("SCRIPT", "LOAD", SCRIPT)
+                await connection.read_response()
+                continue
+            except redis.ResponseError:
+                if wait:
+                    await connection.read_response()
+                raise
+            if wait:
+                backend._check_replicas(await connection.read_response())
+            return reply
+    except redis.ResponseError:
+        raise  # whole replies were read: the connection is fine
+    except BaseException:
+        await connection.disconnect()  # a reply may be left half read
+        raise
+    finally:
+        await pool.release(connection)
