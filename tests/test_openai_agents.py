@@ -512,3 +512,24 @@ def test_an_unreachable_redis_is_the_stores_error_in_async_calls():
         run(session.get_items())
     with pytest.raises(BackendUnavailable):
         run(session.add_items([user("q")]))
+
+
+def test_each_event_loop_closes_its_connections(redis_url, redis_client):
+    """A loop per call (asyncio.run, async_to_sync, async views under WSGI) leaves no
+    connection behind: the bridge's connections close when their loop shuts down."""
+    from tests.redis_topologies import poll
+
+    client = redis.Redis.from_url(redis_url)
+    store = MemoryStore(RedisBackend(client=client, max_history=100, auto_summarize=True))
+    session = PersistentMemorySession("s1", store=store)
+    run(session.add_items([user("q")]))
+
+    def clients() -> int:
+        return redis_client.info("clients")["connected_clients"]
+
+    before = poll(lambda: clients() or None, "a count")
+    for _ in range(20):
+        assert run(session.get_items()) == [user("q")]
+    # At once, not when the garbage collector finds them.
+    poll(lambda: clients() <= before or None, "the loops' connections to close", timeout=2.0)
+    store.close()

@@ -23,8 +23,7 @@ import asyncio
 import contextvars
 import sys
 import threading
-import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import greenlet
@@ -141,24 +140,32 @@ def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
 
 
 class LoopClients:
-    """One redis.asyncio client per event loop (None where the bridge cannot make one)."""
+    """One redis.asyncio client per event loop (None where the bridge cannot make one),
+    closed when its loop shuts down (``asyncio.run``, asgiref's ``async_to_sync`` and
+    Django's async views under WSGI start a loop per call)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[Any, Any, Any]] = {}
 
     async def get(self) -> aioredis.Redis | AsyncRedisCluster | None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            if loop not in self._clients:
-                client = async_client(self._client)
-                # A cluster client's first calls, made at once, race its lazy start and
-                # lose their connections (redis-py, retries off): the loop's calls all
-                # wait for one start instead.
-                cluster = isinstance(client, AsyncRedisCluster)
-                self._clients[loop] = (client, loop.create_task(client.initialize()) if cluster else None)
-            client, started = self._clients[loop]
+            entry = self._clients.get(loop)
+        if entry is None:
+            client = async_client(self._client)
+            # A cluster client's first calls, made at once, race its lazy start and lose
+            # their connections (redis-py, retries off): the loop's calls all wait for one
+            # start instead.
+            cluster = isinstance(client, AsyncRedisCluster)
+            started = loop.create_task(client.initialize()) if cluster else None
+            closer = self._closer(loop, client)
+            await closer.__anext__()  # now the loop closes it when it shuts down
+            entry = (client, started, closer)
+            with self._lock:
+                self._clients[loop] = entry
+        client, started, _ = entry
         if started is not None:
             try:
                 await asyncio.shield(started)  # once done, at once
@@ -167,6 +174,19 @@ class LoopClients:
                     self._clients.pop(loop, None)
                 raise
         return client
+
+    async def _closer(self, loop: asyncio.AbstractEventLoop, client: Any) -> AsyncIterator[None]:
+        """An async generator the loop finalizes at its shutdown (``shutdown_asyncgens``):
+        then the loop's connections are closed, while it can still close them."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._clients.pop(loop, None)
+            if isinstance(client, AsyncRedisCluster):
+                await client.aclose()
+            elif client is not None:
+                await client.connection_pool.disconnect()
 
 
 async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
