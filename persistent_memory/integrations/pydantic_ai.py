@@ -209,11 +209,9 @@ class PersistentMemoryConversationStore(ConversationStore):
         expected_revision: str | None,
     ) -> None:
         """Store ``record`` and ``new_entries`` if the stored revision is ``expected_revision``."""
-        if self.owner is not None and record.scope not in (None, self.owner):
-            raise UserError(
-                f"This store keeps the conversations of owner {self.owner!r}, not {record.scope!r}."
-            )
         if self.owner is not None:
+            if record.scope not in (None, self.owner):
+                raise UserError(f"This store keeps owner {self.owner!r}'s conversations only.")
             record = dataclasses.replace(record, scope=self.owner)
         session_id, new_ids = record.conversation_id, {entry.id for entry in new_entries}
         parent = new_entries[0].parent_id if new_entries else None
