@@ -4,8 +4,11 @@ The environment picks the parts a newcomer may want to switch:
 ``MEMORY_BACKEND`` (memory | redis), ``REDIS_URL``, ``SESSION_TTL_HOURS``,
 ``DATABASE_URL`` (SQLite in the project folder by default), ``MEMORY_JOURNAL_DIR``
 (the memory backend's crash journal: a folder of the database's own by default, beside
-the SQLite file or in ``memory-journal/`` here; a path moves it, ``off`` turns it off)
-and ``DJANGO_DEBUG=1`` (Django's debug pages; off by default).
+the SQLite file or in ``memory-journal/`` here; a path moves it, ``off`` turns it off),
+``EMBEDDER_BASE_URL`` and ``EMBEDDER_MODEL`` (semantic search of long-term memories with
+any server speaking OpenAI's embeddings API, e.g. Ollama's ``http://localhost:11434/v1``
+and ``nomic-embed-text``; none by default) and ``DJANGO_DEBUG=1`` (Django's debug pages;
+off by default).
 """
 
 import os
@@ -129,6 +132,13 @@ PERSISTENT_MEMORY = {
 }
 if os.environ.get("REDIS_URL"):
     PERSISTENT_MEMORY["REDIS_URL"] = os.environ["REDIS_URL"]
+if os.environ.get("EMBEDDER_BASE_URL"):
+    PERSISTENT_MEMORY["EMBEDDER"] = "openai"
+    PERSISTENT_MEMORY["EMBEDDER_OPTIONS"] = {
+        "base_url": os.environ["EMBEDDER_BASE_URL"],
+        "model": os.environ.get("EMBEDDER_MODEL", "nomic-embed-text"),
+        "api_key_env": "EMBEDDER_API_KEY" if os.environ.get("EMBEDDER_API_KEY") else None,
+    }
 if os.environ.get("MEMORY_JOURNAL_DIR"):
     journal_dir = os.environ["MEMORY_JOURNAL_DIR"]
     PERSISTENT_MEMORY["JOURNAL_DIR"] = False if journal_dir.lower() in ("off", "false", "0") else journal_dir

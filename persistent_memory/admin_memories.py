@@ -12,6 +12,8 @@ from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from persistent_memory.admin_forget import ForgetOwnersMixin
@@ -68,12 +70,44 @@ class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
         "access_count",
         "last_accessed_at",
         "tokens",
+        "embedding_model",
+        "embedding_dimensions",
+        "history",
+        "similar_memories",
     )
     actions = ("export_jsonl", "forget_owners")
 
     @admin.display(description="content")
     def short_content(self, obj: LongTermMemory) -> str:
         return Truncator(obj.content).chars(80)
+
+    @admin.display(description="similar memories")
+    def similar_memories(self, obj: LongTermMemory) -> str:
+        """The owner's memories nearest this one in meaning (the service's ``similar``)."""
+        if not obj.pk:
+            return "-"
+        try:
+            found = memories_for(obj.owner).similar(obj.pk, limit=10)
+        except PersistentMemoryError:
+            found = []
+        if not found:
+            return "None (no vector of the current EMBEDDER's model, or no other memory of the owner)."
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join(
+                "",
+                '<li><a href="{}">{}</a> ({}): {}</li>',
+                (
+                    (
+                        reverse("admin:persistent_memory_longtermmemory_change", args=[memory["id"]]),
+                        memory["key"],
+                        f"{memory['score']:.3f}",
+                        Truncator(memory["content"]).chars(120),
+                    )
+                    for memory in found
+                ),
+            ),
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: LongTermMemory | None = None) -> tuple[str, ...]:
         # The owner is chosen on creation; moving a memory to another owner is a new one.

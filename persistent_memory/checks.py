@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
@@ -24,6 +24,7 @@ from persistent_memory.conf import (
 from persistent_memory.conversations.summaries import OVERFLOWS, STRATEGIES
 from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.debug import SafeExceptionReporterFilter, secret_passwords
+from persistent_memory.memories.embedders import OPENAI_OPTIONS
 
 
 def _is_int(value: Any, low: int, high: int | None = None) -> bool:
@@ -245,9 +246,43 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ),
     (
         "EMBEDDER",
-        lambda v: v is None or _import_string(v),
-        "Use None, or the import string of a callable (list of texts) -> list of vectors.",
+        lambda v: v is None or v == "openai" or _import_string(v),
+        'Use None, "openai", or the import string of a callable (list of texts) -> list of vectors.',
         "E012",
+    ),
+    (
+        "EMBEDDER_OPTIONS",
+        lambda v: isinstance(v, dict) and set(v) <= set(OPENAI_OPTIONS),
+        f"Use a dict of the openai embedder's options: {', '.join(OPENAI_OPTIONS)}.",
+        "E012",
+    ),
+    ("MEMORY_VECTOR_SCAN_LIMIT", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
+    (
+        "MEMORY_DEDUP_DISTANCE",
+        lambda v: v is None or (_is_number(v) and v < 2),
+        "Use a cosine distance from 0 to 2 (0.05: near-identical), or None to never merge.",
+        "E002",
+    ),
+    *(
+        (
+            name,
+            lambda v: v is None or _is_number(v, positive=True),
+            "Use a positive number of days, or None.",
+            "E002",
+        )
+        for name in ("MEMORY_HALF_LIFE_DAYS", "MEMORY_INACTIVE_DAYS")
+    ),
+    (
+        "MEMORY_ACCESS_WEIGHT",
+        lambda v: _is_number(v),
+        "Use a number, 0 or more (0: access counts do not count).",
+        "E002",
+    ),
+    (
+        "MEMORY_MAX_PER_OWNER",
+        lambda v: v is None or _is_int(v, 1),
+        "Use a positive integer, or None.",
+        "E002",
     ),
     (
         "MEMORY_EXTRACTORS",
@@ -641,3 +676,63 @@ def check_debug_reports(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             id="persistent_memory.W005",
         )
     ]
+
+
+@register(Tags.database)
+def check_vectors(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """With an EMBEDDER: where semantic search compares vectors, what would compare them
+    in the database instead, and vectors another model made (`check --database default`:
+    it asks the database)."""
+    user = getattr(settings, SETTING_NAME, {})
+    if not databases or not isinstance(user, dict) or check_settings():
+        return []
+    conf = MemorySettings(user)
+    if not conf.EMBEDDER:
+        return []
+    from django.db import DatabaseError, connection
+
+    from persistent_memory.memories import vectors
+    from persistent_memory.memories.embedders import model_name
+    from persistent_memory.models import LongTermMemory
+
+    try:
+        kind = vectors.backend()
+        stale = (
+            LongTermMemory.objects.filter(embedding__isnull=False)
+            .exclude(embedding_model=model_name(conf.EMBEDDER, dict(conf.EMBEDDER_OPTIONS or {})))
+            .count()
+        )
+        offered = vectors.pgvector_available()
+    except DatabaseError:
+        return []  # the database's own checks say why
+    hint = None
+    if kind == vectors.NUMPY and connection.vendor == "postgresql":
+        hint = (
+            "The server has the vector extension: run manage.py memory_embed to add the vector column."
+            if offered
+            else "Install pgvector on the PostgreSQL server, then run manage.py memory_embed."
+        )
+    elif kind == vectors.NUMPY and connection.vendor == "sqlite":
+        hint = "pip install sqlite-vec, on a Python whose sqlite3 can load extensions."
+    messages: list[CheckMessage] = [
+        Info(
+            f"Semantic search compares vectors with {kind}"
+            + (
+                f" (at most MEMORY_VECTOR_SCAN_LIMIT={conf.MEMORY_VECTOR_SCAN_LIMIT} per search)."
+                if kind == vectors.NUMPY
+                else "."
+            ),
+            hint=hint,
+            id="persistent_memory.I001",
+        )
+    ]
+    if stale:
+        messages.append(
+            Warning(
+                f"{stale} memories have vectors of another model than the EMBEDDER's: "
+                "semantic search leaves them out.",
+                hint="Run manage.py memory_embed to embed them again with the current model.",
+                id="persistent_memory.W008",
+            )
+        )
+    return messages

@@ -199,9 +199,34 @@ DEFAULTS: dict[str, Any] = {
     # Days after its last update a long-term memory expires (hidden at once, deleted by
     # `memory_sweep`). None: kept until its own expires_at.
     "MEMORY_RETENTION_DAYS": None,
-    # Import string of a callable (list of texts) -> list of vectors, for semantic search. None: no
-    # semantic search, and "hybrid" fuses keyword matches with recency instead.
+    # What embeds memories for semantic search: "openai" (the OpenAI embeddings API or any server
+    # that speaks it: Ollama, vLLM, LM Studio, llama.cpp, LiteLLM; see EMBEDDER_OPTIONS), or the
+    # import string of a callable (list of texts) -> list of vectors. None: no semantic search,
+    # and "hybrid" fuses keyword matches with recency instead.
     "EMBEDDER": None,
+    # Options of the "openai" embedder: model ("text-embedding-3-small"), base_url (None: OpenAI's;
+    # "http://localhost:11434/v1" for Ollama), dimensions, api_key_env ("OPENAI_API_KEY"; None for
+    # none), timeout (10 seconds), batch_size (64 texts a request), max_retries (2, with backoff).
+    "EMBEDDER_OPTIONS": {},
+    # Where no database compares vectors (neither pgvector nor sqlite-vec), the most recently
+    # updated vectors of an owner that one semantic search compares, in memory.
+    "MEMORY_VECTOR_SCAN_LIMIT": 50_000,
+    # Cosine distance within which a new memory (written without a key) of the same owner and type
+    # as an existing one updates it instead of adding a row. None: never merged.
+    "MEMORY_DEDUP_DISTANCE": 0.05,
+    # How much the semantic list weighs in "hybrid" search, from 0 to 1 (the keyword list weighs the
+    # rest): each list's scores are scaled to 0..1 and added with these weights.
+    "MEMORY_HYBRID_ALPHA": 0.75,
+    # Days after which a memory's search score halves since its last use (update or access).
+    # None: no decay.
+    "MEMORY_HALF_LIFE_DAYS": None,
+    # How much a memory's access count raises its search score: times 1 + weight * ln(1 + count).
+    "MEMORY_ACCESS_WEIGHT": 0.0,
+    # Days without an update or an access after which `memory_sweep` deletes a memory. None: never.
+    "MEMORY_INACTIVE_DAYS": None,
+    # Memories one owner may keep: `memory_sweep` deletes the least recently used beyond it. None:
+    # no budget.
+    "MEMORY_MAX_PER_OWNER": None,
     # The memory extractors, import strings of callables (messages) -> candidate memories ([]:
     # none). The default finds English statements of preference, decision and habit by rules.
     "MEMORY_EXTRACTORS": ["persistent_memory.memories.extraction.rules.extract"],

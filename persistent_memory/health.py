@@ -146,6 +146,37 @@ def extraction_health(store: MemoryStore) -> dict[str, Any]:
     }
 
 
+def embedder_health() -> dict[str, Any]:
+    """Semantic search's embedder in this process: its model, where vectors are compared,
+    its outcomes since the process started, and how many memories wait for a vector of
+    the current model (``memory_embed`` embeds them).
+
+    Its ``status`` stays "ok": a failing embedder costs writes nothing (memories are
+    stored without vectors) and search falls back to keyword."""
+    from persistent_memory.memories import embedders, upkeep, vectors
+
+    embedder = embedders.current()
+    if embedder is None:
+        return {"status": OK, "enabled": False}
+    state = embedders.health
+    try:
+        pending, backend = upkeep.unembedded(embedder).count(), vectors.backend()
+    except DatabaseError:
+        pending, backend = None, None  # the database part says why
+    return {
+        "status": OK,
+        "enabled": True,
+        "model": embedder.model,
+        "vector_backend": backend,
+        "pending": pending,
+        "embedded": state.embedded,
+        "failures": state.failures,
+        "last_error": state.last_error,
+        "last_error_at": _moment(state.last_error_at),
+        "last_success_at": _moment(state.last_success_at),
+    }
+
+
 def health_report(store: MemoryStore) -> dict[str, Any]:
     """Every part's health, and ``status``: "ok" when every part is."""
     parts = {
@@ -154,6 +185,7 @@ def health_report(store: MemoryStore) -> dict[str, Any]:
         "mirror": mirror_health(store),
         "summarizer": summarizer_health(store),
         "extraction": extraction_health(store),
+        "embedder": embedder_health(),
     }
     status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
     return {"status": status, **parts}

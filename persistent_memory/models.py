@@ -277,8 +277,16 @@ class LongTermMemory(models.Model):
     access_count = models.PositiveIntegerField(default=0)
     last_accessed_at = models.DateTimeField(null=True, blank=True)
     tokens = models.PositiveIntegerField(default=0, help_text="Tokens of the content (TOKENIZER).")
-    #: The EMBEDDER's vector of the content (None without an embedder); searched in Python.
+    #: The EMBEDDER's vector of the content (None: not embedded yet, or no embedder). On
+    #: PostgreSQL with pgvector a generated column holds it as a ``vector`` too (0014).
     embedding = models.JSONField(null=True, blank=True, editable=False)
+    #: The model that made ``embedding``, and its length: a vector is only ever compared
+    #: with vectors of the same model and length.
+    embedding_model = models.CharField(max_length=200, blank=True, default="", editable=False)
+    embedding_dimensions = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    #: What the memory said before a merge changed it, oldest first (at most
+    #: ``records.MAX_HISTORY`` entries): ``{"content", "key", "at", "reason"}``.
+    history = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         ordering = ["-updated_at", "-id"]

@@ -75,6 +75,14 @@ class JSONHandler(BaseHTTPRequestHandler):
     def read_json(self) -> Any:
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
 
+    def read_recorded(self, requests: list[dict[str, Any]], lock: threading.Lock) -> Any:
+        """The request's JSON body, recorded in ``requests`` with its path and headers."""
+        body = self.read_json()
+        with lock:
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            requests.append({"path": self.path, "headers": headers, "body": body})
+        return body
+
     def send_json(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
         try:
@@ -104,10 +112,7 @@ def serving(handler: type[BaseHTTPRequestHandler], name: str) -> Iterator[str]:
 def _handler(state: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(JSONHandler):
         def do_POST(self) -> None:
-            body = self.read_json()
-            with state.lock:
-                headers = {name.lower(): value for name, value in self.headers.items()}
-                state.requests.append({"path": self.path, "headers": headers, "body": body})
+            body = self.read_recorded(state.requests, state.lock)
             reply = state.next_reply()
             if reply.delay:
                 time.sleep(reply.delay)

@@ -37,6 +37,7 @@ ENDPOINTS = {
     ("/api/memory/memories/{memory_id}/", "get"),
     ("/api/memory/memories/{memory_id}/", "patch"),
     ("/api/memory/memories/{memory_id}/", "delete"),
+    ("/api/memory/memories/{memory_id}/similar/", "get"),
     ("/api/memory/memories/search/", "post"),
     ("/api/memory/memories/stats/", "get"),
     ("/api/memory/owner/", "get"),

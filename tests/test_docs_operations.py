@@ -28,6 +28,7 @@ from rest_framework.test import APIClient
 
 from tests import readme_blocks
 from tests.conftest import _free_port, memory_settings_for
+from tests.embeddings_server import embeddings_server
 from tests.readme_blocks import ROOT, example, promised, run_block, run_example
 from tests.servers import demo_env, prepare_database, project_folder, serve
 from tests.servers import run_bash as bash
@@ -153,6 +154,11 @@ def test_the_command_examples_on_the_demo_site(tmp_path, redis_url, redis_client
     run_console(example("ops-summarize"), env, tmp_path)
     run_console(example("ops-mirror"), env, tmp_path)
     run_console(example("ops-extract"), env, tmp_path)
+    # The memory extracted without an embedder is embedded once the demo has one.
+    with embeddings_server() as server:
+        with_embedder = {**env, "EMBEDDER_BASE_URL": server.url}
+        run_console(example("ops-embed"), with_embedder, tmp_path)
+        run_console(example("ops-consolidate"), with_embedder, tmp_path)
     run_console(example("ops-export"), env, tmp_path)
     assert len((tmp_path / "sessions.jsonl").read_text().splitlines()) == 2
     run_console(example("ops-import"), env, tmp_path)

@@ -529,3 +529,27 @@ def test_http_serves_more_owners_than_it_keeps_servers_for(env: dict[str, str], 
     assert len(started) == 7, log  # five owners, then two of them again
     assert max(running for _, _, running in events) == 2, events
     assert sum(1 for _, what, _ in events if what == "stopped") >= 5
+
+
+def test_stdio_search_finds_by_meaning_with_an_embedder(tmp_path: Path) -> None:
+    """With the demo's EMBEDDER_BASE_URL (the stand-in embeddings server), the MCP search
+    tool finds a memory by meaning, and another owner's search finds nothing of it."""
+    from tests.embeddings_server import embeddings_server
+
+    python, question = "I prefer Python over Java for scripting.", "Which language should I use?"
+
+    async def add_and_ask(session: ClientSession) -> Any:
+        await session.call_tool("add_memory", {"content": python})
+        return payload(await session.call_tool("search_memories", {"query": question}))
+
+    async def ask(session: ClientSession) -> Any:
+        return payload(await session.call_tool("search_memories", {"query": question}))
+
+    with embeddings_server() as server:
+        env = demo_env(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", EMBEDDER_BASE_URL=server.url)
+        manage(env, "migrate", "--verbosity", "0")
+        found = over_stdio(env, "user:1", add_and_ask)
+        assert found[0]["content"] == python and found[0]["score_parts"]["keyword"] is None
+        assert found[0]["score_parts"]["semantic"] > 0.5
+        assert over_stdio(env, "user:2", ask) == []
+        assert {r["body"]["model"] for r in server.requests} == {"nomic-embed-text"}

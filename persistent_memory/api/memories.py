@@ -157,6 +157,21 @@ class MemorySearchView(MemoryView):
         return Response({"results": self.memories.search(query, **data)})
 
 
+class MemorySimilarView(MemoryView):
+    @extend_schema(
+        parameters=[MEMORY_ID, m.SimilarQuery],
+        responses={200: m.MemoryResults, **errors(404)},
+        operation_id="memories_similar",
+        tags=[TAG],
+        summary="The caller's memories nearest this one in meaning",
+        description="Nearest vectors first, each with its cosine similarity as `score`; empty when the "
+        "memory has no vector of the EMBEDDER's current model (no embedder, or not embedded yet).",
+    )
+    def get(self, request: Request, memory_id: str) -> Response:
+        query = self.validated(m.SimilarQuery, request.query_params)
+        return Response({"results": self.memories.similar(memory_id_of(memory_id), **query)})
+
+
 class MemoryStatsView(MemoryView):
     @extend_schema(
         responses={200: m.MemoryStats, **errors()},

@@ -85,6 +85,10 @@ class MemorySearch(serializers.Serializer):
     )
 
 
+class SimilarQuery(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=10)
+
+
 class Memory(serializers.Serializer):
     id = serializers.IntegerField()
     owner = serializers.CharField()
@@ -101,10 +105,20 @@ class Memory(serializers.Serializer):
     access_count = serializers.IntegerField()
     last_accessed_at = serializers.DateTimeField(allow_null=True)
     tokens = serializers.IntegerField()
+    history = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="What the memory said before merges changed it, oldest first: content, key, at, reason.",
+    )
 
 
 class FoundMemory(Memory):
     score = serializers.FloatField(help_text="The strategy's score: higher is better.")
+    score_parts = serializers.DictField(
+        child=serializers.FloatField(allow_null=True),
+        help_text="What the score is made of: keyword and semantic (their own scores, null when not "
+        "found that way), relevance (their fusion), recency and frequency (its weights by use); "
+        "recent for the recent strategy.",
+    )
 
 
 class MemoryPage(serializers.Serializer):

@@ -34,6 +34,7 @@ urlpatterns = [
     path("memories/search/", memories.MemorySearchView.as_view(), name="memories-search"),
     path("memories/stats/", memories.MemoryStatsView.as_view(), name="memories-stats"),
     path("memories/<str:memory_id>/", memories.MemoryDetailView.as_view(), name="memory-detail"),
+    path("memories/<str:memory_id>/similar/", memories.MemorySimilarView.as_view(), name="memory-similar"),
     path("owner/", owner.OwnerView.as_view(), name="owner"),
     re_path(r"^.*$", views.NotFoundView.as_view(), name="not-found"),
 ]

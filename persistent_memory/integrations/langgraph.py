@@ -272,8 +272,8 @@ class PersistentMemoryStore(BaseStore):
             if strategy == "semantic" and search.embedder() is None:
                 strategy = "hybrid"
             ranked = search.rank(rows, op.query, strategy, SEARCH_CANDIDATES)
-            by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in ranked])}
-            scored = [(by_id[pk], score) for pk, score in ranked if pk in by_id]
+            by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])}
+            scored = [(by_id[hit.id], hit.score) for hit in ranked if hit.id in by_id]
         else:
             newest = rows.order_by("-updated_at", "-id")
             if not op.filter:  # the database gives the page alone, not every item under the prefix

@@ -34,7 +34,10 @@ FIELDS = (
     "access_count",
     "last_accessed_at",
     "tokens",
+    "history",
 )
+#: The most entries a memory's history keeps (the oldest go first).
+MAX_HISTORY = 10
 
 _SPACES = re.compile(r"\s+")
 _KEY_UNSAFE = re.compile(r"[^a-z0-9]+")
@@ -146,3 +149,9 @@ def validate_expires_at(expires_at: Any) -> datetime | None:
 def as_dict(memory: LongTermMemory) -> dict[str, Any]:
     """A memory's public form: times are aware datetimes (the API writes ISO 8601)."""
     return {name: getattr(memory, name) for name in FIELDS}
+
+
+def with_history(history: list[dict[str, Any]], memory: LongTermMemory, reason: str) -> list[dict[str, Any]]:
+    """``history`` with what ``memory`` says now appended (``reason``: what replaced it)."""
+    entry = {"content": memory.content, "key": memory.key, "at": timezone.now().isoformat(), "reason": reason}
+    return [*(history or []), entry][-MAX_HISTORY:]

@@ -19,7 +19,7 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
-from persistent_memory.memories import records, search
+from persistent_memory.memories import records, search, vectors
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 from persistent_memory.validation import validate_int
@@ -110,7 +110,8 @@ class MemoryService:
         source: that memory comes back unchanged."""
         content = records.validate_content(content)
         type_ = records.validate_choice(type, name="type", choices=records.TYPES)
-        key = records.validate_memory_key(key) if key is not None else records.derive_key(type_, content)
+        key_given = key is not None
+        key = records.validate_memory_key(key) if key_given else records.derive_key(type_, content)
         fields = {
             "session_id": records.validate_memory_session(session_id),
             "type": type_,
@@ -121,13 +122,56 @@ class MemoryService:
             "expires_at": records.validate_expires_at(expires_at),
             "tokens": _count_tokens(content),
         }
+        # Embedded before the transaction (a network call holds no row lock), unless the
+        # memory under the key already has this content's vector of the current model.
+        known = LongTermMemory.objects.filter(owner=self.owner, key=key).values_list(
+            "content", "embedding_model"
+        )
+        current = search.embedder()
+        if current is not None and (content, current.model) not in set(known):
+            fields.update(_vector_of(content))
+        duplicate = None if key_given else self._duplicate(fields, type_, key)
         for _attempt in range(2):  # a concurrent insert of the same key: update it instead
             try:
                 with transaction.atomic():
+                    if duplicate is not None:
+                        row = self._merge(duplicate, fields)
+                        if row is not None:
+                            return records.as_dict(row)
                     return records.as_dict(self._upsert(key, fields))
             except IntegrityError:
                 continue
         raise InvalidMemory(f"Could not write memory {key!r}: it is being written concurrently.")
+
+    def _duplicate(self, fields: dict[str, Any], type_: str, key: str) -> int | None:
+        """The id of the owner's memory of this type (under another key) nearest the new
+        one's vector within MEMORY_DEDUP_DISTANCE (None: none, no vector, or merging off)."""
+        distance, vector = memory_settings.MEMORY_DEDUP_DISTANCE, fields.get("embedding")
+        if distance is None or not vector:
+            return None
+        rows = self._rows().filter(type=type_).exclude(key=key)
+        near = vectors.nearest(rows, search.compiled_where(rows), vector, fields["embedding_model"], 1)
+        return near[0][0] if near and 1.0 - near[0][1] <= distance else None
+
+    def _merge(self, memory_id: int, fields: dict[str, Any]) -> LongTermMemory | None:
+        """Write the new memory's content, metadata (merged over the old) and vector into
+        the near-duplicate ``memory_id``, keeping its key and what it said in its history.
+        None when that memory is gone meanwhile (the caller adds a row instead)."""
+        row = self._rows().select_for_update().filter(pk=memory_id).first()
+        if row is None:
+            return None
+        if fields["source"] == "extraction" and row.source != "extraction":
+            return row  # an extraction never changes a memory of another source
+        if row.content != fields["content"]:
+            row.history = records.with_history(row.history, row, "merged")
+        row.metadata = {**row.metadata, **fields["metadata"]}
+        for name in ("content", "tokens", "embedding", "embedding_model", "embedding_dimensions"):
+            if name in fields:
+                setattr(row, name, fields[name])
+        row.source_messages = list(dict.fromkeys([*row.source_messages, *fields["source_messages"]]))[-100:]
+        row.updated_at = timezone.now()
+        row.save()
+        return row
 
     def _upsert(self, key: str, fields: dict[str, Any]) -> LongTermMemory:
         now = timezone.now()
@@ -147,10 +191,11 @@ class MemoryService:
             for name, value in fields.items():
                 setattr(row, name, value)
         row.updated_at = now
-        if content_changed or row.embedding is None:
-            vectors = search.embed([row.content])
-            row.embedding = vectors[0] if vectors else None
+        if content_changed and "embedding" not in fields:  # the embedder failed, or there is none
+            row.embedding, row.embedding_model, row.embedding_dimensions = None, "", None
         row.save()
+        if row.embedding_dimensions:
+            vectors.ensure_index(row.embedding_dimensions)
         return row
 
     @staticmethod
@@ -207,18 +252,24 @@ class MemoryService:
             )
         if "source_messages" in fields:
             checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
+        if "content" in checked and search.embedder() is not None:
+            checked.update(_vector_of(checked["content"]))  # before the row lock, as in add
         with transaction.atomic():
             row = self._row(memory_id)
             new_key = checked.get("key", row.key)
             if new_key != row.key and LongTermMemory.objects.filter(owner=self.owner, key=new_key).exists():
                 raise MemoryKeyExists(f"Another memory has the key {new_key!r}.")
-            if "content" in checked and checked["content"] != row.content:
-                vectors = search.embed([checked["content"]])
-                checked["embedding"] = vectors[0] if vectors else None
+            if "content" in checked and checked["content"] == row.content:
+                for name in ("embedding", "embedding_model", "embedding_dimensions"):
+                    checked.pop(name, None)  # its vector stands
+            elif "content" in checked and "embedding" not in checked:
+                checked.update(embedding=None, embedding_model="", embedding_dimensions=None)
             for name, value in checked.items():
                 setattr(row, name, value)
             row.updated_at = timezone.now()
             row.save()
+            if checked.get("embedding_dimensions"):
+                vectors.ensure_index(checked["embedding_dimensions"])
         return records.as_dict(row)
 
     def delete(self, memory_id: int) -> None:
@@ -247,6 +298,28 @@ class MemoryService:
             "by_type": by_type,
             "by_source": by_source,
         }
+
+    def similar(self, memory_id: int, *, limit: int = 10) -> list[dict[str, Any]]:
+        """The owner's memories whose vectors are nearest this memory's, best first, each
+        with its ``score`` (cosine similarity); none when the memory has no vector of the
+        current model (not embedded yet, no embedder). :class:`MemoryNotFound` as ``get``."""
+        limit = min(validate_int(limit, name="limit", minimum=1), MAX_LIMIT)
+        row = self._row(memory_id)
+        current = search.embedder()
+        if current is None or not row.embedding or row.embedding_model != current.model:
+            return []
+        others = self._rows().exclude(pk=row.pk)
+        near = vectors.nearest(others, search.compiled_where(others), row.embedding, current.model, limit)
+        by_id = {other.pk: other for other in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in near])}
+        return [
+            {
+                **records.as_dict(by_id[pk]),
+                "score": round(score, 6),
+                "score_parts": {"semantic": round(score, 6)},
+            }
+            for pk, score in near
+            if pk in by_id and by_id[pk].owner == self.owner
+        ]
 
     def search(
         self,
@@ -282,25 +355,27 @@ class MemoryService:
         accepted = ranked[:limit]
         if max_tokens is not None:
             tokens = dict(
-                LongTermMemory.objects.filter(pk__in=[pk for pk, _ in ranked])
+                LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])
                 .order_by()
                 .values_list("id", "tokens")
             )
             accepted, used = [], 0
-            for pk, score in ranked:
-                if pk not in tokens:
+            for hit in ranked:
+                if hit.id not in tokens:
                     continue
-                if len(accepted) >= limit or (accepted and used + tokens[pk] > max_tokens):
+                if len(accepted) >= limit or (accepted and used + tokens[hit.id] > max_tokens):
                     break
-                used += tokens[pk]
-                accepted.append((pk, score))
+                used += tokens[hit.id]
+                accepted.append(hit)
         by_id = {
             row.pk: row
-            for row in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in accepted]).order_by()
+            for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in accepted]).order_by()
             if row.owner == self.owner
         }
         found = [
-            {**records.as_dict(by_id[pk]), "score": round(score, 6)} for pk, score in accepted if pk in by_id
+            {**records.as_dict(by_id[hit.id]), "score": round(hit.score, 6), "score_parts": hit.parts}
+            for hit in accepted
+            if hit.id in by_id
         ]
         if found:
             now = timezone.now()
@@ -309,6 +384,20 @@ class MemoryService:
                 memory["access_count"] += 1
                 memory["last_accessed_at"] = now
         return found
+
+
+def _vector_of(content: str) -> dict[str, Any]:
+    """The content's vector fields, or none when the embedder failed (the memory is then
+    written without a vector, for ``memory_embed``)."""
+    found = search.embed([content])
+    if not found:
+        return {}
+    current = search.embedder()
+    return {
+        "embedding": found[0],
+        "embedding_model": current.model if current is not None else "",
+        "embedding_dimensions": len(found[0]),
+    }
 
 
 def _count_access(pks: list[int], now: datetime) -> None:

@@ -9,6 +9,7 @@ from django.core.management.base import CommandError
 
 from persistent_memory.maintenance import as_counts, sweep, sweep_memories
 from persistent_memory.management.base import MemoryCommand
+from persistent_memory.memories.upkeep import forget_by_policy
 
 
 class Command(MemoryCommand):
@@ -51,7 +52,13 @@ class Command(MemoryCommand):
             dry_run=dry_run, batch_size=batch_size, mirror_retention_days=mirror_retention_days, owner=owner
         )
         report.memories_deleted = sweep_memories(dry_run=dry_run, owner=owner)
-        return {"dry_run": dry_run, **as_counts(report)}
+        forgotten = forget_by_policy(dry_run=dry_run, owner=owner)
+        return {
+            "dry_run": dry_run,
+            **as_counts(report),
+            "memories_inactive": forgotten.inactive,
+            "memories_over_budget": forgotten.over_budget,
+        }
 
     def summary(self, counts: dict[str, Any]) -> str:
         prefix = "Dry run, would remove" if counts["dry_run"] else "Removed"
@@ -59,5 +66,6 @@ class Command(MemoryCommand):
             f"{prefix}: {counts['expired_sessions']} expired sessions, "
             f"{counts['leftover_keys']} leftover keys, {counts['run_bindings']} run bindings; "
             f"mirror: {counts['mirror_marked_gone']} marked gone, {counts['mirror_deleted']} deleted; "
-            f"{counts['memories_deleted']} expired memories."
+            f"{counts['memories_deleted']} expired memories, {counts['memories_inactive']} inactive "
+            f"(MEMORY_INACTIVE_DAYS), {counts['memories_over_budget']} over MEMORY_MAX_PER_OWNER."
         )

@@ -1,0 +1,246 @@
+"""Where semantic search compares vectors, chosen by the database the memories are in:
+
+* ``pgvector``: PostgreSQL with the ``vector`` extension. Each memory's vector is also a
+  ``vector`` in a generated column (migration 0014); a search is one query ordering by
+  ``<=>`` (cosine distance) with the owner's filters in its WHERE, served by an HNSW
+  index per vector length (:func:`ensure_index`) with pgvector's iterative scan, so
+  filters never leave a search short of results.
+* ``sqlite-vec``: SQLite where the Python's ``sqlite3`` can load extensions and the
+  ``sqlite-vec`` package is installed: ``vec_distance_cosine`` over the stored JSON in
+  one query (an exact scan of the owner's vectors, in C).
+* ``numpy``: anywhere else, the owner's most recently updated vectors (at most
+  ``MEMORY_VECTOR_SCAN_LIMIT``) compared in one matrix product.
+
+Only vectors of the query's model and length are compared. Every function returns
+``[(id, similarity)]`` best first, similarity being 1 - cosine distance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.db.models import QuerySet
+from django.dispatch import receiver
+
+from persistent_memory.conf import memory_settings
+from persistent_memory.models import LongTermMemory
+
+logger = logging.getLogger("persistent_memory.memories")
+
+PGVECTOR, SQLITE_VEC, NUMPY = "pgvector", "sqlite-vec", "numpy"
+TABLE = LongTermMemory._meta.db_table
+#: pgvector's HNSW index takes vectors of up to 2,000 dimensions; longer ones are scanned.
+HNSW_MAX_DIMENSIONS = 2000
+_columns: dict[tuple[str, str], bool] = {}
+_indexes: set[tuple[str, str, int]] = set()
+_iterative: dict[tuple[str, str], bool] = {}
+
+
+@receiver(connection_created)
+def _load_sqlite_vec(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Load sqlite-vec into each new SQLite connection, where it can be loaded."""
+    if connection.vendor != "sqlite":
+        return
+    raw = connection.connection
+    try:
+        import sqlite_vec
+    except ImportError:
+        return
+    if not hasattr(raw, "enable_load_extension"):  # a Python built without extension loading
+        return
+    try:
+        raw.enable_load_extension(True)
+        try:
+            sqlite_vec.load(raw)
+        finally:
+            raw.enable_load_extension(False)
+    except Exception as exc:  # noqa: BLE001 - sqlite3.OperationalError, or a platform's own
+        logger.warning("sqlite-vec could not be loaded (vectors are compared with numpy): %s", exc)
+        return
+    connection.pm_sqlite_vec = True  # type: ignore[attr-defined]
+
+
+def _key(conn: BaseDatabaseWrapper) -> tuple[str, str]:
+    return conn.alias, str(conn.settings_dict.get("NAME"))
+
+
+def has_vector_column(conn: BaseDatabaseWrapper = connection) -> bool:
+    """Whether the memories table has migration 0014's ``vector`` column (PostgreSQL)."""
+    if conn.vendor != "postgresql":
+        return False
+    key = _key(conn)
+    if key not in _columns:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_name = %s "
+                "AND column_name = 'embedding_vector' AND table_schema = ANY (current_schemas(false))",
+                [TABLE],
+            )
+            _columns[key] = cursor.fetchone() is not None
+    return _columns[key]
+
+
+def _iterative_scans(conn: BaseDatabaseWrapper) -> bool:
+    """Whether the installed pgvector has iterative index scans (0.8 and newer)."""
+    key = _key(conn)
+    if key not in _iterative:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+        version = tuple(int(part) for part in row[0].split(".")[:2] if part.isdigit()) if row else ()
+        _iterative[key] = version >= (0, 8)
+    return _iterative[key]
+
+
+def pgvector_available(conn: BaseDatabaseWrapper = connection) -> bool:
+    """Whether the PostgreSQL server offers the ``vector`` extension (installed or not)."""
+    if conn.vendor != "postgresql":
+        return False
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+        return cursor.fetchone() is not None
+
+
+def add_vector_column(conn: BaseDatabaseWrapper = connection) -> bool:
+    """Create the extension (where the server has it and the role may) and the generated
+    column; whether the column exists now. Migration 0014 and ``memory_embed`` run it."""
+    if conn.vendor != "postgresql" or not pgvector_available(conn):
+        return False
+    with conn.cursor() as cursor:
+        try:  # in a savepoint: a role that may not create it leaves the caller's transaction going
+            with transaction.atomic(using=conn.alias):
+                cursor.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except DatabaseError as exc:
+            logger.warning("The vector extension could not be created: %s", exc)
+            return False
+        cursor.execute(
+            f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS embedding_vector vector "
+            "GENERATED ALWAYS AS ((embedding::text)::vector) STORED"
+        )
+    _columns.pop(_key(conn), None)
+    return has_vector_column(conn)
+
+
+def backend(conn: BaseDatabaseWrapper = connection) -> str:
+    """The vector backend semantic search uses on ``conn``."""
+    if has_vector_column(conn):
+        return PGVECTOR
+    if conn.vendor == "sqlite":
+        conn.ensure_connection()
+        if getattr(conn, "pm_sqlite_vec", False):
+            return SQLITE_VEC
+    return NUMPY
+
+
+def index_name(dimensions: int) -> str:
+    return f"pm_memory_hnsw_{int(dimensions)}"
+
+
+def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection) -> bool:
+    """The HNSW index of vectors of this length (pgvector; created when missing). Called
+    when a vector is written, so that it is created while few vectors have that length;
+    a search never creates it (it scans until the index exists)."""
+    if not has_vector_column(conn) or not 0 < dimensions <= HNSW_MAX_DIMENSIONS:
+        return False
+    key = (*_key(conn), int(dimensions))
+    if key in _indexes:
+        return True
+    _indexes.add(key)  # tried once per process: a role that may not create it is not asked again
+    try:  # in a savepoint: the write that asked must not fail for want of an index
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            cursor.execute(
+                f"CREATE INDEX IF NOT EXISTS {index_name(dimensions)} ON {TABLE} USING hnsw "
+                f"((embedding_vector::vector({int(dimensions)})) vector_cosine_ops) "
+                f"WHERE embedding_dimensions = {int(dimensions)}"
+            )
+    except DatabaseError as exc:
+        logger.warning(
+            "The HNSW index of %d-dimension vectors could not be created (searches scan): %s", dimensions, exc
+        )
+        return False
+    return True
+
+
+def _pgvector(
+    where: str, params: list[Any], vector: list[float], model: str, limit: int
+) -> list[tuple[int, float]]:
+    dims = int(len(vector))
+    # The length is a literal: the partial index's predicate must match the query's.
+    sql = (
+        f"SELECT id, (embedding_vector::vector({dims})) <=> %s::vector({dims}) AS distance "  # noqa: S608
+        f"FROM {TABLE} WHERE embedding_dimensions = {dims} AND embedding_model = %s AND {where} "
+        "ORDER BY distance LIMIT %s"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Iterative scans (pgvector 0.8) keep reading the index while filters drop rows,
+        # in exact order, so an owner among many still gets `limit` results; before 0.8,
+        # a wider search list is what there is.
+        cursor.execute(f"SET LOCAL hnsw.ef_search = {max(40, min(1000, limit))}")
+        if _iterative_scans(connection):
+            cursor.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+        cursor.execute(sql, [json.dumps(vector), model, *params, limit])
+        return [(pk, 1.0 - float(distance)) for pk, distance in cursor.fetchall()]
+
+
+def _sqlite_vec(
+    where: str, params: list[Any], vector: list[float], model: str, limit: int
+) -> list[tuple[int, float]]:
+    dims = len(vector)
+    sql = (
+        f"SELECT id, vec_distance_cosine(embedding, %s) AS distance FROM {TABLE} "  # noqa: S608
+        f"WHERE embedding_dimensions = %s AND embedding_model = %s AND {where} ORDER BY distance LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [json.dumps(vector), dims, model, *params, limit])
+        return [(pk, 1.0 - float(distance)) for pk, distance in cursor.fetchall()]
+
+
+def _numpy(
+    rows: QuerySet[LongTermMemory], vector: list[float], model: str, limit: int
+) -> list[tuple[int, float]]:
+    import numpy as np
+
+    candidates = (
+        rows.filter(embedding_model=model, embedding_dimensions=len(vector))
+        .order_by("-updated_at", "-id")
+        .values_list("id", "embedding")[: memory_settings.MEMORY_VECTOR_SCAN_LIMIT]
+    )
+    ids, vectors = [], []
+    for pk, stored in candidates:
+        ids.append(pk)
+        vectors.append(stored)
+    if not ids:
+        return []
+    matrix = np.asarray(vectors, dtype=np.float32)
+    query = np.asarray(vector, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
+    similarity = (matrix @ query) / np.where(norms == 0, 1.0, norms)
+    count = min(limit, len(ids))
+    best = np.argpartition(-similarity, count - 1)[:count]
+    best = best[np.argsort(-similarity[best], kind="stable")]
+    return [(ids[i], float(similarity[i])) for i in best]
+
+
+def nearest(
+    rows: QuerySet[LongTermMemory],
+    where: tuple[str, list[Any]] | None,
+    vector: list[float],
+    model: str,
+    limit: int,
+) -> list[tuple[int, float]]:
+    """The memories of ``rows`` whose vectors (of ``model``) are nearest ``vector``.
+    ``where`` is ``rows``' WHERE compiled for a raw query on the table (None: nothing
+    can match)."""
+    if where is None:
+        return []
+    kind = backend()
+    if kind == PGVECTOR:
+        return _pgvector(*where, vector, model, limit)
+    if kind == SQLITE_VEC:
+        return _sqlite_vec(*where, vector, model, limit)
+    return _numpy(rows, vector, model, limit)
