@@ -708,7 +708,7 @@ def check_vectors(app_configs: Any = None, databases: Any = None, **kwargs: Any)
     hint = None
     if kind == vectors.NUMPY and connection.vendor == "postgresql":
         hint = (
-            "The server has the vector extension: run manage.py memory_embed to add the vector column."
+            "The server has the vector extension: run manage.py memory_embed to add the vector table."
             if offered
             else "Install pgvector on the PostgreSQL server, then run manage.py memory_embed."
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from array import array
 from datetime import UTC, datetime
 from typing import Any
 
@@ -155,3 +156,15 @@ def with_history(history: list[dict[str, Any]], memory: LongTermMemory, reason: 
     """``history`` with what ``memory`` says now appended (``reason``: what replaced it)."""
     entry = {"content": memory.content, "key": memory.key, "at": timezone.now().isoformat(), "reason": reason}
     return [*(history or []), entry][-MAX_HISTORY:]
+
+
+def vector_fields(vector: list[float] | None, model: str) -> dict[str, Any]:
+    """A memory's vector fields for ``vector`` made by ``model`` (None: no vector)."""
+    if not vector:
+        return {"embedding": None, "embedding_f32": None, "embedding_model": "", "embedding_dimensions": None}
+    return {
+        "embedding": vector,
+        "embedding_f32": array("f", vector).tobytes(),
+        "embedding_model": model,
+        "embedding_dimensions": len(vector),
+    }

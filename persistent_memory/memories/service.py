@@ -165,7 +165,7 @@ class MemoryService:
         if row.content != fields["content"]:
             row.history = records.with_history(row.history, row, "merged")
         row.metadata = {**row.metadata, **fields["metadata"]}
-        for name in ("content", "tokens", "embedding", "embedding_model", "embedding_dimensions"):
+        for name in ("content", "tokens", *records.vector_fields(None, "")):
             if name in fields:
                 setattr(row, name, fields[name])
         row.source_messages = list(dict.fromkeys([*row.source_messages, *fields["source_messages"]]))[-100:]
@@ -192,7 +192,8 @@ class MemoryService:
                 setattr(row, name, value)
         row.updated_at = now
         if content_changed and "embedding" not in fields:  # the embedder failed, or there is none
-            row.embedding, row.embedding_model, row.embedding_dimensions = None, "", None
+            for name, value in records.vector_fields(None, "").items():
+                setattr(row, name, value)
         row.save()
         if row.embedding_dimensions:
             vectors.ensure_index(row.embedding_dimensions)
@@ -260,10 +261,10 @@ class MemoryService:
             if new_key != row.key and LongTermMemory.objects.filter(owner=self.owner, key=new_key).exists():
                 raise MemoryKeyExists(f"Another memory has the key {new_key!r}.")
             if "content" in checked and checked["content"] == row.content:
-                for name in ("embedding", "embedding_model", "embedding_dimensions"):
+                for name in records.vector_fields(None, ""):
                     checked.pop(name, None)  # its vector stands
             elif "content" in checked and "embedding" not in checked:
-                checked.update(embedding=None, embedding_model="", embedding_dimensions=None)
+                checked.update(records.vector_fields(None, ""))
             for name, value in checked.items():
                 setattr(row, name, value)
             row.updated_at = timezone.now()
@@ -389,15 +390,8 @@ class MemoryService:
 def _vector_of(content: str) -> dict[str, Any]:
     """The content's vector fields, or none when the embedder failed (the memory is then
     written without a vector, for ``memory_embed``)."""
-    found = search.embed([content])
-    if not found:
-        return {}
-    current = search.embedder()
-    return {
-        "embedding": found[0],
-        "embedding_model": current.model if current is not None else "",
-        "embedding_dimensions": len(found[0]),
-    }
+    found, current = search.embed([content]), search.embedder()
+    return records.vector_fields(found[0], current.model) if found and current is not None else {}
 
 
 def _count_access(pks: list[int], now: datetime) -> None:

@@ -51,11 +51,11 @@ def embed_memories(
     """Embed the memories that have no vector of the configured embedder's model (all of
     them with ``everything``), ``batch_size`` texts a call. A memory whose content changed
     meanwhile keeps the vector its own write gave it. On PostgreSQL, first adds pgvector's
-    column where the server has the extension (see migration 0014)."""
+    table where the server has the extension (see migration 0014)."""
     embedder = embedders.current()
     if embedder is None:
         raise ValueError("No EMBEDDER is configured.")
-    vectors.add_vector_column()
+    vectors.add_vector_table()
     rows = _scope(owner) if everything else unembedded(embedder, owner)
     ids = list(rows.order_by("pk").values_list("pk", flat=True))
     report = EmbedReport(vector_backend=vectors.backend())
@@ -70,7 +70,7 @@ def embed_memories(
             vectors.ensure_index(len(found[0]))
             for (pk, content), vector in zip(batch, found, strict=True):
                 report.embedded += LongTermMemory.objects.filter(pk=pk, content=content).update(
-                    embedding=vector, embedding_model=embedder.model, embedding_dimensions=len(vector)
+                    **records.vector_fields(vector, embedder.model)
                 )
         if progress is not None:
             progress(min(start + batch_size, len(ids)), len(ids))
@@ -142,7 +142,7 @@ def _merge_group(survivor_id: int, others: list[int]) -> None:
         for row in by_age:
             metadata.update(row.metadata)
         survivor.metadata = metadata
-        for name in ("content", "tokens", "embedding", "embedding_model", "embedding_dimensions", "source"):
+        for name in ("content", "tokens", "source", *records.vector_fields(None, "")):
             setattr(survivor, name, getattr(newest, name))
         survivor.access_count = sum(row.access_count for row in members)
         accessed = [row.last_accessed_at for row in members if row.last_accessed_at]

@@ -1,15 +1,17 @@
 """Where semantic search compares vectors, chosen by the database the memories are in:
 
 * ``pgvector``: PostgreSQL with the ``vector`` extension. Each memory's vector is also a
-  ``vector`` in a generated column (migration 0014); a search is one query ordering by
-  ``<=>`` (cosine distance) with the owner's filters in its WHERE, served by an HNSW
-  index per vector length (:func:`ensure_index`) with pgvector's iterative scan, so
-  filters never leave a search short of results.
+  ``vector`` in a table of its own that triggers keep (migration 0014): apart, because
+  a memory's row is rewritten whenever its access count moves, and each rewrite would
+  insert the vector into the HNSW index again (18 ms a search at 10,000 memories). A
+  search is one query ordering by ``<=>`` (cosine distance) with the owner's filters in
+  its WHERE, served by an HNSW index per vector length (:func:`ensure_index`) with
+  pgvector's iterative scan, so filters never leave a search short of results.
 * ``sqlite-vec``: SQLite where the Python's ``sqlite3`` can load extensions and the
-  ``sqlite-vec`` package is installed: ``vec_distance_cosine`` over the stored JSON in
-  one query (an exact scan of the owner's vectors, in C).
+  ``sqlite-vec`` package is installed: ``vec_distance_cosine`` over the stored float32
+  vectors in one query (an exact scan of the owner's vectors, in C).
 * ``numpy``: anywhere else, the owner's most recently updated vectors (at most
-  ``MEMORY_VECTOR_SCAN_LIMIT``) compared in one matrix product.
+  ``MEMORY_VECTOR_SCAN_LIMIT``), read as float32 bytes, compared in one matrix product.
 
 Only vectors of the query's model and length are compared. Every function returns
 ``[(id, similarity)]`` best first, similarity being 1 - cosine distance.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -34,6 +37,9 @@ logger = logging.getLogger("persistent_memory.memories")
 
 PGVECTOR, SQLITE_VEC, NUMPY = "pgvector", "sqlite-vec", "numpy"
 TABLE = LongTermMemory._meta.db_table
+#: pgvector's copy of each memory's vector (migration 0014), apart from the memories so
+#: that bookkeeping updates of a memory (its access count) never touch the HNSW index.
+VECTORS = "pm_memory_vector"
 #: pgvector's HNSW index takes vectors of up to 2,000 dimensions; longer ones are scanned.
 HNSW_MAX_DIMENSIONS = 2000
 _columns: dict[tuple[str, str], bool] = {}
@@ -69,19 +75,15 @@ def _key(conn: BaseDatabaseWrapper) -> tuple[str, str]:
     return conn.alias, str(conn.settings_dict.get("NAME"))
 
 
-def has_vector_column(conn: BaseDatabaseWrapper = connection) -> bool:
-    """Whether the memories table has migration 0014's ``vector`` column (PostgreSQL)."""
+def has_vector_table(conn: BaseDatabaseWrapper = connection) -> bool:
+    """Whether migration 0014's vector table exists (PostgreSQL with pgvector)."""
     if conn.vendor != "postgresql":
         return False
     key = _key(conn)
     if key not in _columns:
         with conn.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM information_schema.columns WHERE table_name = %s "
-                "AND column_name = 'embedding_vector' AND table_schema = ANY (current_schemas(false))",
-                [TABLE],
-            )
-            _columns[key] = cursor.fetchone() is not None
+            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [VECTORS])
+            _columns[key] = bool(cursor.fetchone()[0])
     return _columns[key]
 
 
@@ -106,9 +108,50 @@ def pgvector_available(conn: BaseDatabaseWrapper = connection) -> bool:
         return cursor.fetchone() is not None
 
 
-def add_vector_column(conn: BaseDatabaseWrapper = connection) -> bool:
-    """Create the extension (where the server has it and the role may) and the generated
-    column; whether the column exists now. Migration 0014 and ``memory_embed`` run it."""
+#: The vector table and the triggers that keep it equal to the memories' vectors: every
+#: write path (the ORM, bulk_create, COPY, raw SQL) fills it, and it can never disagree.
+_VECTOR_TABLE = [
+    f"CREATE TABLE IF NOT EXISTS {VECTORS} (memory_id bigint PRIMARY KEY, dimensions integer NOT NULL, "
+    "vector vector NOT NULL)",
+    f"""CREATE OR REPLACE FUNCTION {VECTORS}_write() RETURNS trigger AS $$
+    BEGIN
+      IF TG_OP = 'DELETE' OR NEW.embedding IS NULL OR NEW.embedding_dimensions IS NULL THEN
+        DELETE FROM {VECTORS} WHERE memory_id = OLD.id;
+      END IF;
+      IF TG_OP <> 'DELETE' AND NEW.embedding IS NOT NULL AND NEW.embedding_dimensions IS NOT NULL THEN
+        INSERT INTO {VECTORS} (memory_id, dimensions, vector)
+        VALUES (NEW.id, NEW.embedding_dimensions, (NEW.embedding::text)::vector)
+        ON CONFLICT (memory_id) DO UPDATE SET dimensions = EXCLUDED.dimensions, vector = EXCLUDED.vector;
+      END IF;
+      RETURN NULL;
+    END $$ LANGUAGE plpgsql""",  # noqa: S608 - names of ours
+    f"""CREATE OR REPLACE FUNCTION {VECTORS}_truncate() RETURNS trigger AS $$
+    BEGIN TRUNCATE {VECTORS}; RETURN NULL; END $$ LANGUAGE plpgsql""",
+    f"DROP TRIGGER IF EXISTS {VECTORS}_insert ON {TABLE}",
+    f"CREATE TRIGGER {VECTORS}_insert AFTER INSERT ON {TABLE} FOR EACH ROW "
+    f"WHEN (NEW.embedding IS NOT NULL) EXECUTE FUNCTION {VECTORS}_write()",
+    f"DROP TRIGGER IF EXISTS {VECTORS}_update ON {TABLE}",
+    f"CREATE TRIGGER {VECTORS}_update AFTER UPDATE ON {TABLE} FOR EACH ROW "
+    "WHEN (OLD.embedding IS DISTINCT FROM NEW.embedding "
+    "OR OLD.embedding_dimensions IS DISTINCT FROM NEW.embedding_dimensions) "
+    f"EXECUTE FUNCTION {VECTORS}_write()",
+    f"DROP TRIGGER IF EXISTS {VECTORS}_delete ON {TABLE}",
+    f"CREATE TRIGGER {VECTORS}_delete AFTER DELETE ON {TABLE} FOR EACH ROW "
+    f"EXECUTE FUNCTION {VECTORS}_write()",
+    f"DROP TRIGGER IF EXISTS {VECTORS}_truncate ON {TABLE}",
+    f"CREATE TRIGGER {VECTORS}_truncate AFTER TRUNCATE ON {TABLE} FOR EACH STATEMENT "
+    f"EXECUTE FUNCTION {VECTORS}_truncate()",
+    # What was embedded before the table existed.
+    f"INSERT INTO {VECTORS} (memory_id, dimensions, vector) "  # noqa: S608 - names of ours
+    f"SELECT id, embedding_dimensions, (embedding::text)::vector FROM {TABLE} "
+    "WHERE embedding IS NOT NULL AND embedding_dimensions IS NOT NULL ON CONFLICT (memory_id) DO NOTHING",
+]
+
+
+def add_vector_table(conn: BaseDatabaseWrapper = connection) -> bool:
+    """Create the extension (where the server has it and the role may), the vector table
+    and its triggers; whether the table exists now. Migration 0014 and ``memory_embed``
+    run it."""
     if conn.vendor != "postgresql" or not pgvector_available(conn):
         return False
     with conn.cursor() as cursor:
@@ -118,17 +161,15 @@ def add_vector_column(conn: BaseDatabaseWrapper = connection) -> bool:
         except DatabaseError as exc:
             logger.warning("The vector extension could not be created: %s", exc)
             return False
-        cursor.execute(
-            f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS embedding_vector vector "
-            "GENERATED ALWAYS AS ((embedding::text)::vector) STORED"
-        )
+        for statement in _VECTOR_TABLE:
+            cursor.execute(statement)
     _columns.pop(_key(conn), None)
-    return has_vector_column(conn)
+    return has_vector_table(conn)
 
 
 def backend(conn: BaseDatabaseWrapper = connection) -> str:
     """The vector backend semantic search uses on ``conn``."""
-    if has_vector_column(conn):
+    if has_vector_table(conn):
         return PGVECTOR
     if conn.vendor == "sqlite":
         conn.ensure_connection()
@@ -145,7 +186,7 @@ def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection) -> boo
     """The HNSW index of vectors of this length (pgvector; created when missing). Called
     when a vector is written, so that it is created while few vectors have that length;
     a search never creates it (it scans until the index exists)."""
-    if not has_vector_column(conn) or not 0 < dimensions <= HNSW_MAX_DIMENSIONS:
+    if not has_vector_table(conn) or not 0 < dimensions <= HNSW_MAX_DIMENSIONS:
         return False
     key = (*_key(conn), int(dimensions))
     if key in _indexes:
@@ -154,9 +195,9 @@ def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection) -> boo
     try:  # in a savepoint: the write that asked must not fail for want of an index
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
             cursor.execute(
-                f"CREATE INDEX IF NOT EXISTS {index_name(dimensions)} ON {TABLE} USING hnsw "
-                f"((embedding_vector::vector({int(dimensions)})) vector_cosine_ops) "
-                f"WHERE embedding_dimensions = {int(dimensions)}"
+                f"CREATE INDEX IF NOT EXISTS {index_name(dimensions)} ON {VECTORS} USING hnsw "
+                f"((vector::vector({int(dimensions)})) vector_cosine_ops) "
+                f"WHERE dimensions = {int(dimensions)}"
             )
     except DatabaseError as exc:
         logger.warning(
@@ -170,10 +211,13 @@ def _pgvector(
     where: str, params: list[Any], vector: list[float], model: str, limit: int
 ) -> list[tuple[int, float]]:
     dims = int(len(vector))
-    # The length is a literal: the partial index's predicate must match the query's.
+    # The length is a literal: the partial index's predicate must match the query's. The
+    # memories' own filters (``where``, compiled for their table) apply to each vector the
+    # index gives, in order, until `limit` pass.
     sql = (
-        f"SELECT id, (embedding_vector::vector({dims})) <=> %s::vector({dims}) AS distance "  # noqa: S608
-        f"FROM {TABLE} WHERE embedding_dimensions = {dims} AND embedding_model = %s AND {where} "
+        f"SELECT {TABLE}.id, (v.vector::vector({dims})) <=> %s::vector({dims}) AS distance "  # noqa: S608
+        f"FROM {VECTORS} v JOIN {TABLE} ON {TABLE}.id = v.memory_id "
+        f"WHERE v.dimensions = {dims} AND {TABLE}.embedding_model = %s AND {where} "
         "ORDER BY distance LIMIT %s"
     )
     with transaction.atomic(), connection.cursor() as cursor:
@@ -192,11 +236,11 @@ def _sqlite_vec(
 ) -> list[tuple[int, float]]:
     dims = len(vector)
     sql = (
-        f"SELECT id, vec_distance_cosine(embedding, %s) AS distance FROM {TABLE} "  # noqa: S608
+        f"SELECT id, vec_distance_cosine(embedding_f32, %s) AS distance FROM {TABLE} "  # noqa: S608
         f"WHERE embedding_dimensions = %s AND embedding_model = %s AND {where} ORDER BY distance LIMIT %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [json.dumps(vector), dims, model, *params, limit])
+        cursor.execute(sql, [array("f", vector).tobytes(), dims, model, *params, limit])
         return [(pk, 1.0 - float(distance)) for pk, distance in cursor.fetchall()]
 
 
@@ -205,18 +249,19 @@ def _numpy(
 ) -> list[tuple[int, float]]:
     import numpy as np
 
-    candidates = (
-        rows.filter(embedding_model=model, embedding_dimensions=len(vector))
+    dims = len(vector)
+    candidates = list(
+        rows.filter(embedding_model=model, embedding_dimensions=dims, embedding_f32__isnull=False)
         .order_by("-updated_at", "-id")
-        .values_list("id", "embedding")[: memory_settings.MEMORY_VECTOR_SCAN_LIMIT]
+        .values_list("id", "embedding_f32")[: memory_settings.MEMORY_VECTOR_SCAN_LIMIT]
     )
-    ids, vectors = [], []
-    for pk, stored in candidates:
-        ids.append(pk)
-        vectors.append(stored)
-    if not ids:
+    if not candidates:
         return []
-    matrix = np.asarray(vectors, dtype=np.float32)
+    ids = [pk for pk, _ in candidates]
+    # One buffer of float32s, read without parsing anything.
+    matrix = np.frombuffer(b"".join(bytes(blob) for _, blob in candidates), dtype=np.float32).reshape(
+        len(ids), dims
+    )
     query = np.asarray(vector, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
     similarity = (matrix @ query) / np.where(norms == 0, 1.0, norms)

@@ -1,5 +1,5 @@
-"""Each memory's vector is stored with the model that made it and its length (and a
-memory keeps what a merge replaced). Vectors stored before are taken as the configured
+"""Each memory's vector is stored with the model that made it and its length, and as
+float32 bytes (and a memory keeps what a merge replaced). Vectors stored before are taken as the configured
 EMBEDDER's, which made them (its model name as it would store it now).
 
 SQLite adds these columns by copying the table into a new one, which drops the triggers
@@ -17,6 +17,7 @@ _search_key = import_module("persistent_memory.migrations.0011_memories_search_k
 def _name_existing_vectors(apps, schema_editor):
     from persistent_memory.conf import memory_settings
     from persistent_memory.memories.embedders import model_name
+    from persistent_memory.memories.records import vector_fields
 
     if not memory_settings.EMBEDDER:
         return
@@ -28,7 +29,7 @@ def _name_existing_vectors(apps, schema_editor):
         memories.filter(embedding__isnull=False, embedding_model="").only("id", "embedding").iterator()
     ):
         if isinstance(row.embedding, list) and row.embedding:
-            memories.filter(pk=row.pk).update(embedding_model=name, embedding_dimensions=len(row.embedding))
+            memories.filter(pk=row.pk).update(**vector_fields(row.embedding, name))
 
 
 class Migration(migrations.Migration):
@@ -46,6 +47,11 @@ class Migration(migrations.Migration):
             model_name="longtermmemory",
             name="embedding_model",
             field=models.CharField(blank=True, default="", editable=False, max_length=200),
+        ),
+        migrations.AddField(
+            model_name="longtermmemory",
+            name="embedding_f32",
+            field=models.BinaryField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
             model_name="longtermmemory",

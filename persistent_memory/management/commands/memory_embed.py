@@ -17,7 +17,7 @@ class Command(MemoryCommand):
         "Embed the long-term memories without a vector of the EMBEDDER's current model: those "
         "written while the embedder failed, and all of them after a model change (their old "
         "vectors are left out of semantic search meanwhile). With --all, every memory again. "
-        "On PostgreSQL, first adds pgvector's column where the server has the extension."
+        "On PostgreSQL, first adds pgvector's table where the server has the extension."
     )
     uses_sessions = False
 
