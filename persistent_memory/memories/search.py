@@ -293,9 +293,7 @@ def _hits(ranked: Ranked, name: str) -> list[Hit]:
     return [Hit(pk, score, {name: round(score, 6)}) for pk, score in ranked]
 
 
-def _usage(
-    fused: Ranked, parts: dict[int, dict[str, float | None]], limit: int, now: datetime | None = None
-) -> list[Hit]:
+def _usage(fused: Ranked, parts: dict[int, dict[str, float | None]], limit: int) -> list[Hit]:
     """``fused`` with each score times its recency decay (MEMORY_HALF_LIFE_DAYS, from the
     memory's last update or access) and its access weight (MEMORY_ACCESS_WEIGHT), best first."""
     half_life, weight = memory_settings.MEMORY_HALF_LIFE_DAYS, memory_settings.MEMORY_ACCESS_WEIGHT
@@ -307,7 +305,7 @@ def _usage(
             .order_by()
             .values_list("id", "updated_at", "last_accessed_at", "access_count")
         }
-    now = now or timezone.now()
+    now = timezone.now()
     hits = []
     for pk, relevance in fused:
         recency, frequency = 1.0, 1.0
