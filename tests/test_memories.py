@@ -271,7 +271,10 @@ def test_semantic_and_hybrid_with_an_embedder(settings) -> None:
     settings.PERSISTENT_MEMORY = {"EMBEDDER": "tests.test_memories.fake_embedder"}
     svc = memories_for("user:a")
     ids = seed(svc)
-    assert LongTermMemory.objects.get(pk=ids["coffee"]).embedding == [1.0, 0.0, 0.0]
+    row = LongTermMemory.objects.get(pk=ids["coffee"])
+    assert row.embedding == [1.0, 0.0, 0.0]
+    # A custom embedder's vectors are named by its import string: the same in every process.
+    assert (row.embedding_model, row.embedding_dimensions) == ("tests.test_memories.fake_embedder", 3)
     # No shared word, same topic: only meaning finds it.
     found = svc.search("a cup of tea", strategy="semantic", limit=1)
     assert [m["key"] for m in found] == ["coffee"] and found[0]["score"] == pytest.approx(1.0)

@@ -187,19 +187,27 @@ def build(path: Any, options: dict[str, Any]) -> Embedder | None:
         raise ImproperlyConfigured(f"PERSISTENT_MEMORY: EMBEDDER {path!r} cannot be imported: {exc}") from exc
     if not callable(function):
         raise ImproperlyConfigured(f"PERSISTENT_MEMORY: EMBEDDER {path!r} is not callable.")
-    # A custom embedder names its model by a ``model`` attribute, else by its import string.
-    return Embedder(function, model_name(function, options))
+    return Embedder(function, model_name(path, options))
 
 
 def model_name(path: Any, options: dict[str, Any]) -> str:
-    """The model name ``EMBEDDER`` stores with its vectors, without building it."""
+    """The model name ``EMBEDDER`` stores with its vectors, without building it: the
+    ``"openai"`` embedder's model; a custom embedder's ``model`` attribute, else its
+    import string (the same in every process)."""
     if path == "openai":
         return str(options.get("model") or "text-embedding-3-small")
     try:
-        model = getattr(import_string(path) if isinstance(path, str) else path, "model", None)
+        function = import_string(path) if isinstance(path, str) else path
     except ImportError:
-        model = None
-    return model if isinstance(model, str) and model else str(path)
+        function = None
+    model = getattr(function, "model", None)
+    if isinstance(model, str) and model:
+        return model
+    return (
+        path
+        if isinstance(path, str)
+        else f"{path.__module__}.{getattr(path, '__qualname__', type(path).__name__)}"
+    )
 
 
 def current() -> Embedder | None:
