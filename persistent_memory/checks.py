@@ -272,6 +272,7 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         )
         for name in ("MEMORY_HALF_LIFE_DAYS", "MEMORY_INACTIVE_DAYS")
     ),
+    ("MEMORY_HYBRID_ALPHA", lambda v: _is_number(v) and v <= 1, "Use a number from 0 to 1.", "E002"),
     (
         "MEMORY_ACCESS_WEIGHT",
         lambda v: _is_number(v),

@@ -390,3 +390,53 @@ def test_the_guides_semantic_examples_run_as_shown(settings, server) -> None:
     assert ada.list()[0] == 1
     ada.add("Prefers dark mode.", key="ui.theme")
     assert [m["key"] for m in ada.search("Which colours does she like?", limit=1)] == ["ui.theme"]
+
+
+def test_the_numpy_comparison_is_bounded_by_the_scan_limit(settings, semantic) -> None:
+    """Where no database compares vectors, a search reads at most MEMORY_VECTOR_SCAN_LIMIT
+    of the owner's vectors, the most recently updated."""
+    if vectors.backend() != vectors.NUMPY:
+        pytest.skip("the numpy backend only (this database compares vectors itself)")
+    owner = memories_for("user:a")
+    python = owner.add(PYTHON)
+    owner.add("Drinks green tea.")
+    owner.add("Has a dog called Rex.")
+    LongTermMemory.objects.filter(pk=python["id"]).update(updated_at=timezone.now() - timedelta(days=1))
+    assert owner.search(QUESTION, strategy="semantic")[0]["id"] == python["id"]
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_VECTOR_SCAN_LIMIT": 2}
+    assert python["id"] not in [m["id"] for m in owner.search(QUESTION, strategy="semantic")]
+
+
+def test_checks_refuse_bad_embedder_settings(settings) -> None:
+    from persistent_memory.checks import check_settings
+
+    for bad in (
+        {"EMBEDDER": "openai", "EMBEDDER_OPTIONS": {"modle": "x"}},
+        {"EMBEDDER": "no.such.embedder"},
+        {"MEMORY_HYBRID_ALPHA": 1.5},
+        {"MEMORY_DEDUP_DISTANCE": -0.1},
+        {"MEMORY_MAX_PER_OWNER": 0},
+        {"MEMORY_HALF_LIFE_DAYS": 0},
+    ):
+        settings.PERSISTENT_MEMORY = bad
+        assert check_settings(), bad
+    settings.PERSISTENT_MEMORY = {
+        "EMBEDDER": "openai",
+        "EMBEDDER_OPTIONS": {"model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key_env": None},
+        "MEMORY_HYBRID_ALPHA": 0.5,
+        "MEMORY_MAX_PER_OWNER": 100,
+    }
+    assert check_settings() == []
+
+
+def test_alpha_weighs_the_lists(settings, semantic) -> None:
+    """MEMORY_HYBRID_ALPHA 0: the keyword list alone orders hybrid results; 1: meaning alone."""
+    owner = memories_for("user:a")
+    python = owner.add(PYTHON)
+    worded = owner.add(
+        "Use the stairs, not the lift, in the old office building downtown."
+    )  # a word, no meaning
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 0.0}
+    assert owner.search("Which language should I use?")[0]["id"] == worded["id"]
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 1.0}
+    assert owner.search("Which language should I use?")[0]["id"] == python["id"]
