@@ -246,8 +246,9 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ),
     (
         "EMBEDDER",
-        lambda v: v is None or v == "openai" or _import_string(v),
-        'Use None, "openai", or the import string of a callable (list of texts) -> list of vectors.',
+        lambda v: v is None or (v == "openai" and _import_string("openai.OpenAI")) or _import_string(v),
+        'Use None, "openai" (with the openai package: pip install "django-persistent-memory[openai]"), '
+        "or the import string of a callable (list of texts) -> list of vectors.",
         "E012",
     ),
     (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from datetime import timedelta
 from io import StringIO
 
@@ -420,6 +421,10 @@ def test_checks_refuse_bad_embedder_settings(settings) -> None:
     ):
         settings.PERSISTENT_MEMORY = bad
         assert check_settings(), bad
+    with pytest.MonkeyPatch.context() as patch:  # "openai" without the openai package
+        patch.setitem(sys.modules, "openai", None)
+        settings.PERSISTENT_MEMORY = {"EMBEDDER": "openai"}
+        assert [m.id for m in check_settings()] == ["persistent_memory.E012"]
     settings.PERSISTENT_MEMORY = {
         "EMBEDDER": "openai",
         "EMBEDDER_OPTIONS": {"model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key_env": None},
