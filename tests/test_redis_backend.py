@@ -103,8 +103,8 @@ def test_ttl_aligned_across_every_key(rstore, redis_client):
     rstore.record_answer("s1", "answer")
     keys = [k for k in redis_client.keys("rr:memory:s1:*")]
     # meta, key set, history, five values, and the answer's conversation: its meta,
-    # messages, links, thread, seq order and the session's set of conversation names.
-    assert len(keys) == 14
+    # messages, links, thread, its tail, seq order and the session's set of conversation names.
+    assert len(keys) == 15
     ttls = pttls(redis_client, keys)
     assert min(ttls) > 0
     assert max(ttls) - min(ttls) <= 50

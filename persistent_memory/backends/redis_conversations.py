@@ -141,8 +141,16 @@ class RedisConversations(ConversationBackend):
     def get_messages(
         self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
     ) -> tuple[str | None, list[str]]:
+        # The current thread's newest texts are read from its tail (a leaf's thread may not be it).
+        tail = None if leaf else str(limit)
         reply = self._run(
-            "read_messages", session_id, conversation, leaf or "", str(limit), conversation=conversation
+            "read_messages",
+            session_id,
+            conversation,
+            leaf or "",
+            str(limit),
+            conversation=conversation,
+            tail=tail,
         )
         return reply[0].decode() or None, [text.decode() for text in reply[1:]]
 
@@ -165,6 +173,7 @@ class RedisConversations(ConversationBackend):
             _limit(max_messages),
             *flags,
             conversation=conversation,
+            tail=str(max_messages or 0),
         )
         return window_texts(reply)
 

@@ -55,11 +55,12 @@ def _tag(bucket: int) -> str:
 
 TAGS: tuple[str, ...] = tuple(_tag(bucket) for bucket in range(BUCKETS))
 
-#: Conversation key suffixes, in the order of KEYS 17-24 (see conversations.lua).
-_CONVERSATION_SUFFIXES = ("", ":m", ":l", ":t", ":s", ":k", ":o", ":y")
+#: Conversation key suffixes, in the order of KEYS 17-25 (see conversations.lua).
+_CONVERSATION_SUFFIXES = ("", ":m", ":l", ":t", ":s", ":k", ":o", ":y", ":x")
 
-# Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua).
-IDEMPOTENCY, RUN, VALUE = 12, 13, 14
+# Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua),
+# and the named conversation's thread tail (KEYS[25]).
+IDEMPOTENCY, RUN, VALUE, TAIL = 12, 13, 14, 24
 
 #: KEYS places (1-based, as in redis.lua) of a bucket's queues: the mirror's dirty set, the
 #: summarizers' marks and their health.
@@ -152,7 +153,7 @@ class Layout:
         if conversation and storage_id:
             keys.extend(self.conversation_keys(storage_id, conversation))
         elif extra:
-            keys.extend((placeholder,) * 8)
+            keys.extend((placeholder,) * len(_CONVERSATION_SUFFIXES))
         keys.extend(extra)
         return keys
 

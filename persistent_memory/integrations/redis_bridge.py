@@ -37,7 +37,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis import SCRIPT, _pack
+from persistent_memory.backends.redis import _REDIRECTS, SCRIPT, _pack, tail_read, tail_reply
+from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
     from persistent_memory.backends.redis import RedisBackend
@@ -189,10 +190,44 @@ class LoopClients:
                 await client.connection_pool.disconnect()
 
 
-async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
-    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``; as
-    ``RedisBackend._exchange`` does on a sync connection."""
+async def _beside_tail(connection: Any, command: tuple[Any, ...], tail: str) -> Any:
+    """``RedisBackend._exchange_tail`` on an async connection."""
+    await connection.send_packed_command(connection.pack_commands(tail_read(command, tail)))
+    replies: list[Any] = []
+    for _ in range(4):  # every reply read, errors too: the connection stays usable
+        try:
+            replies.append(await connection.read_response())
+        except redis.ResponseError as exc:
+            replies.append(exc)
+    try:
+        return tail_reply(replies)
+    except redis.exceptions.NoScriptError:  # a restarted or flushed server
+        await connection.send_command("SCRIPT", "LOAD", SCRIPT)
+        await connection.read_response()
+        return await _beside_tail(connection, command, tail)
+
+
+async def exchange(
+    backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int, tail: str | None = None
+) -> Any:
+    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``, or beside
+    its thread tail when ``tail`` is given; as ``RedisBackend._exchange`` and ``_exchange_tail``
+    do on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
+        node = client.get_node_from_key(command[3 + TAIL]) if tail is not None else None
+        if node is not None:
+            connection = node.acquire_connection()
+            try:
+                return await _beside_tail(connection, command, tail)
+            except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError):
+                await connection.disconnect()  # the cluster client follows it, with the texts in the reply
+            except redis.ResponseError:
+                raise  # whole replies were read: the connection is fine
+            except BaseException:
+                await connection.disconnect()
+                raise
+            finally:
+                node.release(connection)
         try:
             return await client.execute_command(*command)
         except redis.exceptions.NoScriptError:  # a node new to the slot, or restarted
@@ -202,6 +237,8 @@ async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...],
     connection = await pool.get_connection()
     try:
         while True:
+            if tail is not None:
+                return await _beside_tail(connection, command, tail)
             commands = [command, ("WAIT", wait, backend.wait_timeout_ms)] if wait else [command]
             await connection.send_packed_command(
                 _pack(connection, command) if not wait else connection.pack_commands(commands)

@@ -3,7 +3,7 @@
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
 -- Keys used here: 1 meta, 2 the key set, 5 conversation names, 15 the value key named
--- (thread), 17-24 the conversation named; through sessions.lua, the session's keys and
+-- (thread), 17-25 the conversation named; through sessions.lua, the session's keys and
 -- indexes when an append creates it.
 
 -- The conversation operations: arg(1) is the conversation's name (but for 'conversations').
@@ -51,7 +51,8 @@ if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'h
 end
 
 -- The thread ending at arg(2) ('': the head), its newest arg(3) messages ('0': all):
--- the head ('' for none), then the texts, oldest first.
+-- the head ('' for none), then the texts, oldest first; arg(4) as window_reply's ``seen``
+-- ('': none).
 if (op == 'read_messages' or op == 'context') and refresh_reads then
   touch()
 end
@@ -60,26 +61,27 @@ if op == 'read_messages' then
   local c = conv_key(arg(1))
   local leaf, limit = text_or_nil(arg(2) ~= '' and arg(2)), tonumber(arg(3))
   local reply = {redis.call('HGET', c, 'head') or ''}
-  local ids
+  local ids, stands, where = nil, nil, {}
   if leaf then
     if redis.call('HEXISTS', c .. ':m', leaf) == 0 then
       return fail('MESSAGE_NOT_FOUND', "Conversation '" .. arg(1) .. "' has no message '" .. leaf .. "'.")
     end
     ids = path(c, leaf, limit)
-  elseif limit > 0 then
-    ids = redis.call('LRANGE', c .. ':t', -limit, -1)
   else
-    ids = redis.call('LRANGE', c .. ':t', 0, -1)
+    local length
+    stands, length = tail_reader(c, limit_or_nil(arg(4)))
+    ids = redis.call('LRANGE', c .. ':t', limit > 0 and -limit or 0, -1)
+    for j, id in ipairs(ids) do where[id] = length - #ids + j - 1 end
   end
-  for _, text in ipairs(texts_of(arg(1), ids)) do reply[#reply + 1] = text end
-  return reply
+  return add_texts(reply, c, ids, where, stands)
 end
 
 -- The window: arg(2) max tokens, 3 max messages ('': no limit). Replies tokens,
 -- truncated (1/0), then the texts.
--- arg(4) '1': rolling, 5 '1': reserve the summary's tokens.
+-- arg(4) '1': rolling, 5 '1': reserve the summary's tokens, 6 as window_reply's ``seen``.
 if op == 'context' then
-  return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1')
+  return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1',
+    limit_or_nil(arg(6)))
 end
 
 -- Flat name, head ('' for none), message count, tokens, branch count, trimmed.
@@ -155,6 +157,7 @@ if op == 'pop' then
   if not ok then return too_big(total) end
   local removed = redis.call('HGET', c .. ':m', head)
   redis.call('RPOP', c .. ':t') -- the head ends the current thread
+  tail_stale(c)
   redis.call('ZREM', c .. ':s', head)
   if parent then redis.call('HSET', c, 'head', parent) else redis.call('HDEL', c, 'head') end
   if redis.call('SISMEMBER', c .. ':k', head) == 0 then
@@ -273,8 +276,7 @@ if op == 'summary_source' then
     reply = summary_fields(c, anchor, tonumber(redis.call('HGET', c, 'covered_tokens')))
   end
   local ids = redis.call('LRANGE', c .. ':t', after and after + 1 or 0, -1)
-  for _, text in ipairs(texts_of(arg(1), ids)) do reply[#reply + 1] = text end
-  return reply
+  return add_texts(reply, c, ids, {}, nil)
 end
 
 -- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it continues ('' for

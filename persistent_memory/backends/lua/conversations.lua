@@ -12,6 +12,8 @@
 --   '{base}~c:{name}:o'   sorted set: every message id, by seq (what a trim removes first)
 --   '{base}~c:{name}:y'   hash: anchor id -> rolling summary JSON {text, anchor_seq, tokens},
 --                         one per branch that has one (memory_tree.Tree.summaries)
+--   '{base}~c:{name}:x'   list: the stored texts of the current thread's newest TAIL
+--                         messages, oldest first (the thread's tail, below)
 -- and '{base}~convs' is the set of the session's conversation names. The conversation's
 -- hash also holds 'anchor', the anchor of the summary that applies to the current
 -- thread (the deepest one on it), and 'covered_tokens', those of the stored messages it
@@ -19,7 +21,7 @@
 -- key rules and '~' is in no key nor session id, so none of these can be one of the
 -- node's keys or another session's. Every one expires with the session.
 --
--- Keys used here: 17-24, the conversation the call names (conv_key gives them for that
+-- Keys used here: 17-25, the conversation the call names (conv_key gives them for that
 -- name); 5, the session's conversation names; 11, the summarizers' queue. Other
 -- conversations of the session are named from 5's members.
 
@@ -29,7 +31,46 @@ end
 
 local function conv_keys(name)
   local c = conv_key(name)
-  return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y'}
+  return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y', c .. ':x'}
+end
+
+-- The thread's tail: a copy of the newest texts of the current thread that a read takes
+-- with a plain LRANGE sent beside its script call in one MULTI (windows.lua, tail_reader):
+-- Redis turns every text a script reads or replies into a Lua string and back, which
+-- cost more than the rest of a window's read (about 5 us per 2 KB message; an LRANGE of
+-- 20 of them, 3 us in all). Appends push onto it; whatever else changes the thread marks
+-- it stale, and remember() writes it again from the thread before the reply goes out.
+local TAIL = 32
+local stale_tails = {}
+
+local function tail_stale(c)
+  stale_tails[c] = true
+end
+
+local function tail_rebuild(c)
+  local tail = c .. ':x'
+  redis.call('DEL', tail)
+  local ids = redis.call('LRANGE', c .. ':t', -TAIL, -1)
+  if #ids > 0 then
+    redis.call('RPUSH', tail, unpack(redis.call('HMGET', c .. ':m', unpack(ids))))
+    new_key(tail)
+  end
+end
+
+local function tail_push(c, text)
+  if stale_tails[c] then return end
+  local tail = c .. ':x'
+  local length = redis.call('RPUSH', tail, text)
+  if length == 1 then
+    new_key(tail)
+  elseif length > TAIL then
+    redis.call('LTRIM', tail, -TAIL, -1)
+  end
+end
+
+settle_tails = function()
+  for c in pairs(stale_tails) do tail_rebuild(c) end
+  stale_tails = {}
 end
 
 -- The session's conversations go with it (purge_leftovers; declared in redis.lua).
@@ -257,6 +298,7 @@ end
 -- Make the thread end at ``leaf``: walk up from it (an id off the current thread).
 local function rebuild_thread(c, leaf)
   local ordered, systems = path(c, leaf, 0)
+  tail_stale(c)
   redis.call('DEL', c .. ':t', c .. ':s')
   new_key(c .. ':t')
   new_key(c .. ':s')
@@ -273,6 +315,7 @@ end
 -- (searched from the end, where regenerated answers branch), else walk up from it.
 local function move_thread(c, parent)
   if not parent then
+    tail_stale(c)
     redis.call('DEL', c .. ':t', c .. ':s')
     find_anchor(c)
     return
@@ -282,6 +325,7 @@ local function move_thread(c, parent)
   end
   local position = thread_position(c, parent)
   if position then
+    tail_stale(c)
     redis.call('LTRIM', c .. ':t', 0, position)
     local seq = link_of(c, parent).s
     redis.call('ZREMRANGEBYSCORE', c .. ':s', '(' .. seq, '+inf') -- seqs grow along a thread
@@ -349,9 +393,13 @@ local function trim(c, max_messages)
   call_chunked('ZREM', c .. ':o', order)
   call_chunked('SREM', c .. ':k', order)
   -- Those on the current thread are at its start, after its pinned system messages.
-  for _, id in ipairs(redis.call('LRANGE', c .. ':t', 0, #order + redis.call('ZCARD', c .. ':s'))) do
-    if gone[id] then redis.call('LREM', c .. ':t', 1, id) end
+  local pinned = redis.call('ZCARD', c .. ':s')
+  local cut = 0
+  for _, id in ipairs(redis.call('LRANGE', c .. ':t', 0, #order + pinned)) do
+    if gone[id] then cut = cut + redis.call('LREM', c .. ':t', 1, id) end
   end
+  -- The tail is the thread's newest TAIL: untouched unless the cut reached into them.
+  if cut > 0 and redis.call('LLEN', c .. ':t') < TAIL + #order + pinned then tail_stale(c) end
   redis.call('HINCRBY', c, 'tokens', -tokens)
   redis.call('HINCRBY', c, 'bytes', -bytes)
   redis.call('HINCRBY', c, 'trimmed', #order)
@@ -404,6 +452,7 @@ local function commit(name, plan)
       if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
       move_thread(c, entry.parent)
       if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
+      tail_push(c, entry.text)
       if entry.role == 'system' then
         redis.call('ZADD', c .. ':s', entry.seq, entry.id)
         new_key(c .. ':s')

@@ -2,8 +2,8 @@
 -- and the mirror (restore, snapshot).
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
--- Keys used here: 6, 8, 9 the sets swept; 25 on, the keys a sweep was given (SCAN results of this
--- bucket); restore and snapshot: 1-5 and, declared from 25 on, the value, conversation
+-- Keys used here: 6, 8, 9 the sets swept; 26 on, the keys a sweep was given (SCAN results of this
+-- bucket); restore and snapshot: 1-5 and, declared from 26 on, the value, conversation
 -- and checkpoint keys restored.
 
 -- The sweep of a set of ids, one SSCAN (ZSCAN) step at a time, read here so that the ids
@@ -42,11 +42,11 @@ if op == 'sweep_ids' then
   return {scanned[1], removed}
 end
 
--- Keys found by a SCAN (declared, from KEYS[25] on): those of sessions whose meta is gone
+-- Keys found by a SCAN (declared, from KEYS[26] on): those of sessions whose meta is gone
 -- are removed. arg(1) '1' for a dry run. Replies the leftover keys and run bindings.
 if op == 'sweep_keys' then
   local leftovers, runs = 0, 0
-  for i = 25, #KEYS do
+  for i = 26, #KEYS do
     local key = KEYS[i]
     local rest = string.sub(key, #root + 2)
     -- Only keys of this deployment's layout: "{id}:{key}" (id unowned or owned) or a

@@ -12,9 +12,9 @@
 --   node's set of (unowned) session ids, 9 the set of owned ids, 10 the ORM mirror's dirty
 --   set, 11 the summarizers' queue, 12 the summarizers' health, 13 the call's idempotency
 --   record, 14 the run binding it names, 15 the value key it names, 16 the listing's
---   scratch set, 17-24 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
---   ':s', ':k', ':o', ':y'), then the keys a maintenance operation is given; a checkpoint
---   operation gives 25 and 26, the session's checkpoints ('~cp' and '~cpi').
+--   scratch set, 17-25 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
+--   ':s', ':k', ':o', ':y', ':x'), then the keys a maintenance operation is given; a checkpoint
+--   operation gives 26 and 27, the session's checkpoints ('~cp' and '~cpi').
 -- Every key a call can name from its arguments is declared there and used as declared,
 -- but one: in the node layout an answer given only a run id learns its session from the
 -- run's binding, here, and names that session's keys (one server: no slot to agree on;
@@ -69,6 +69,8 @@ local NODE_SESSIONS, OWNED, DIRTY = KEYS[8], KEYS[9], KEYS[10]
 local base, META, KEYSET, HISTORY, RUNS, BY_TIME
 -- Defined by conversations.lua, included below; used by helpers defined before it.
 local drop_conversations, conversation_bytes
+-- Defined by conversations.lua: writes the thread tails a call left stale (before the reply).
+local settle_tails
 -- Defined by checkpoints.lua, included below.
 local drop_checkpoints, checkpoints_snapshot, restore_checkpoints
 -- Defined once every key of a session can be named (after the include); nil before, so
@@ -161,6 +163,7 @@ local function remember(reply)
   if IDEMPOTENCY then
     redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[15], tagged(reply)}), 'PX', ARGV[16])
   end
+  if settle_tails then settle_tails() end
   align_new_keys()
   if touch and sid ~= '' then
     touch()

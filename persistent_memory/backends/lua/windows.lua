@@ -1,11 +1,12 @@
 -- Conversation windows, summaries, snapshots and restores, and the idle expiry of a session.
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
--- Keys used here: 17-24 (the conversation named), 12 the summarizers' health, 1-5 (touch: every key of the
+-- Keys used here: 17-25 (the conversation named), 12 the summarizers' health, 1-5 (touch: every key of the
 -- session, its value and conversation keys named from 2's and 5's members).
 
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
--- its message ids in order, its tokens, and whether older messages were left out.
+-- its message ids in order, its tokens, whether older messages were left out, and where
+-- the messages it walked to are on the thread (id -> position).
 -- With ``after`` (a thread position: the summary's anchor), of the messages after it
 -- only; the walk then ends there without leaving anything out.
 local function window(name, max_tokens, max_messages, after)
@@ -13,7 +14,7 @@ local function window(name, max_tokens, max_messages, after)
   local lowest = after and after + 1 or 0
   local token_room = max_tokens or math.huge
   local message_room = max_messages or math.huge
-  local pinned, used, truncated = {}, 0, false
+  local pinned, used, truncated, where = {}, 0, false, {}
   for _, id in ipairs(redis.call('ZRANGE', c .. ':s', 0, -1)) do
     local link = link_of(c, id)
     local tokens = link.t
@@ -49,6 +50,7 @@ local function window(name, max_tokens, max_messages, after)
     local ids = redis.call('LRANGE', c .. ':t', first, position)
     local links = redis.call('HMGET', c .. ':l', unpack(ids))
     for j = #ids, 1, -1 do
+      where[ids[j]] = first + j - 1
       -- A plain message (most are) with no tool results waiting is a group of its own:
       -- taken without building its link (the walk's cost is per message read).
       local plain, role = string.match(links[j], PLAIN_LINK)
@@ -125,21 +127,53 @@ local function window(name, max_tokens, max_messages, after)
       for _, member in ipairs(group) do ids[#ids + 1] = member.id end
     end
   end
-  return ids, used, truncated
+  return ids, used, truncated, where
 end
 
--- The stored texts of ``ids`` (in order).
-local function texts_of(name, ids)
-  if #ids == 0 then return {} end
-  return call_chunked('HMGET', conv_key(name) .. ':m', ids)
+-- A read beside the thread's tail (conversations.lua): ``seen`` is how many of the tail's
+-- newest texts the client reads with it ('0': all of it; nil: none, or ignored when the
+-- tail is not the thread's, as in data written before it was kept). Returns a function
+-- from a thread position to the reply that stands for its text there (-1 for the first
+-- text the client reads, -2 for the next...), nil where the text must be in the reply;
+-- and the thread's length.
+local function tail_reader(c, seen)
+  local length = redis.call('LLEN', c .. ':t')
+  if not seen then return nil, length end
+  local held = redis.call('LLEN', c .. ':x')
+  if held ~= math.min(TAIL, length) then return nil, length end
+  if seen > 0 and seen < held then held = seen end
+  local first = length - held
+  return function(position)
+    if position and position >= first then return first - position - 1 end
+  end, length
+end
+
+-- Append the texts of ``ids`` (in order) to ``reply``: as references into the tail
+-- where ``stands`` (a tail_reader, given each id's thread position from ``where``) has
+-- one, else the stored text.
+local function add_texts(reply, c, ids, where, stands)
+  local wanted, slots = {}, {}
+  for _, id in ipairs(ids) do
+    local ref = stands and stands(where[id])
+    reply[#reply + 1] = ref or false
+    if not ref then
+      wanted[#wanted + 1] = id
+      slots[#slots + 1] = #reply
+    end
+  end
+  if #wanted > 0 then
+    for i, text in ipairs(call_chunked('HMGET', c .. ':m', wanted)) do reply[slots[i]] = text end
+  end
+  return reply
 end
 
 -- A window as the reply's tail: tokens, truncated (1/0), the summary (false: none), its
 -- tokens, the summarizers' state (false unless ``rolling``), then the texts. With
 -- ``rolling``, a summary whose anchor is on the thread comes first and the window holds
 -- the messages after its anchor, within the budget less the summary's tokens (all of it
--- unless ``reserve``: the client shortens the summary to what is left).
-local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve)
+-- unless ``reserve``: the client shortens the summary to what is left). With ``seen``,
+-- texts in the thread's tail as tail_reader gives them.
+local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve, seen)
   local c = conv_key(name)
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
@@ -152,14 +186,13 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
       if max_tokens and reserve then max_tokens = math.max(0, max_tokens - summary_tokens) end
     end
   end
-  local ids, used, truncated = window(name, max_tokens, max_messages, after)
+  local ids, used, truncated, where = window(name, max_tokens, max_messages, after)
   reply[#reply + 1] = used
   reply[#reply + 1] = truncated and 1 or 0
   reply[#reply + 1] = summary
   reply[#reply + 1] = summary_tokens
   reply[#reply + 1] = state
-  for _, text in ipairs(texts_of(name, ids)) do reply[#reply + 1] = text end
-  return reply
+  return add_texts(reply, c, ids, where, seen and tail_reader(c, seen))
 end
 
 local function limit_or_nil(text)
@@ -249,6 +282,7 @@ local function restore_conversations(blob)
       end
     end
     find_anchor(c)
+    tail_rebuild(c)
     redis.call('SADD', base .. '~convs', name)
     for _, key in ipairs(conv_keys(name)) do keys[#keys + 1] = key end
   end

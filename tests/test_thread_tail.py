@@ -1,0 +1,140 @@
+"""The thread tail on Redis (conversations.lua): the newest texts of each conversation's
+current thread, kept where a read takes them with a plain LRANGE beside its script call.
+Every way a thread changes leaves the tail equal to the thread's newest texts; reads take
+their texts from it (one round trip: test_conversations_contract), async ones too; data
+without a tail (written before it was kept) reads as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from persistent_memory.integrations.redis_bridge import run_bridged
+from persistent_memory.store import MemoryStore
+from tests.chat import assistant, calling, result, system, user
+from tests.conftest import TOPOLOGIES
+
+TAIL = 32  # conversations.lua
+
+
+@pytest.fixture(params=[name for name in TOPOLOGIES if name != "memory"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def keys(store: MemoryStore, session_id: str = "s1", conversation: str = "default") -> dict[str, str]:
+    names = store.backend.layout.conversation_keys(session_id, conversation)
+    return {"thread": names[3], "texts": names[1], "tail": names[8]}
+
+
+def assert_tail_is_the_thread(
+    store: MemoryStore, session_id: str = "s1", conversation: str = "default"
+) -> None:
+    client, named = store.backend.client, keys(store, session_id, conversation)
+    ids = client.lrange(named["thread"], -TAIL, -1)
+    expected = client.hmget(named["texts"], ids) if ids else []
+    assert client.lrange(named["tail"], 0, -1) == expected
+    if ids:  # and it expires with the session
+        assert abs(client.pttl(named["tail"]) - client.pttl(named["thread"])) < 1000
+
+
+def turn(i: int) -> list[dict[str, Any]]:
+    return [user(f"question {i}"), assistant(f"answer {i}")]
+
+
+def test_every_change_of_the_thread_leaves_the_tail_equal_to_it(configure):
+    store = configure(MAX_MESSAGES=60)
+    store.add_messages("s1", [system("Be brief.")])
+    for i in range(20):  # past TAIL: pushed and cut
+        store.add_messages("s1", turn(i))
+        assert_tail_is_the_thread(store)
+    head = store.get_messages("s1")["head"]
+    parent = store.get_messages("s1", limit=2)["messages"][0]["id"]
+    steps = {
+        "regenerate (a branch)": lambda: store.add_messages("s1", [assistant("again")], parent_id=parent),
+        "back to the first answer": lambda: store.set_head("s1", head),
+        "tool calls": lambda: store.add_messages("s1", [calling("c1"), result("c1"), assistant("done")]),
+        "pop": lambda: store.pop_message("s1", store.get_messages("s1")["head"]),
+        "pop with a replacement": lambda: store.pop_message(
+            "s1", store.get_messages("s1")["head"], replacement=[assistant("better")]
+        ),
+        "trims past MAX_MESSAGES": lambda: [store.add_messages("s1", turn(100 + i)) for i in range(15)],
+        "a thread written with its record": lambda: store.write_thread(
+            "s1",
+            key="record",
+            expected=None,
+            record={"revision": "1"},
+            messages=turn(0),
+            conversation="other",
+        ),
+        "the record's thread moved to no head": lambda: store.write_thread(
+            "s1", key="record", expected="1", record={"revision": "2"}, conversation="other"
+        ),
+    }
+    for step in steps.values():
+        step()
+        assert_tail_is_the_thread(store)
+        assert_tail_is_the_thread(store, conversation="other")
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    store.backend.restore_session(snapshot, replace=True)
+    assert_tail_is_the_thread(store)
+    store.clear_messages("s1")
+    assert not store.backend.client.exists(keys(store)["tail"])
+
+
+def test_a_short_thread_trimmed_from_the_front_keeps_its_tail(configure):
+    """Trimming removes the oldest messages: on a thread shorter than the tail, from inside it."""
+    store = configure(MAX_MESSAGES=10)
+    store.add_messages("s1", [system("Be brief.")])
+    for i in range(12):
+        store.add_messages("s1", turn(i))
+        assert_tail_is_the_thread(store)
+    assert store.list_conversations("s1")[0]["trimmed"] > 0
+
+
+def test_reads_take_their_texts_from_the_tail(configure):
+    store = configure()
+    for i in range(3):
+        store.add_messages("s1", turn(i))
+    # A text changed in the tail only: what a read answers shows where it came from.
+    tail = keys(store)["tail"]
+    stored = json.loads(store.backend.client.lindex(tail, -1))
+    stored["content"] = "from the tail"
+    store.backend.client.lset(tail, -1, json.dumps(stored))
+    assert store.get_messages("s1")["messages"][-1]["content"] == "from the tail"
+    assert store.get_messages("s1", limit=2)["messages"][-1]["content"] == "from the tail"
+    assert store.get_context("s1", max_tokens=1000)["messages"][-1]["content"] == "from the tail"
+    assert store.get_context("s1", max_messages=1)["messages"][-1]["content"] == "from the tail"
+    # A thread other than the current one (a leaf given) is read from the stored texts.
+    head = store.get_messages("s1")["head"]
+    assert store.get_messages("s1", leaf=head)["messages"][-1]["content"] == "answer 2"
+    # Async: through the bridge, the same.
+    read = asyncio.run(run_bridged(store.get_messages, "s1"))
+    assert read["messages"][-1]["content"] == "from the tail"
+
+
+def test_a_thread_without_a_tail_reads_its_stored_texts(configure):
+    """Data written before the tail was kept: no tail, then a tail shorter than the thread
+    until as many messages as it holds were appended, or the thread changed otherwise."""
+    store = configure()
+    for i in range(20):
+        store.add_messages("s1", turn(i))
+    expected = store.get_messages("s1")["messages"]
+    window = store.get_context("s1", max_tokens=200)
+    store.backend.client.delete(keys(store)["tail"])
+    assert store.get_messages("s1")["messages"] == expected
+    assert store.get_messages("s1", limit=3)["messages"] == expected[-3:]
+    assert store.get_context("s1", max_tokens=200) == window
+    store.add_messages("s1", turn(20))
+    assert store.backend.client.llen(keys(store)["tail"]) == 2
+    assert store.get_messages("s1")["messages"][-3:-2] == expected[-1:]
+    assert [m["content"] for m in store.get_messages("s1", limit=2)["messages"]] == [
+        "question 20",
+        "answer 20",
+    ]
+    for i in range(21, 40):
+        store.add_messages("s1", turn(i))
+    assert_tail_is_the_thread(store)
