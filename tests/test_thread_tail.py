@@ -138,3 +138,18 @@ def test_a_thread_without_a_tail_reads_its_stored_texts(configure):
     for i in range(21, 40):
         store.add_messages("s1", turn(i))
     assert_tail_is_the_thread(store)
+
+
+def test_a_read_longer_than_the_tail_takes_the_rest_from_the_stored_texts(configure):
+    store = configure()
+    for i in range(40):
+        store.add_messages("s1", turn(i))
+    tail = keys(store)["tail"]
+    oldest = json.loads(store.backend.client.lindex(tail, 0))  # the thread's message 80 - TAIL
+    oldest["content"] = "from the tail"
+    store.backend.client.lset(tail, 0, json.dumps(oldest))
+    expected = [f"{'question' if k % 2 == 0 else 'answer'} {k // 2}" for k in range(80)]
+    expected[80 - TAIL] = "from the tail"
+    for limit, first in ((None, 0), (40, 40), (TAIL, 80 - TAIL), (3, 77)):
+        messages = store.get_messages("s1", limit=limit)["messages"]
+        assert [message["content"] for message in messages] == expected[first:]

@@ -178,9 +178,10 @@ class ConversationBackend:
     @abstractmethod
     def get_messages(
         self, session_id: str, conversation: str, leaf: str | None, limit: int
-    ) -> tuple[str | None, list[str]]:
-        """The head, and the newest ``limit`` (0: all) messages of the thread ending at
-        ``leaf`` (None: the head), oldest first."""
+    ) -> tuple[str | None, list[str] | list[bytes]]:
+        """The head, and the stored texts of the newest ``limit`` (0: all) messages of the
+        thread ending at ``leaf`` (None: the head), oldest first (str or bytes: the store
+        parses them in one call)."""
 
     @abstractmethod
     def get_context(

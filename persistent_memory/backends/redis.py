@@ -119,6 +119,14 @@ def _pack(connection: redis.Connection, command: tuple[Any, ...]) -> Any:
         return connection.pack_command(*command)
 
 
+def _pack_all(connection: redis.Connection, commands: list[tuple[Any, ...]]) -> Any:
+    """:func:`_pack` of a pipeline, as one buffer (one send)."""
+    try:
+        return [b"".join([hiredis.pack_command(command) for command in commands])]
+    except TypeError:
+        return connection.pack_commands(commands)
+
+
 def tail_read(command: tuple[Any, ...], seen: str) -> list[tuple[Any, ...]]:
     """A read beside its conversation's thread tail (conversations.lua): the script call
     ``command`` (whose last argument is '') asked to refer to the tail's newest ``seen``
@@ -553,7 +561,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return reply
 
     def _exchange_tail(self, connection: redis.Connection, command: tuple[Any, ...], seen: str) -> Any:
-        connection.send_packed_command(connection.pack_commands(tail_read(command, seen)))
+        connection.send_packed_command(_pack_all(connection, tail_read(command, seen)))
         replies: list[Any] = []
         for _ in range(4):  # every reply read, errors too: the connection stays usable
             try:

@@ -140,7 +140,7 @@ class RedisConversations(ConversationBackend):
 
     def get_messages(
         self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
-    ) -> tuple[str | None, list[str]]:
+    ) -> tuple[str | None, list[bytes]]:
         # The current thread's newest texts are read from its tail (a leaf's thread may not be it).
         tail = None if leaf else str(limit)
         reply = self._run(
@@ -152,7 +152,7 @@ class RedisConversations(ConversationBackend):
             conversation=conversation,
             tail=tail,
         )
-        return reply[0].decode() or None, [text.decode() for text in reply[1:]]
+        return reply[0].decode() or None, reply[1:]  # bytes: parsed in one call by the store
 
     def get_context(
         self: RedisBackend,

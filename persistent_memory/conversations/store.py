@@ -119,6 +119,15 @@ def _chats(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
     return json.loads(b"[{" + b"}, {".join(middles) + b"}]") if middles else []
 
 
+def _parsed(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
+    """Stored texts (Redis answers bytes, the memory backend str) parsed in one call."""
+    if not texts:
+        return []
+    if isinstance(texts[0], bytes):
+        return json.loads(b"[" + b", ".join(texts) + b"]")  # type: ignore[arg-type]
+    return json.loads("[" + ", ".join(texts) + "]")  # type: ignore[arg-type]
+
+
 def window_context(
     conversation: str,
     window: WindowTexts,
@@ -243,7 +252,7 @@ class ConversationMethods:
             validate_message_id(leaf, what="leaf")
         count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
         head, texts = self._call(self.backend.get_messages, session_id, conversation, leaf, count)
-        return {"conversation": conversation, "head": head, "messages": [json.loads(text) for text in texts]}
+        return {"conversation": conversation, "head": head, "messages": _parsed(texts)}
 
     def get_context(
         self: MemoryStore,

@@ -37,7 +37,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis import _REDIRECTS, SCRIPT, _pack, tail_read, tail_reply
+from persistent_memory.backends.redis import _REDIRECTS, SCRIPT, _pack, _pack_all, tail_read, tail_reply
 from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class LoopClients:
 
 async def _beside_tail(connection: Any, command: tuple[Any, ...], tail: str) -> Any:
     """``RedisBackend._exchange_tail`` on an async connection."""
-    await connection.send_packed_command(connection.pack_commands(tail_read(command, tail)))
+    await connection.send_packed_command(_pack_all(connection, tail_read(command, tail)))
     replies: list[Any] = []
     for _ in range(4):  # every reply read, errors too: the connection stays usable
         try:

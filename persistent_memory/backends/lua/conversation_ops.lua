@@ -68,10 +68,15 @@ if op == 'read_messages' then
     end
     ids = path(c, leaf, limit)
   else
-    local length
-    stands, length = tail_reader(c, limit_or_nil(arg(4)))
-    ids = redis.call('LRANGE', c .. ':t', limit > 0 and -limit or 0, -1)
-    for j, id in ipairs(ids) do where[id] = length - #ids + j - 1 end
+    local length, first
+    stands, length, first = tail_reader(c, limit_or_nil(arg(4)))
+    local start = limit > 0 and math.max(0, length - limit) or 0
+    if stands and start >= first then -- all of them in what the client reads: no id needed
+      for position = start, length - 1 do reply[#reply + 1] = first - position - 1 end
+      return reply
+    end
+    ids = redis.call('LRANGE', c .. ':t', start, -1)
+    for j, id in ipairs(ids) do where[id] = start + j - 1 end
   end
   return add_texts(reply, c, ids, where, stands)
 end

@@ -135,7 +135,7 @@ end
 -- tail is not the thread's, as in data written before it was kept). Returns a function
 -- from a thread position to the reply that stands for its text there (-1 for the first
 -- text the client reads, -2 for the next...), nil where the text must be in the reply;
--- and the thread's length.
+-- the thread's length; and the position of the first text the client reads.
 local function tail_reader(c, seen)
   local length = redis.call('LLEN', c .. ':t')
   if not seen then return nil, length end
@@ -145,7 +145,7 @@ local function tail_reader(c, seen)
   local first = length - held
   return function(position)
     if position and position >= first then return first - position - 1 end
-  end, length
+  end, length, first
 end
 
 -- Append the texts of ``ids`` (in order) to ``reply``: as references into the tail
