@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from persistent_memory.idempotency import Idempotency
 from persistent_memory.integrations.redis_bridge import run_bridged
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
@@ -153,3 +154,45 @@ def test_a_read_longer_than_the_tail_takes_the_rest_from_the_stored_texts(config
     for limit, first in ((None, 0), (40, 40), (TAIL, 80 - TAIL), (3, 77)):
         messages = store.get_messages("s1", limit=limit)["messages"]
         assert [message["content"] for message in messages] == expected[first:]
+
+
+def test_the_enrich_lane_reads_its_window_from_the_tail(configure):
+    """The window is read before the question goes on; the texts come from the tail after."""
+    store = configure()
+    for i in range(40):
+        store.add_messages("s1", turn(i))
+    tail = keys(store)["tail"]
+    newest = json.loads(store.backend.client.lindex(tail, -1))
+    newest["content"] = "from the tail"
+    store.backend.client.lset(tail, -1, json.dumps(newest))
+    expected = store.get_context("s1")
+    _, window, question = store.enrich_recording("s1", "and now?")
+    assert window["messages"] == expected["messages"]
+    assert window["messages"][-1]["content"] == "from the tail"
+    assert store.get_messages("s1")["messages"][-1]["id"] == question
+    assert json.loads(store.backend.client.lindex(tail, -1))["id"] == question
+    _, window, _ = store.enrich_recording("s1", "and then?")
+    assert [m["content"] for m in window["messages"][-2:]] == ["from the tail", "and now?"]
+
+
+def test_an_enrich_that_trims_the_window_answers_the_window_before(configure):
+    store = configure(MAX_MESSAGES=10)
+    for i in range(5):
+        store.add_messages("s1", turn(i))
+    expected = store.get_context("s1")
+    assert expected["messages"][0]["content"] == "question 0"  # the append trims it
+    _, window, _ = store.enrich_recording("s1", "and now?")
+    assert window["messages"] == expected["messages"]
+    assert store.get_messages("s1")["messages"][0]["content"] == "answer 0"
+    assert_tail_is_the_thread(store)
+
+
+def test_an_enrich_sent_again_answers_the_window_it_answered(configure):
+    store = configure()
+    for i in range(3):
+        store.add_messages("s1", turn(i))
+    once = Idempotency("enrich-1", "fingerprint")
+    _, first, _ = store.enrich_recording("s1", "and now?", idempotency=once)
+    store.add_messages("s1", turn(3))
+    _, again, _ = store.enrich_recording("s1", "and now?", idempotency=once)
+    assert again == first

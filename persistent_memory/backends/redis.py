@@ -139,15 +139,15 @@ def tail_read(command: tuple[Any, ...], seen: str) -> list[tuple[Any, ...]]:
 
 def tail_reply(replies: list[Any]) -> Any:
     """The script's reply from the four replies of :func:`tail_read` (errors given as
-    exceptions), its references to the tail (-1 for the first text read...) replaced by
-    the texts; the script's error raised."""
+    exceptions), its references to the tail (-1 for the newest text read, -2 for the one
+    before...) replaced by the texts; the script's error raised."""
     queued, executed = replies[1], replies[3]
     if isinstance(executed, Exception):  # EXECABORT: the script was not queued (a redirect)
         raise queued if isinstance(queued, Exception) else executed
     reply, texts = executed
     if isinstance(reply, Exception):
         raise reply
-    return [texts[-item - 1] if type(item) is int and item < 0 else item for item in reply]
+    return [texts[item] if type(item) is int and item < 0 else item for item in reply]
 
 
 #: Up to this many sessions, listing them is one script; beyond, batches (see redis.lua).

@@ -290,6 +290,9 @@ class RedisConversations(ConversationBackend):
             run=run.run_id if run else None,
             conversation=question.conversation,
             aside=self._run_pointer(session_id, run),
+            # The window's texts from the thread's tail, but for a reply recorded for a
+            # retry, or one that waits for replicas (the tail's read has no WAIT of its own).
+            tail=None if idempotency or self.wait_replicas else str(question.max_messages or 0),
         )
         return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
 

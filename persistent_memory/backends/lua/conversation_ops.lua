@@ -72,7 +72,7 @@ if op == 'read_messages' then
     stands, length, first = tail_reader(c, limit_or_nil(arg(4)))
     local start = limit > 0 and math.max(0, length - limit) or 0
     if stands and start >= first then -- all of them in what the client reads: no id needed
-      for position = start, length - 1 do reply[#reply + 1] = first - position - 1 end
+      for position = start, length - 1 do reply[#reply + 1] = position - length end
       return reply
     end
     ids = redis.call('LRANGE', c .. ':t', start, -1)

@@ -132,20 +132,24 @@ end
 
 -- A read beside the thread's tail (conversations.lua): ``seen`` is how many of the tail's
 -- newest texts the client reads with it ('0': all of it; nil: none, or ignored when the
--- tail is not the thread's, as in data written before it was kept). Returns a function
--- from a thread position to the reply that stands for its text there (-1 for the first
--- text the client reads, -2 for the next...), nil where the text must be in the reply;
--- the thread's length; and the position of the first text the client reads.
-local function tail_reader(c, seen)
+-- tail is not the thread's, as in data written before it was kept), after this call
+-- appended ``appended`` messages to the thread (the enrich lane's question). Returns a
+-- function from a thread position to the reply that stands for its text there (-1 for
+-- the newest text the client reads, -2 for the one before...), nil where the text must
+-- be in the reply; the thread's length now; the position of the first text the client
+-- reads; and the thread's length when it reads them.
+local function tail_reader(c, seen, appended)
   local length = redis.call('LLEN', c .. ':t')
   if not seen then return nil, length end
   local held = redis.call('LLEN', c .. ':x')
   if held ~= math.min(TAIL, length) then return nil, length end
-  if seen > 0 and seen < held then held = seen end
-  local first = length - held
+  local last = length + (appended or 0)
+  local reachable = math.min(TAIL, last)
+  if seen > 0 and seen < reachable then reachable = seen end
+  local first = last - reachable
   return function(position)
-    if position and position >= first then return first - position - 1 end
-  end, length, first
+    if position and position >= first then return position - last end
+  end, length, first, last
 end
 
 -- Append the texts of ``ids`` (in order) to ``reply``: as references into the tail
@@ -172,8 +176,8 @@ end
 -- ``rolling``, a summary whose anchor is on the thread comes first and the window holds
 -- the messages after its anchor, within the budget less the summary's tokens (all of it
 -- unless ``reserve``: the client shortens the summary to what is left). With ``seen``,
--- texts in the thread's tail as tail_reader gives them.
-local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve, seen)
+-- texts in the thread's tail as tail_reader gives them (``appended``: see there).
+local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve, seen, appended)
   local c = conv_key(name)
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
@@ -192,7 +196,7 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
   reply[#reply + 1] = summary
   reply[#reply + 1] = summary_tokens
   reply[#reply + 1] = state
-  return add_texts(reply, c, ids, where, seen and tail_reader(c, seen))
+  return add_texts(reply, c, ids, where, seen and tail_reader(c, seen, appended))
 end
 
 local function limit_or_nil(text)
