@@ -159,6 +159,7 @@ class WriteRecorder:
         self.pubsub.subscribe(MARK)
         client.script_load(SCRIPT)  # a NOSCRIPT retry would be a second call of one command
         monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
+        monkeypatch.setattr(backend, "_exchange_tail", self._exchange(backend._exchange_tail))
         monkeypatch.setattr(backend, "_run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
         monkeypatch.setattr(backend, "_batch", self._batch(backend._batch))
@@ -192,7 +193,8 @@ class WriteRecorder:
         assert not stray, f"keys written by no command of the backend's: {stray}"
 
     def _exchange(self, exchange: Callable[..., Any]) -> Callable[..., Any]:
-        def spy(connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
+        # Also the script call beside a thread's tail (its third argument is then what it reads).
+        def spy(connection: redis.Connection, command: tuple[Any, ...], wait: Any) -> Any:
             count = int(command[2])
             keys, argv = [str(k) for k in command[3 : 3 + count]], [str(a) for a in command[3 + count :]]
             root = keys[7].removesuffix(":__sessions__")
