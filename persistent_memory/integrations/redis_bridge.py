@@ -37,7 +37,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis import _REDIRECTS, SCRIPT, _pack_all, tail_read, tail_reply
+from persistent_memory.backends.redis import _READS, _REDIRECTS, SCRIPT, _pack_all, tail_read, tail_reply
 from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
@@ -237,7 +237,10 @@ async def exchange(
     its thread tail when ``tail`` is given; as ``RedisBackend._exchange`` and ``_exchange_tail``
     do on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
-        node = client.get_node_from_key(command[3 + TAIL]) if tail is not None else None
+        # A read beside its tail on the slot's primary; sent again through the cluster client,
+        # which follows redirects and learns a failover, when that fails (a read may run twice).
+        read = tail is not None and command[3 + int(command[2])] in _READS
+        node = client.get_node_from_key(command[3 + TAIL]) if read else None
         if node is not None:
             connection = node.acquire_connection()
             try:

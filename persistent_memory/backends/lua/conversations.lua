@@ -36,10 +36,10 @@ end
 
 -- The thread's tail: a copy of the newest texts of the current thread that a read takes
 -- with a plain LRANGE sent beside its script call in one MULTI (windows.lua, tail_reader):
--- Redis turns every text a script reads or replies into a Lua string and back, which
--- cost more than the rest of a window's read (about 5 us per 2 KB message; an LRANGE of
--- 20 of them, 3 us in all). Appends push onto it; whatever else changes the thread marks
--- it stale, and remember() writes it again from the thread before the reply goes out.
+-- Redis turns every text a script reads or replies into a Lua string and back (about
+-- 5 us per 2 KB message; an LRANGE of 20 of them takes 3 us in all). Appends push onto
+-- it; whatever else changes the thread marks it stale, and remember() writes it again
+-- from the thread before the reply goes out.
 local TAIL = 32
 local stale_tails = {}
 
