@@ -42,6 +42,16 @@ def assert_tail_is_the_thread(
         assert abs(client.pttl(named["tail"]) - client.pttl(named["thread"])) < 1000
 
 
+def change_in_tail(store: MemoryStore, index: int) -> str:
+    """Make the tail's text at ``index`` say "from the tail" (there only): what a read then
+    answers shows where its texts came from. Returns the tail's key."""
+    tail = keys(store)["tail"]
+    stored = json.loads(store.backend.client.lindex(tail, index))
+    stored["content"] = "from the tail"
+    store.backend.client.lset(tail, index, json.dumps(stored))
+    return tail
+
+
 def turn(i: int) -> list[dict[str, Any]]:
     return [user(f"question {i}"), assistant(f"answer {i}")]
 
@@ -100,11 +110,7 @@ def test_reads_take_their_texts_from_the_tail(configure):
     store = configure()
     for i in range(3):
         store.add_messages("s1", turn(i))
-    # A text changed in the tail only: what a read answers shows where it came from.
-    tail = keys(store)["tail"]
-    stored = json.loads(store.backend.client.lindex(tail, -1))
-    stored["content"] = "from the tail"
-    store.backend.client.lset(tail, -1, json.dumps(stored))
+    change_in_tail(store, -1)
     assert store.get_messages("s1")["messages"][-1]["content"] == "from the tail"
     assert store.get_messages("s1", limit=2)["messages"][-1]["content"] == "from the tail"
     assert store.get_context("s1", max_tokens=1000)["messages"][-1]["content"] == "from the tail"
@@ -145,10 +151,7 @@ def test_a_read_longer_than_the_tail_takes_the_rest_from_the_stored_texts(config
     store = configure()
     for i in range(40):
         store.add_messages("s1", turn(i))
-    tail = keys(store)["tail"]
-    oldest = json.loads(store.backend.client.lindex(tail, 0))  # the thread's message 80 - TAIL
-    oldest["content"] = "from the tail"
-    store.backend.client.lset(tail, 0, json.dumps(oldest))
+    change_in_tail(store, 0)  # the thread's message 80 - TAIL
     expected = [f"{'question' if k % 2 == 0 else 'answer'} {k // 2}" for k in range(80)]
     expected[80 - TAIL] = "from the tail"
     for limit, first in ((None, 0), (40, 40), (TAIL, 80 - TAIL), (3, 77)):
@@ -161,10 +164,7 @@ def test_the_enrich_lane_reads_its_window_from_the_tail(configure):
     store = configure()
     for i in range(40):
         store.add_messages("s1", turn(i))
-    tail = keys(store)["tail"]
-    newest = json.loads(store.backend.client.lindex(tail, -1))
-    newest["content"] = "from the tail"
-    store.backend.client.lset(tail, -1, json.dumps(newest))
+    tail = change_in_tail(store, -1)
     expected = store.get_context("s1")
     _, window, question = store.enrich_recording("s1", "and now?")
     assert window["messages"] == expected["messages"]
