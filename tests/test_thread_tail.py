@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.integrations.redis_bridge import run_bridged
 from persistent_memory.store import MemoryStore
@@ -121,6 +122,28 @@ def test_reads_take_their_texts_from_the_tail(configure):
     # Async: through the bridge, the same.
     read = asyncio.run(run_bridged(store.get_messages, "s1"))
     assert read["messages"][-1]["content"] == "from the tail"
+
+
+# One server: a pause of a Sentinel's primary or of a cluster node would fail it over.
+@pytest.mark.parametrize("backend_name", ["redis"])
+def test_an_async_read_of_a_stalled_server_times_out_and_the_next_one_is_whole(configure):
+    """The bridge reads the four replies beside the tail under one timeout: a server that
+    stops answering fails the read within it, and the connection is not used again half
+    read."""
+    store = configure(REDIS_SOCKET_TIMEOUT=0.5)
+    for i in range(3):
+        store.add_messages("s1", turn(i))
+
+    async def reads() -> list[Any]:
+        first = await run_bridged(store.get_messages, "s1")
+        store.backend.client.execute_command("CLIENT", "PAUSE", 2000, "ALL")  # this client's own call passes
+        with pytest.raises(BackendUnavailable):
+            await run_bridged(store.get_messages, "s1")
+        await asyncio.sleep(2.5)  # the pause is over
+        return [first, await run_bridged(store.get_messages, "s1")]
+
+    first, after = asyncio.run(reads())
+    assert after == first and [m["content"] for m in after["messages"]][-2:] == ["question 2", "answer 2"]
 
 
 def test_a_thread_without_a_tail_reads_its_stored_texts(configure):

@@ -454,7 +454,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         itself runs in a worker thread."""
         if self._loops is None:
             self._loops = bridge.LoopClients(self.client)
-        client = bridge.await_only(self._loops.get())
+        made, client = self._loops.ready()
+        if not made:
+            client = bridge.await_only(self._loops.get())
         wait = 0 if op in _READS else self.wait_replicas
         if client is None or aside is not None or (wait and self.on_cluster):
             options = {"idempotency": idempotency, "bound": bound, "elsewhere": elsewhere, "aside": aside}
