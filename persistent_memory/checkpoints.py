@@ -6,6 +6,11 @@ owner like every other. A session holds the checkpoints of one graph thread; rec
 channel values and writes are texts the caller encodes (LangGraph's checkpointer in
 :mod:`persistent_memory.integrations.langgraph_saver`), stored as they are. Each method
 checks its arguments, then makes one backend call (one round trip on Redis).
+
+Every stored entry counts toward ``MAX_SESSION_BYTES`` with the session's values and
+messages: a put, a task's writes or a load that would take the session over it raises
+``QuotaExceeded`` (507 ``capacity_exceeded``) and writes nothing; pruning or deleting
+checkpoints gives their bytes back.
 """
 
 from __future__ import annotations
@@ -175,16 +180,23 @@ class CheckpointMethods:
         return self._call(self.backend.checkpoint_entries, session_id)
 
     def load_checkpoint_entries(
-        self: MemoryStore, session_id: str, entries: dict[str, str], *, ttl_seconds: float | None = None
+        self: MemoryStore,
+        session_id: str,
+        entries: dict[str, str],
+        *,
+        ttl_seconds: float | None = None,
+        replace: bool = False,
     ) -> None:
         """Add entries (as :meth:`checkpoint_entries` gives them: a copy of another thread's)
-        to the session's, creating it (``ttl_seconds``, None: the default) when it does not
-        exist."""
+        to the session's, or with ``replace`` put them in place of the session's checkpoints
+        (one atomic step: no mix of the two), creating it (``ttl_seconds``, None: the
+        default) when it does not exist."""
         self._call(
             self.backend.load_checkpoint_entries,
             session_id,
             validate_entries(entries),
             self._ttl(ttl_seconds),
+            replace=replace,
         )
 
     def delete_checkpoints(self: MemoryStore, session_id: str) -> bool:

@@ -64,6 +64,13 @@ class InvalidRunId(InvalidValue):
     code = "invalid_run_id"
 
 
+class InvalidThreadId(InvalidValue):
+    """A LangGraph thread id longer than the checkpointer takes (see
+    :data:`persistent_memory.integrations.langgraph_saver.MAX_THREAD_ID`); nothing was stored."""
+
+    code = "invalid_thread_id"
+
+
 class InvalidIdempotencyKey(InvalidValue):
     """An idempotency key is not 1-255 of ``[A-Za-z0-9_.:/@+=-]``."""
 

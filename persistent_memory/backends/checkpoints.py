@@ -23,6 +23,11 @@ snapshot, an export and the mirror carry them as they are:
 
 Every method is one atomic step (one round trip on Redis) and takes storage ids; the
 session's keys expire with it, and deleting, sweeping or forgetting it removes them.
+
+Every entry counts toward ``MAX_SESSION_BYTES`` with the session's values and messages:
+its name's and its text's UTF-8 bytes (:func:`entry_bytes`). A write that would take the
+session over is refused (``QuotaExceeded``) before anything is written; removing
+checkpoints gives their bytes back.
 """
 
 from __future__ import annotations
@@ -58,6 +63,16 @@ def delta_base(text: str) -> tuple[str, str] | None:
 def has_id(text: str | None, value_id: str) -> bool:
     """Whether a stored value's text is the whole or delta value ``value_id``."""
     return text is not None and text[:1] in "fd" and text[1:].startswith(f"{DELTA_SEP}{value_id}{DELTA_SEP}")
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of ``text`` (Redis counts bytes; a text is nearly always ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def entry_bytes(name: str, text: str) -> int:
+    """What an entry counts toward ``MAX_SESSION_BYTES``: its name and its text."""
+    return text_bytes(name) + text_bytes(text)
 
 
 def checkpoint_key(ns: str, checkpoint_id: str) -> str:
@@ -145,7 +160,8 @@ class CheckpointBackend:
 
     @abstractmethod
     def load_checkpoint_entries(
-        self, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+        self, session_id: str, entries: dict[str, str], ttl_seconds: float | None, *, replace: bool = False
     ) -> None:
-        """Add ``entries`` (as :meth:`checkpoint_entries` gives them) to the session's,
-        creating it (with ``ttl_seconds``) when it is not live."""
+        """Add ``entries`` (as :meth:`checkpoint_entries` gives them) to the session's, or
+        with ``replace`` put them in place of the session's (its checkpoints are then
+        exactly these), creating it (with ``ttl_seconds``) when it is not live."""

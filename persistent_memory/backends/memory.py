@@ -62,7 +62,8 @@ class _Session:
     expires_at: float | None
     values: dict[str, str] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
-    #: Bytes of keys plus JSON values (the texts are ASCII: one character, one byte).
+    #: Bytes of keys plus JSON values (the texts are ASCII: one character, one byte), of its
+    #: conversations' messages and of its checkpoints' entries: what MAX_SESSION_BYTES caps.
     size: int = 0
     #: Run ids bound to this session (some may have been bound elsewhere since, or
     #: expired: pruned when the set has doubled), dropped with it.
@@ -568,8 +569,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         self._log("clear", session_id, now, key)
         if key is None:
             cleared = sorted(session.values)
+            # Only the values' bytes: the session's messages and checkpoints stay.
+            session.size -= sum(len(key) + len(text) for key, text in session.values.items())
             session.values.clear()
-            session.size = 0
             self._record(session_id, session, now, "clear", None, cleared=cleared)
         else:
             cleared = [key] if self._remove_value(session, key) else []
@@ -787,6 +789,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             # The mirror's counters only when loading the mirror (see mirror_checkpoints).
             state = snapshot.get("checkpoint_state") if self._restoring else None
             session.checkpoints = Checkpoints.restore(snapshot["checkpoints"], state)
+            session.size += session.checkpoints.size
 
     # The journal ----------------------------------------------------------------
 
@@ -818,6 +821,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             "cp_writes": self._cp_writes_op,
             "cp_prune": self._cp_prune_op,
             "cp_load": self._cp_load_op,
+            "cp_replace": self._cp_replace_op,
         }
         replayed: dict[str, None] = {}
         kept = dict(self._records)  # read back from the record files by open_journal

@@ -22,10 +22,11 @@ from persistent_memory.backends.checkpoints import (
     StoredCheckpoint,
     checkpoint_key,
     delta_base,
+    entry_bytes,
     has_id,
     merge_writes,
 )
-from persistent_memory.exceptions import CheckpointBaseMissing
+from persistent_memory.exceptions import CheckpointBaseMissing, QuotaExceeded
 
 if TYPE_CHECKING:
     from persistent_memory.backends.memory import MemoryBackend, _Session
@@ -45,11 +46,32 @@ class Checkpoints:
     seq: int = 0
     seqs: dict[str, int] = field(default_factory=dict)
     removed_at: int = 0
+    #: Bytes of the entries (see entry_bytes); the session's ``size`` counts them too.
+    size: int = 0
 
     def set(self, name: str, text: str) -> None:
         self.seq += 1
+        old = self.entries.get(name)
+        self.size += entry_bytes(name, text) - (0 if old is None else entry_bytes(name, old))
         self.entries[name] = text
         self.seqs[name] = self.seq
+
+    def growth(self, changes: dict[str, str], *, replace: bool = False) -> int:
+        """How many bytes writing ``changes`` (name -> text) adds (with ``replace``: in
+        place of every entry held)."""
+        if replace:
+            return sum(entry_bytes(name, text) for name, text in changes.items()) - self.size
+        grown = 0
+        for name, text in changes.items():
+            old = self.entries.get(name)
+            grown += entry_bytes(name, text) - (0 if old is None else entry_bytes(name, old))
+        return grown
+
+    def _pop(self, name: str) -> None:
+        text = self.entries.pop(name, None)
+        if text is not None:
+            self.size -= entry_bytes(name, text)
+        self.seqs.pop(name, None)
 
     def add(self, key: str, record: str, link_text: str) -> None:
         if "c" + key not in self.entries:
@@ -73,6 +95,12 @@ class Checkpoints:
         end = bisect_left(self.index, ns + chr(ord(SEP) + 1))
         return self.index[start:end]
 
+    def clear(self) -> None:
+        """Remove every entry (the mirror then rewrites them all)."""
+        self.seq += 1
+        self.removed_at = self.seq
+        self.entries, self.index, self.seqs, self.size = {}, [], {}, 0
+
     def remove(self, keys: list[str]) -> int:
         """Remove checkpoints, their writes, and values no checkpoint left references."""
         if not keys:
@@ -83,16 +111,14 @@ class Checkpoints:
         self.index = [key for key in self.index if key not in gone]
         for key in keys:
             for kind in "clw":
-                self.entries.pop(kind + key, None)
-                self.seqs.pop(kind + key, None)
+                self._pop(kind + key)
         referenced: set[str] = set()
         for key in self.index:
             ns = key.rsplit(SEP, 1)[0]
             for ref in self.entries["l" + key].split(LINK_SEP)[1:]:
                 referenced.update(self.chain_names(ns, ref, referenced))
         for name in [name for name in self.entries if name[0] == "b" and name not in referenced]:
-            del self.entries[name]
-            self.seqs.pop(name, None)
+            self._pop(name)
         return len(keys)
 
     def chain_names(self, ns: str, ref: str, known: set[str] | frozenset[str] = frozenset()) -> list[str]:
@@ -130,6 +156,7 @@ class Checkpoints:
         """From entries (and, from the mirror, the counters they were mirrored with; else
         they start a new epoch, which the mirror writes whole)."""
         restored = cls(dict(entries), sorted(name[1:] for name in entries if name[0] == "c"))
+        restored.size = sum(entry_bytes(name, text) for name, text in entries.items())
         if state is None:
             restored.seqs = dict.fromkeys(entries, 0)
         else:
@@ -153,7 +180,24 @@ class MemoryCheckpoints(CheckpointBackend):
         self._log(op, session_id, now, *args)
         return self._sessions[session_id] if live else self._create(session_id, args[-1], now)
 
-    def _written(self: MemoryBackend, session_id: str, session: _Session, now: float) -> None:
+    def _held_now(self: MemoryBackend, session_id: str, now: float) -> tuple[_Session | None, Checkpoints]:
+        """The live session (None: none) and its checkpoints (empty ones: none), for a write
+        to check before it writes."""
+        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        held = session.checkpoints if session is not None else None
+        return session, held if held is not None else Checkpoints()
+
+    def _cp_room(self: MemoryBackend, session: _Session | None, grown: int) -> None:
+        """QuotaExceeded when ``grown`` more bytes would take the session (None: a new one)
+        over ``max_session_bytes``: its checkpoints count with its values and messages."""
+        cap = self.max_session_bytes
+        size = (session.size if session is not None else 0) + grown
+        if cap is not None and size > cap:
+            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+
+    def _written(self: MemoryBackend, session_id: str, session: _Session, now: float, before: int) -> None:
+        """After a write that took the session's checkpoints from ``before`` bytes."""
+        session.size += self._checkpoints(session).size - before
         self._touch(session, now)
         self._mark(session_id)
 
@@ -181,15 +225,20 @@ class MemoryCheckpoints(CheckpointBackend):
         blobs: dict[str, str],
         ttl_seconds: float | None,
     ) -> None:
-        held = self._sessions[session_id].checkpoints if self._is_live(session_id, now) else None
-        (held or Checkpoints()).check_bases(ns, blobs)
+        live, held = self._held_now(session_id, now)
+        held.check_bases(ns, blobs)
+        key = checkpoint_key(ns, checkpoint_id)
+        changes = {f"b{ns}{SEP}{ref}": text for ref, text in blobs.items()}
+        changes.update({"c" + key: record, "l" + key: link_text})
+        self._cp_room(live, held.growth(changes))
         args = (ns, checkpoint_id, record, link_text, blobs, ttl_seconds)
         session = self._live_or_created(session_id, now, "cp_put", *args)
         checkpoints = self._checkpoints(session)
+        before = checkpoints.size
         for ref, text in blobs.items():
             checkpoints.set(f"b{ns}{SEP}{ref}", text)
-        checkpoints.add(checkpoint_key(ns, checkpoint_id), record, link_text)
-        self._written(session_id, session, now)
+        checkpoints.add(key, record, link_text)
+        self._written(session_id, session, now, before)
 
     def put_checkpoint_writes(
         self: MemoryBackend,
@@ -211,11 +260,15 @@ class MemoryCheckpoints(CheckpointBackend):
         writes: list[list[object]],
         ttl_seconds: float | None,
     ) -> None:
+        live, held = self._held_now(session_id, now)
+        name = "w" + checkpoint_key(ns, checkpoint_id)
+        merged = merge_writes(held.entries.get(name), writes)
+        self._cp_room(live, held.growth({name: merged}))
         session = self._live_or_created(session_id, now, "cp_writes", ns, checkpoint_id, writes, ttl_seconds)
         checkpoints = self._checkpoints(session)
-        name = "w" + checkpoint_key(ns, checkpoint_id)
-        checkpoints.set(name, merge_writes(checkpoints.entries.get(name), writes))
-        self._written(session_id, session, now)
+        before = checkpoints.size
+        checkpoints.set(name, merged)
+        self._written(session_id, session, now, before)
 
     def get_checkpoint(
         self: MemoryBackend, session_id: str, ns: str, checkpoint_id: str | None
@@ -291,8 +344,9 @@ class MemoryCheckpoints(CheckpointBackend):
         if not doomed:
             return 0
         self._log("cp_prune", session_id, now, run_ids)
+        before = checkpoints.size
         removed = checkpoints.remove(doomed)
-        self._written(session_id, session, now)
+        self._written(session_id, session, now, before)
         return removed
 
     def checkpoint_entries(self: MemoryBackend, session_id: str) -> dict[str, str]:
@@ -301,19 +355,50 @@ class MemoryCheckpoints(CheckpointBackend):
             return dict(checkpoints.entries) if checkpoints is not None else {}
 
     def load_checkpoint_entries(
-        self: MemoryBackend, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+        self: MemoryBackend,
+        session_id: str,
+        entries: dict[str, str],
+        ttl_seconds: float | None,
+        *,
+        replace: bool = False,
     ) -> None:
         with self._lock:
-            self._cp_load_op(time.time(), session_id, entries, ttl_seconds)
+            if replace:
+                self._cp_replace_op(time.time(), session_id, entries, ttl_seconds)
+            else:
+                self._cp_load_op(time.time(), session_id, entries, ttl_seconds)
 
     def _cp_load_op(
-        self: MemoryBackend, now: float, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+        self: MemoryBackend,
+        now: float,
+        session_id: str,
+        entries: dict[str, str],
+        ttl_seconds: float | None,
+        *,
+        replace: bool = False,
     ) -> None:
-        session = self._live_or_created(session_id, now, "cp_load", entries, ttl_seconds)
+        # What is written: a record with its link (an empty one when not given), and every
+        # other entry but a link without its record.
+        changes = {name: text for name, text in entries.items() if name[0] != "l"}
+        changes.update(
+            {"l" + name[1:]: entries.get("l" + name[1:], "") for name in entries if name[0] == "c"}
+        )
+        live, held = self._held_now(session_id, now)
+        self._cp_room(live, held.growth(changes, replace=replace))
+        op = "cp_replace" if replace else "cp_load"
+        session = self._live_or_created(session_id, now, op, entries, ttl_seconds)
         checkpoints = self._checkpoints(session)
+        before = checkpoints.size
+        if replace:
+            checkpoints.clear()
         for name, text in entries.items():
             if name[0] == "c":
-                checkpoints.add(name[1:], text, entries.get("l" + name[1:], ""))
+                checkpoints.add(name[1:], text, changes["l" + name[1:]])
             elif name[0] != "l":
                 checkpoints.set(name, text)
-        self._written(session_id, session, now)
+        self._written(session_id, session, now, before)
+
+    def _cp_replace_op(
+        self: MemoryBackend, now: float, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+    ) -> None:
+        self._cp_load_op(now, session_id, entries, ttl_seconds, replace=True)

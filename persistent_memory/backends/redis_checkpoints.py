@@ -98,12 +98,18 @@ class RedisCheckpoints(CheckpointBackend):
         return _entries(reply) if reply else {}
 
     def load_checkpoint_entries(
-        self: RedisBackend, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+        self: RedisBackend,
+        session_id: str,
+        entries: dict[str, str],
+        ttl_seconds: float | None,
+        *,
+        replace: bool = False,
     ) -> None:
         from persistent_memory.backends.redis import _ttl_ms, _ttl_text
 
         pairs = [part for name, text in entries.items() for part in (name, text)]
-        self._cp("cp_load", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), *pairs)
+        how = "replace" if replace else ""
+        self._cp("cp_load", session_id, _ttl_text(ttl_seconds), _ttl_ms(ttl_seconds), how, *pairs)
 
 
 def _entries(flat: list[Any]) -> dict[str, str]:

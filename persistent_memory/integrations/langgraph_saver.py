@@ -7,9 +7,15 @@ keeps them as that owner's, out of every other owner's reach.
 How a thread maps onto the app:
 
 - **Thread**: one session of the owner, ``lgt_<thread_id>`` when the thread id is made of
-  letters, digits, ``-`` and ``_`` (at most 124 of them), else ``lgh_<digest>``. Its keys
+  letters, digits, ``-`` and ``_`` (at most 124 of them), else ``lgh_<digest>``; a thread
+  id is at most :data:`MAX_THREAD_ID` characters (``InvalidThreadId`` past that). Its keys
   expire with it (``ttl=`` seconds, else the app's session TTL and idle TTL), and
   deleting it, ``memory_sweep`` and forgetting the owner take every checkpoint with it.
+- **Size**: every byte a thread stores (records, channel values, pending writes) counts
+  toward ``MAX_SESSION_BYTES``; a put that would go over raises ``QuotaExceeded`` and
+  stores nothing.
+- **copy_thread** replaces the target thread whole: its checkpoints are then exactly the
+  source's (none when the source has none), as LangGraph's server copies a thread.
 - **Channel values** are stored once per version (LangGraph's ``new_versions``): a
   checkpoint whose channel did not change references the value an earlier one stored.
 - **Each method is one round trip on Redis**, but ``list`` with a metadata ``filter``
@@ -45,7 +51,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from persistent_memory.backends.checkpoints import SEP, StoredCheckpoint
 from persistent_memory.checkpoints import THREAD_PREFIXES
-from persistent_memory.exceptions import CheckpointBaseMissing
+from persistent_memory.exceptions import CheckpointBaseMissing, InvalidThreadId
 from persistent_memory.integrations.langgraph_values import EMPTY, LATEST, Values
 from persistent_memory.store import get_store
 
@@ -56,11 +62,17 @@ T = TypeVar("T")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]{1,124}")
 #: Checkpoints read per call when ``list`` filters on metadata.
 PAGE = 100
+#: Longest thread id (characters): every record of a thread holds its id, and LangGraph's
+#: are short (a UUID is 36), like the namespaces and checkpoint ids (checkpoints.MAX_NAME).
+MAX_THREAD_ID = 512
 
 
 def thread_session(thread_id: Any) -> str:
-    """The session id that holds a thread's checkpoints."""
+    """The session id that holds a thread's checkpoints (``InvalidThreadId`` for a thread
+    id over :data:`MAX_THREAD_ID` characters)."""
     text = str(thread_id)
+    if len(text) > MAX_THREAD_ID:
+        raise InvalidThreadId(f"A thread id is at most {MAX_THREAD_ID} characters, not {len(text)}.")
     if _PLAIN.fullmatch(text):
         return THREAD_PREFIXES[0] + text
     return THREAD_PREFIXES[1] + hashlib.sha256(text.encode()).hexdigest()[:48]
@@ -291,13 +303,21 @@ class PersistentMemorySaver(BaseCheckpointSaver[int]):
                 self.store.delete_checkpoint_runs(session, runs)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Make the target thread a copy of the source: its own checkpoints are replaced
+        whole, never mixed with the source's (LangGraph's server copies a thread so)."""
         store = self.store
-        entries = store.checkpoint_entries(thread_session(source_thread_id))
+        source, target = thread_session(source_thread_id), thread_session(target_thread_id)
+        if source == target:
+            return
+        entries = store.checkpoint_entries(source)
         for name, text in entries.items():
             if name[0] == "c":  # the records name their thread
                 entries[name] = json.dumps({**json.loads(text), "t": str(target_thread_id)})
+        LATEST.forget((store.owner, target))  # what this process saw of the target is gone
         if entries:
-            store.load_checkpoint_entries(thread_session(target_thread_id), entries, ttl_seconds=self.ttl)
+            store.load_checkpoint_entries(target, entries, ttl_seconds=self.ttl, replace=True)
+        else:  # the source has none: neither has the copy
+            store.delete_checkpoints(target)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         if strategy not in ("keep_latest", "delete"):

@@ -6,6 +6,10 @@
 --                  'w', 'b' then '{ns}\31{id}', or '{ns}\31{channel}\31{version}')
 --   '{base}~cpi'   sorted set, score 0: '{ns}\31{id}' of every checkpoint, so that a
 --                  namespace's are one lexicographic range, oldest id first
+-- The session's meta counts the entries' bytes ('cp_bytes': each entry's name and text,
+-- as backends/checkpoints.py counts them), which count toward MAX_SESSION_BYTES with its
+-- values and messages (fits(), sessions.lua): a write that would go over is refused before
+-- anything is written; a removal gives its bytes back.
 -- Keys used here: 1 meta and, through sessions.lua, the session's keys and indexes when a
 -- put creates it; 26 and 27, those two (the checkpoint operations declare them). The
 -- session's other operations name them from its base, as they name its conversations'
@@ -69,6 +73,39 @@ local function chain_names(entries, ns, ref, known)
   return names
 end
 
+-- Bytes of an entry held (0: none): its name's and its text's.
+local function entry_size(entries, name)
+  local size = redis.call('HSTRLEN', entries, name)
+  if size > 0 or redis.call('HEXISTS', entries, name) == 1 then return #name + size end
+  return 0
+end
+
+-- Bytes of the live session's entries: its meta's count, kept by every checkpoint write;
+-- counted here once for a thread stored before the count was kept.
+local function checkpoint_bytes_held(entries)
+  local counted = tonumber(redis.call('HGET', META, 'cp_bytes'))
+  if counted then return counted end
+  local total = 0
+  for _, name in ipairs(redis.call('HKEYS', entries)) do
+    total = total + #name + redis.call('HSTRLEN', entries, name)
+  end
+  return total
+end
+
+-- The error reply (nil: there is room) when the session, its checkpoints at ``after``
+-- bytes, would hold more than MAX_SESSION_BYTES; not ``live``: one the call creates (it
+-- starts empty).
+local function checkpoint_room(live, after)
+  if byte_cap <= 0 then return nil end
+  if not live then
+    if after > byte_cap then return too_big(after) end
+    return nil
+  end
+  local ok, total = fits({}, 0, false, after)
+  if not ok then return too_big(total) end
+  return nil
+end
+
 -- A checkpoint as the client reads it: its key, record, writes (false: none), then each
 -- reference and its value (false: missing). nil when it is not stored.
 local function checkpoint_reply(entries, key)
@@ -88,15 +125,17 @@ local function checkpoint_reply(entries, key)
   return reply
 end
 
--- Remove checkpoints (their keys), their writes, and values no checkpoint left references.
+-- Remove checkpoints (their keys), their writes, and values no checkpoint left references;
+-- replies how many checkpoints and how many bytes went.
 local function remove_checkpoints(entries, index, doomed)
-  if #doomed == 0 then return 0 end
-  local names = {}
+  if #doomed == 0 then return 0, 0 end
+  local names, freed = {}, 0
   for _, key in ipairs(doomed) do
     names[#names + 1] = 'c' .. key
     names[#names + 1] = 'l' .. key
     names[#names + 1] = 'w' .. key
   end
+  for _, name in ipairs(names) do freed = freed + entry_size(entries, name) end
   call_chunked('HDEL', entries, names)
   call_chunked('ZREM', index, doomed)
   local referenced = {}
@@ -110,14 +149,18 @@ local function remove_checkpoints(entries, index, doomed)
   end
   local unreferenced = {}
   for _, name in ipairs(redis.call('HKEYS', entries)) do
-    if string.sub(name, 1, 1) == 'b' and not referenced[name] then unreferenced[#unreferenced + 1] = name end
+    if string.sub(name, 1, 1) == 'b' and not referenced[name] then
+      unreferenced[#unreferenced + 1] = name
+      freed = freed + entry_size(entries, name)
+    end
   end
   if #unreferenced > 0 then call_chunked('HDEL', entries, unreferenced) end
-  return #doomed
+  return #doomed, freed
 end
 
 -- For snapshot and restore (maintenance.lua): every entry, flat; write entries given as
--- one JSON object text, replying the keys written.
+-- one JSON object text (and their bytes in the meta, created first), replying the keys
+-- written.
 checkpoints_snapshot = function()
   return redis.call('HGETALL', (checkpoint_keys()))
 end
@@ -126,10 +169,11 @@ restore_checkpoints = function(blob)
   local entries, index = checkpoint_keys()
   redis.call('DEL', entries, index)
   if blob == '' then return {} end
-  local fields, keys = {}, {}
+  local fields, keys, size = {}, {}, 0
   for name, text in pairs(cjson.decode(blob)) do
     fields[#fields + 1] = name
     fields[#fields + 1] = text
+    size = size + #name + #text
     if string.sub(name, 1, 1) == 'c' then
       keys[#keys + 1] = 0
       keys[#keys + 1] = string.sub(name, 2)
@@ -138,6 +182,7 @@ restore_checkpoints = function(blob)
   if #fields == 0 then return {} end
   call_chunked('HSET', entries, fields)
   if #keys > 0 then call_chunked('ZADD', index, keys) end
+  redis.call('HSET', META, 'cp_bytes', size)
   return {entries, index}
 end
 
@@ -165,8 +210,6 @@ if op == 'cp_put' then
       return fail('CHECKPOINT_BASE', "The value of '" .. ref .. "' extends a value this thread does not hold.")
     end
   end
-  local failure = checkpoints_live_or_create(arg(5), arg(6))
-  if failure then return failure end
   local fields = {'c' .. key, arg(3), 'l' .. key, arg(4)}
   local i = 7
   while arg(i) do
@@ -174,7 +217,15 @@ if op == 'cp_put' then
     fields[#fields + 1] = arg(i + 1)
     i = i + 2
   end
+  -- Room for them, checked before anything is written (a new session starts empty).
+  local after = live and checkpoint_bytes_held(entries) or 0
+  for j = 1, #fields, 2 do
+    after = after + #fields[j] + #fields[j + 1] - (live and entry_size(entries, fields[j]) or 0)
+  end
+  local failure = checkpoint_room(live, after) or checkpoints_live_or_create(arg(5), arg(6))
+  if failure then return failure end
   call_chunked('HSET', entries, fields)
+  redis.call('HSET', META, 'cp_bytes', after)
   redis.call('ZADD', index, 0, key)
   new_key(entries)
   new_key(index)
@@ -187,11 +238,9 @@ end
 -- ttl text, 5 ttl ms. Creates the session when it is not live (LangGraph may save a
 -- task's writes before the checkpoint they belong to).
 if op == 'cp_writes' then
-  local failure = checkpoints_live_or_create(arg(4), arg(5))
-  if failure then return failure end
-  local entries = KEYS[26]
+  local entries, live = KEYS[26], redis.call('EXISTS', META) == 1
   local name = 'w' .. arg(1) .. SEP .. arg(2)
-  local stored = redis.call('HGET', entries, name)
+  local stored = live and redis.call('HGET', entries, name)
   local merged, where = stored and cjson.decode(stored) or {}, {}
   for i, item in ipairs(merged) do where[item[1] .. SEP .. item[2]] = i end
   for _, item in ipairs(cjson.decode(arg(3))) do
@@ -203,7 +252,12 @@ if op == 'cp_writes' then
       merged[at] = item
     end
   end
-  redis.call('HSET', entries, name, cjson.encode(merged))
+  local text = cjson.encode(merged)
+  local after = (live and checkpoint_bytes_held(entries) or 0) + #name + #text - (stored and #name + #stored or 0)
+  local failure = checkpoint_room(live, after) or checkpoints_live_or_create(arg(4), arg(5))
+  if failure then return failure end
+  redis.call('HSET', entries, name, text)
+  redis.call('HSET', META, 'cp_bytes', after)
   new_key(entries)
   mark_dirty()
   return remember(1)
@@ -286,28 +340,39 @@ if op == 'cp_prune' then
       if runs[split(link_text, LINK_SEP)[1]] then doomed[#doomed + 1] = key end
     end
   end
-  local removed = remove_checkpoints(entries, index, doomed)
-  if removed > 0 then mark_dirty() end
+  local held = checkpoint_bytes_held(entries)
+  local removed, freed = remove_checkpoints(entries, index, doomed)
+  if removed > 0 then
+    redis.call('HSET', META, 'cp_bytes', held - freed)
+    mark_dirty()
+  end
   return remember(removed)
 end
 
--- Add entries: arg(1) ttl text, 2 ttl ms, then (name, value) pairs. Creates the session
--- when it is not live.
+-- Add entries: arg(1) ttl text, 2 ttl ms, 3 'replace' to put them in place of the
+-- session's (else ''), then (name, value) pairs. Creates the session when it is not live.
 if op == 'cp_load' then
-  local failure = checkpoints_live_or_create(arg(1), arg(2))
-  if failure then return failure end
   local entries, index = KEYS[26], KEYS[27]
-  local fields, keys, i = {}, {}, 3
+  local live, replace = redis.call('EXISTS', META) == 1, arg(3) == 'replace'
+  local adding = live and not replace -- to the entries held: those it overwrites give their bytes back
+  local after = adding and checkpoint_bytes_held(entries) or 0
+  local fields, keys, i = {}, {}, 4
   while arg(i) do
     fields[#fields + 1] = arg(i)
     fields[#fields + 1] = arg(i + 1)
+    after = after + #arg(i) + #arg(i + 1) - (adding and entry_size(entries, arg(i)) or 0)
     if string.sub(arg(i), 1, 1) == 'c' then
       keys[#keys + 1] = 0
       keys[#keys + 1] = string.sub(arg(i), 2)
     end
     i = i + 2
   end
+  local failure = checkpoint_room(live, after) or checkpoints_live_or_create(arg(1), arg(2))
+  if failure then return failure end
+  -- Not a DEL of nothing: see purge_leftovers (sessions.lua) on Redis at its maxmemory.
+  if replace and redis.call('EXISTS', entries, index) > 0 then redis.call('DEL', entries, index) end
   if #fields > 0 then call_chunked('HSET', entries, fields) end
+  redis.call('HSET', META, 'cp_bytes', after)
   if #keys > 0 then call_chunked('ZADD', index, keys) end
   new_key(entries)
   new_key(index)

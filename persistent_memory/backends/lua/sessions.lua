@@ -172,15 +172,18 @@ local function no_room()
   return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
 end
 
--- Whether the session's keys and values, and its conversations' messages, stay within
--- the byte cap once the values in ``sizes`` (key -> new length) and ``extra`` bytes of
--- new messages are written: the same count as the memory backend. ``complete``: ``sizes``
--- holds every key's (values the call has read anyway), so none is looked up.
-local function fits(sizes, extra, complete)
+-- Whether the session's keys and values, its conversations' messages and its checkpoints'
+-- entries stay within the byte cap once the values in ``sizes`` (key -> new length) and
+-- ``extra`` bytes of new messages are written: the same count as the memory backend.
+-- ``complete``: ``sizes`` holds every key's (values the call has read anyway), so none is
+-- looked up. ``checkpoints``: the checkpoints' bytes after the call (nil: as its meta
+-- counts them now, see checkpoints.lua).
+local function fits(sizes, extra, complete, checkpoints)
   if byte_cap <= 0 then
     return true
   end
-  local total = (extra or 0) + conversation_bytes()
+  checkpoints = checkpoints or tonumber(redis.call('HGET', META, 'cp_bytes')) or 0
+  local total = (extra or 0) + conversation_bytes() + checkpoints
   for key, size in pairs(sizes) do
     total = total + #key + size
   end
