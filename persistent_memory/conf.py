@@ -100,8 +100,9 @@ DEFAULTS: dict[str, Any] = {
     # recurses once per level and must stay far from Python's limit (about 1000 frames, shared
     # with the request). Deeper JSON is refused (400 json_too_deep) before anything is written.
     "MAX_JSON_DEPTH": 100,
-    # Bytes one session may hold: its keys, values and conversation messages, as JSON (None: no
-    # cap). A write that would go over is refused with 507 capacity_exceeded.
+    # Bytes one session may hold: its keys, values and conversation messages, as JSON, and its
+    # LangGraph checkpoints (None: no cap). A write that would go over is refused with 507
+    # capacity_exceeded.
     "MAX_SESSION_BYTES": 16 * 1024 * 1024,
     # The admin's copy in the ORM: "immediate" (a worker thread syncs about twice a second; the
     # memory backend also restores its sessions from it at start), "deferred" (synced when staff

@@ -13,6 +13,7 @@ import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
 from persistent_memory.backends.checkpoints import SEP, entry_bytes
+from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import (
     InvalidThreadId,
@@ -297,3 +298,26 @@ class TestCopyThread:
         with pytest.raises(QuotaExceeded):
             saver.copy_thread("source", "other")
         assert history(saver, "other") == before
+
+
+def test_a_replayed_journal_holds_the_same_checkpoints_and_count(tmp_path):
+    """The memory backend's journal replays a copy that replaced a thread (``cp_replace``),
+    and the replayed session counts the same bytes."""
+
+    def backend() -> MemoryBackend:
+        made = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True, max_session_bytes=CAP)
+        made.open_journal(tmp_path)
+        return made
+
+    first = backend()
+    first.put_checkpoint(SESSION, "", "c1", "r" * 1000, "", {}, None)
+    first.load_checkpoint_entries(SESSION, {f"c{SEP}c2": "r" * 2000, f"l{SEP}c2": ""}, None, replace=True)
+    entries, size = first.checkpoint_entries(SESSION), first._sessions[SESSION].size
+    first.close()
+    assert list(entries) == [f"c{SEP}c2", f"l{SEP}c2"] and size == 2000 + 2 * 4
+    replica = backend()
+    assert replica.replay({}) == [SESSION]
+    assert replica.checkpoint_entries(SESSION) == entries and replica._sessions[SESSION].size == size
+    with pytest.raises(QuotaExceeded):
+        replica.put_checkpoint(SESSION, "", "c3", "r" * 2000, "", {}, None)
+    replica.close()
