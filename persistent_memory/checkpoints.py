@@ -10,15 +10,25 @@ checks its arguments, then makes one backend call (one round trip on Redis).
 Every stored entry counts toward ``MAX_SESSION_BYTES`` with the session's values and
 messages: a put, a task's writes or a load that would take the session over it raises
 ``QuotaExceeded`` (507 ``capacity_exceeded``) and writes nothing; pruning or deleting
-checkpoints gives their bytes back.
+checkpoints gives their bytes back. The backend checks that in the write's own step; what
+one call sends that is over the cap by itself is refused here, before it is sent (so a
+20 MB value never reaches Redis, nor its script's JSON merge).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from persistent_memory.backends.checkpoints import LINK_SEP, SEP, StoredCheckpoint, link
-from persistent_memory.exceptions import InvalidValue, SessionExpired, SessionNotFound
+from persistent_memory.backends.checkpoints import (
+    LINK_SEP,
+    SEP,
+    StoredCheckpoint,
+    checkpoint_key,
+    entry_bytes,
+    link,
+    text_bytes,
+)
+from persistent_memory.exceptions import InvalidValue, QuotaExceeded, SessionExpired, SessionNotFound
 
 if TYPE_CHECKING:
     from persistent_memory.store import MemoryStore
@@ -59,6 +69,15 @@ def validate_entries(entries: Any) -> dict[str, str]:
 class CheckpointMethods:
     """Checkpoints of the graph thread a session holds."""
 
+    def _under_cap(self: MemoryStore, size: int) -> None:
+        """QuotaExceeded when ``size`` bytes that one call sends are over MAX_SESSION_BYTES
+        by themselves (the backend's own check, in the write's step, counts the rest)."""
+        cap = self.backend.max_session_bytes
+        if cap is not None and size > cap:
+            raise QuotaExceeded(
+                f"The session would hold at least {size} bytes, over MAX_SESSION_BYTES ({cap})."
+            )
+
     def put_checkpoint(
         self: MemoryStore,
         session_id: str,
@@ -86,13 +105,18 @@ class CheckpointMethods:
             if ref not in refs:
                 raise InvalidValue(f"The value of {ref!r} is not one the checkpoint references.")
             _text(text, "channel value")
+        link_text = link(_name(run_id, "run_id") if run_id else None, list(refs))
+        key = checkpoint_key(ns, checkpoint_id)
+        sent = entry_bytes("c" + key, record) + entry_bytes("l" + key, link_text)
+        sent += sum(entry_bytes(f"b{ns}{SEP}{ref}", text) for ref, text in (blobs or {}).items())
+        self._under_cap(sent)
         self._call(
             self.backend.put_checkpoint,
             session_id,
             ns,
             checkpoint_id,
             record,
-            link(_name(run_id, "run_id") if run_id else None, list(refs)),
+            link_text,
             dict(blobs or {}),
             self._ttl(ttl_seconds),
         )
@@ -124,6 +148,7 @@ class CheckpointMethods:
                     _text(task_path, "task_path"),
                 ]
             )
+        self._under_cap(sum(text_bytes(item[3]) for item in items))
         if items:
             self._call(
                 self.backend.put_checkpoint_writes,
@@ -191,10 +216,12 @@ class CheckpointMethods:
         to the session's, or with ``replace`` put them in place of the session's checkpoints
         (one atomic step: no mix of the two), creating it (``ttl_seconds``, None: the
         default) when it does not exist."""
+        validate_entries(entries)
+        self._under_cap(sum(entry_bytes(name, text) for name, text in entries.items()))
         self._call(
             self.backend.load_checkpoint_entries,
             session_id,
-            validate_entries(entries),
+            entries,
             self._ttl(ttl_seconds),
             replace=replace,
         )
