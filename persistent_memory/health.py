@@ -83,6 +83,7 @@ def mirror_health(store: MemoryStore) -> dict[str, Any]:
         "last_error_at": mirror.last_error_at,
         "journal_bytes": backend.journal_size(),
         "idempotency_bytes": backend.idempotency_size(),
+        "journal_skipped": backend.journal_skipped(),
     }
 
 
