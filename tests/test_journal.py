@@ -9,15 +9,22 @@ Redis keeps its own data.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, connections
+from hypothesis import HealthCheck, event, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from persistent_memory.backends.base import RunBinding
 from persistent_memory.backends.memory import MemoryBackend
@@ -1016,3 +1023,114 @@ def test_health_shows_the_skipped_lines(journaled, monkeypatch):
     assert answer.status_code == 200
     assert answer.json()["mirror"]["journal_skipped"] == 2
     monkeypatch.setattr(store_module, "_store", None)
+
+
+# Arbitrary lines and records (hypothesis) -------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def fresh_backend() -> MemoryBackend:
+    return MemoryBackend(max_sessions=50, max_history=6, auto_summarize=True)
+
+
+@functools.cache
+def corpus() -> tuple[bytes, ...]:
+    """The journal lines of :func:`every_write`, made once."""
+    with tempfile.TemporaryDirectory() as directory:
+        backend = fresh_backend()
+        backend.open_journal(directory)
+        every_write(MemoryStore(backend))
+        backend.close()
+        lines = b"".join(path.read_bytes() for path in backend.journal.segments())
+    return tuple(line for line in lines.split(b"\n") if line)
+
+
+def replayed(lines: list[bytes]) -> tuple[dict[str, Any], Journal]:
+    """What a restart makes of a journal of these lines (no mirror): its state and journal."""
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / f"{1:020d}.journal").write_bytes(b"".join(line + b"\n" for line in lines))
+        backend = fresh_backend()
+        backend.open_journal(directory)
+        try:
+            backend.replay({})
+            return everything(backend), backend.journal
+        finally:
+            backend.close()
+
+
+def bugs(journal: Journal) -> list[str]:
+    """Records the checks let through that then failed: what a write cannot make."""
+    return [why for why in journal.skipped.values() if why.startswith("failed to replay")]
+
+
+@examples(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_JSON, position=st.integers(min_value=0))
+def test_any_json_value_as_a_line_is_skipped_or_a_record(value, position):
+    lines = list(corpus())
+    position %= len(lines) + 1
+    line = json.dumps(value).encode()
+    baseline, _ = replayed(lines)
+    after, journal = replayed([*lines[:position], line, *lines[position:]])
+    assert bugs(journal) == []
+    event("skipped" if journal.skipped else "a record")
+    if journal.skipped:  # not a record: nothing of it applied, and everything else is
+        assert list(journal.skipped) == [f"{1:020d}.journal:{position + 1}"]
+        assert after == baseline
+
+
+class _Json:
+    """A step into JSON text inside a record (a message's body or link, a value)."""
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in ``value``, JSON texts' insides included."""
+    yield prefix
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return
+        for path in _paths(inner):
+            if path:
+                yield (*prefix, _Json, *path)
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    step, rest = path[0], path[1:]
+    if step is _Json:
+        return json.dumps(_replaced(json.loads(value), rest, new))
+    copied = copy.copy(value)
+    copied[step] = _replaced(value[step], rest, new)
+    return copied
+
+
+@examples(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_record_with_any_argument_changed_is_skipped_whole_or_replayed(data):
+    lines = list(corpus())
+    index = data.draw(st.integers(min_value=0, max_value=len(lines) - 1), label="record")
+    record = json.loads(lines[index])
+    paths = [path for path in _paths(record) if path and path[0] != 0]  # seq 0's are fine either way
+    path = data.draw(st.sampled_from(paths), label="path")
+    changed = _replaced(record, path, data.draw(_JSON, label="value"))
+    without, _ = replayed([*lines[:index], *lines[index + 1 :]])
+    after, journal = replayed([*lines[:index], json.dumps(changed).encode(), *lines[index + 1 :]])
+    assert bugs(journal) == []
+    event("skipped" if journal.skipped else "replayed" if after != without else "no change")
+    if journal.skipped:  # nothing of it applied: as if it had never been written
+        assert after == without
