@@ -12,8 +12,12 @@ before a checkpoint, the segments before it are deleted (:meth:`Journal.rotate`,
 :meth:`Journal.drop`).
 
 Records are JSON lines ``[seq, op, storage id, time, idempotency record or null, *args]``
-in segment files named by their first sequence number. One process owns a journal directory (an ``flock``);
-another process on the same directory can read it but writes no records of its own.
+in segment files named by their first sequence number. A line that is not one (torn by
+a power cut, or anything else: a disk's corruption, an edit) is skipped, logged with its
+segment and line and counted (:attr:`Journal.skipped`); the backend checks each record's
+arguments before it applies any of them (``backends.memory_replay``). One process owns a
+journal directory (an ``flock``); another process on the same directory can read it but
+writes no records of its own.
 
 Idempotency records (a write's key, fingerprint and result) outlive the segments: a
 checkpoint deletes those about every flush, and a key's promise is
