@@ -1108,6 +1108,10 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]
                 yield (*prefix, _Json, *path)
 
 
+class _Removed:
+    """What :func:`_replaced` puts in a place to take it out (a field or an item gone)."""
+
+
 def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
     if not path:
         return new
@@ -1115,19 +1119,22 @@ def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
     if step is _Json:
         return json.dumps(_replaced(json.loads(value), rest, new))
     copied = copy.copy(value)
-    copied[step] = _replaced(value[step], rest, new)
+    if new is _Removed and not rest:
+        del copied[step]
+    else:
+        copied[step] = _replaced(value[step], rest, new)
     return copied
 
 
 @examples(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_a_record_with_any_argument_changed_is_skipped_whole_or_replayed(data):
+def test_a_record_with_any_argument_changed_or_removed_is_skipped_whole_or_replayed(data):
     lines = list(corpus())
     index = data.draw(st.integers(min_value=0, max_value=len(lines) - 1), label="record")
     record = json.loads(lines[index])
     paths = [path for path in _paths(record) if path and path[0] != 0]  # seq 0's are fine either way
     path = data.draw(st.sampled_from(paths), label="path")
-    changed = _replaced(record, path, data.draw(_JSON, label="value"))
+    changed = _replaced(record, path, data.draw(_JSON | st.just(_Removed), label="value"))
     without, _ = replayed([*lines[:index], *lines[index + 1 :]])
     after, journal = replayed([*lines[:index], json.dumps(changed).encode(), *lines[index + 1 :]])
     assert bugs(journal) == []

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from persistent_memory.backends.checkpoints import DELTA_SEP, SEP
+from persistent_memory.backends.checkpoints import DELTA_SEP, LINK_SEP, SEP
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.conversations.messages import (
     stored_text,
@@ -168,11 +168,10 @@ def _question(asked: Any) -> None:
         raise _fail("the question has the wrong length")
     validate_conversation(asked[0])
     check_message(asked[1])
-    for position, default in ((2, None), (3, None)):
-        _count(asked[position] if len(asked) > position else default, "a window limit", nullable=True)
-    for position in (4, 5):
-        if len(asked) > position and not isinstance(asked[position], bool):
-            raise _fail("a window option is not a boolean")
+    for limit in asked[2:4]:  # max_tokens, max_messages
+        _count(limit, "a window limit", nullable=True)
+    if not all(isinstance(option, bool) for option in asked[4:]):  # rolling, reserve_summary
+        raise _fail("a window option is not a boolean")
 
 
 def _delta(text: str) -> None:
@@ -190,7 +189,7 @@ def _writes_text(writes: Any) -> None:
 
 
 def _checkpoint_name(name: Any, *, empty: bool = False) -> None:
-    if not isinstance(name, str) or (not name and not empty) or "\x1e" in name or SEP in name:
+    if not isinstance(name, str) or (not name and not empty) or LINK_SEP in name or SEP in name:
         raise _fail("a checkpoint namespace or id is malformed")
 
 
@@ -202,22 +201,17 @@ def _entries(entries: Any) -> None:
         _string(text, "a checkpoint entry")
 
 
+_SNAPSHOT_FIELDS = {"info", "values", "history", "conversations", "checkpoints"}
+
+
 def _snapshot(snapshot: Any) -> None:
     """A whole session, as ``restore_session`` journals it."""
     snapshot = _dict(snapshot, "the snapshot")
-    if (
-        not {"info", "values", "history"}
-        <= set(snapshot)
-        <= {
-            "info",
-            "values",
-            "history",
-            "conversations",
-            "checkpoints",
-        }
-    ):
+    if not {"info", "values", "history"} <= set(snapshot) <= _SNAPSHOT_FIELDS:
         raise _fail("the snapshot has the wrong fields")
     info = _dict(snapshot["info"], "the snapshot's info")
+    if not {"created_at", "ttl_seconds", "expires_at"} <= set(info):
+        raise _fail("the snapshot's info lacks its times")
     _number(info.get("created_at"), "created_at")
     validate_ttl(info.get("ttl_seconds"))
     _number(info.get("expires_at"), "expires_at", nullable=True)
