@@ -63,7 +63,8 @@ def database_health(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
 
 
 def mirror_health(store: MemoryStore) -> dict[str, Any]:
-    """The ORM mirror: how far behind it is, its last error, the journal it keeps.
+    """The ORM mirror: how far behind it is, its last error, the journal it keeps (and the
+    journal lines a start skipped, not being records a write made).
 
     Unavailable while a memory store waits for its database to restore its sessions
     (the store refuses calls until then)."""
@@ -83,6 +84,7 @@ def mirror_health(store: MemoryStore) -> dict[str, Any]:
         "last_error_at": mirror.last_error_at,
         "journal_bytes": backend.journal_size(),
         "idempotency_bytes": backend.idempotency_size(),
+        "journal_skipped": backend.journal_skipped(),
     }
 
 

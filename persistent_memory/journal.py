@@ -12,8 +12,12 @@ before a checkpoint, the segments before it are deleted (:meth:`Journal.rotate`,
 :meth:`Journal.drop`).
 
 Records are JSON lines ``[seq, op, storage id, time, idempotency record or null, *args]``
-in segment files named by their first sequence number. One process owns a journal directory (an ``flock``);
-another process on the same directory can read it but writes no records of its own.
+in segment files named by their first sequence number. A line that is not one (torn by
+a power cut, or anything else: a disk's corruption, an edit) is skipped, logged with its
+segment and line and counted (:attr:`Journal.skipped`); the backend checks each record's
+arguments before it applies any of them (``backends.memory_replay``). One process owns a
+journal directory (an ``flock``); another process on the same directory can read it but
+writes no records of its own.
 
 Idempotency records (a write's key, fingerprint and result) outlive the segments: a
 checkpoint deletes those about every flush, and a key's promise is
@@ -30,12 +34,13 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from persistent_memory.exceptions import BackendUnavailable
 
@@ -124,6 +129,48 @@ def _total_size(paths: Iterable[Path]) -> int:
     return total
 
 
+class Entry(NamedTuple):
+    """One journal record read back: its sequence number, the record, and ``where`` it is
+    (``<segment file>:<line>``, for the log)."""
+
+    seq: int
+    record: list[Any]
+    where: str
+
+
+#: The largest sequence number: the mirror keeps it in a 64-bit column.
+MAX_SEQ = 2**63 - 1
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _head_error(record: Any) -> str | None:
+    """Why ``record`` does not start as :meth:`Journal.append` writes one (None: it does):
+    ``[seq, op, storage id, time, idempotency record or null, *args]``. The arguments
+    are the backend's to check (see ``backends.memory_replay``)."""
+    if not isinstance(record, list) or len(record) < 5:
+        return "not a list of at least five items"
+    seq, op, session_id, now, idempotency = record[:5]
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq <= MAX_SEQ:
+        return "its sequence number is not a positive 64-bit integer"
+    if not isinstance(op, str) or not isinstance(session_id, str):
+        return "its operation or session id is not a string"
+    if not _number(now) or now < 0:
+        return "its time is not a number of seconds"
+    if idempotency is not None and not (
+        isinstance(idempotency, list)
+        and len(idempotency) == 3
+        and isinstance(idempotency[0], str)
+        and isinstance(idempotency[1], str)
+        and _number(idempotency[2])
+        and idempotency[2] > 0
+    ):
+        return "its idempotency record is malformed"
+    return None
+
+
 def _is_record(record: Any) -> bool:
     """Whether ``record`` has the shape :meth:`Journal.remember` writes."""
     if not isinstance(record, list) or len(record) != 4:
@@ -160,7 +207,11 @@ class Journal:
                 "but journals none of its own writes",
                 self.directory,
             )
-        self.seq = max((seq for seq, _ in self.records()), default=0)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        #: Lines of the segments that are not records, by ``where``: why each was skipped.
+        self.skipped: dict[str, str] = {}
         self._fd: int | None = None
         # Open idempotency record files by bucket: the newest only. Records are filed by
         # expiry and the TTL is one setting, so writes move forward to newer buckets; a
@@ -174,12 +225,20 @@ class Journal:
         self._fds_lock = threading.Lock()
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
-        if self.owned:
-            self._open_segment(self.seq + 1)
-            self._syncer = threading.Thread(
-                target=self._sync_loop, name="persistent-memory-journal", daemon=True
-            )
-            self._syncer.start()
+        try:
+            self.seq = max((entry.seq for entry in self.entries()), default=0)
+            if self.owned:
+                self._open_segment(self.seq + 1)
+                self._syncer = threading.Thread(
+                    target=self._sync_loop, name="persistent-memory-journal", daemon=True
+                )
+                self._syncer.start()
+        except BaseException:
+            # A start that fails gives the folder up, so that a retry (in this process or
+            # another) owns it: an flock lives as long as its file descriptor.
+            with contextlib.suppress(OSError):  # the error to report is the one above
+                self.close()
+            raise
 
     # Writing ------------------------------------------------------------------
 
@@ -275,7 +334,7 @@ class Journal:
             for line in data.split(b"\n"):
                 try:
                     record = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue  # empty, or a line torn by a crash: never answered
                 if not _is_record(record):
                     # Edited, or not ours: a start must not fail on one line (its key is not kept).
@@ -400,31 +459,52 @@ class Journal:
             self._fd = None
             self._record_fds, self._retired, self._unsynced_fds = {}, [], set()
             lock_fd, self._lock_fd = self._lock_fd, -1  # no remember opens a file after this
-        for fd in fds:
-            os.fsync(fd)
-            os.close(fd)
-        if lock_fd >= 0:
-            os.close(lock_fd)  # releases the flock
+        try:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        finally:
+            if lock_fd >= 0:
+                os.close(lock_fd)  # releases the flock, whatever failed before
 
     # Reading ------------------------------------------------------------------
 
     def records(self) -> Iterator[tuple[int, list[Any]]]:
-        """``(seq, record)`` of every whole record, oldest first.
+        """``(seq, record)`` of every record, oldest first (see :meth:`entries`)."""
+        for entry in self.entries():
+            yield entry.seq, entry.record
+
+    def entries(self) -> Iterator[Entry]:
+        """Every record, oldest first; every other line is skipped (:meth:`skip`).
 
         A record cut short by a crash (only the last line of a segment can be) was never
-        answered: it is skipped.
+        answered. Any other line that is not a record (a disk's corruption, an edit) was
+        never a write: a start must not fail on it.
         """
         for path in self.segments():
             try:
                 data = path.read_bytes()
             except FileNotFoundError:  # dropped meanwhile by the owning process
                 continue
-            for line in data.split(b"\n"):
+            for number, line in enumerate(data.split(b"\n"), 1):
                 if not line:
                     continue
+                where = f"{path.name}:{number}"
                 try:
                     record = json.loads(line)
-                except ValueError:
-                    logger.warning("persistent_memory: skipping a torn journal record in %s", path.name)
+                except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
+                    self.skip(where, "torn, or not JSON")
                     continue
-                yield record[0], record
+                error = _head_error(record)
+                if error is not None:
+                    self.skip(where, error)
+                    continue
+                yield Entry(record[0], record, where)
+
+    def skip(self, where: str, reason: str) -> None:
+        """Note that the line at ``where`` is skipped (logged once per process)."""
+        if where not in self.skipped:
+            self.skipped[where] = reason
+            logger.warning("persistent_memory: skipping journal line %s: %s", where, reason)

@@ -17,6 +17,7 @@ and every retry after the restart answers as the first time and applies nothing.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import random
 import shutil
@@ -294,3 +295,61 @@ def test_an_idempotent_retry_after_a_restart_gets_the_first_answer(
         assert retries == first
         assert state(server, token) == applied  # nothing applied twice
     print(f"\n{database.url.split(':')[0]} ({stop}): retries={len(retries)} applied twice=0")
+
+
+#: Journal lines that parse but are no record a write made (a disk's corruption, an
+#: edit): each kept a restarted server down (500 to everything, or 503 "waiting for its
+#: database" forever), some after applying half of the record.
+NOT_RECORDS = [
+    b"5",
+    b'{"a": 1}',
+    b"[999999]",
+    b'[999999, "put", "c0", 1.0]',  # a list too short
+    b'[999999, "nope", "c0", 1.0, null]',  # an unknown operation
+    b'[999999, "put", "c0", 1.0, null, 5, 6]',  # arguments of the wrong type
+    b'[999999, "increment", "c0", 1.0, null, "n", "x"]',
+    b'[999999, "create", "made", 1.0, ["a"], null, null]',  # a malformed idempotency record
+    b'[999999, "answer", "made", 1.0, null, "\\"a\\"", null, ["c", 5, null], null]',  # deep inside
+    b"\x00" * 16,
+]
+
+
+def put_values(server: Server, token: str, prefix: str, count: int) -> dict[str, Any]:
+    """Write ``count`` values to session c0 (and bump its counter), each answered 2xx."""
+    written = {}
+    for i in range(count):
+        written[f"{prefix}{i}"] = [i, prefix]
+        call(server, token, "PUT", f"sessions/c0/memory/{prefix}{i}/", {"value": [i, prefix]})
+        written["n"] = call(server, token, "POST", "sessions/c0/memory/n/increment/", {})["value"]
+    return written
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL")
+def test_journal_lines_that_are_no_records_keep_no_restart_down(database: Database, tmp_path: Path) -> None:
+    env = default_env(database)
+    token = prepare_database(env)
+    # The mirror writes none of it (its table locked): every write is in the journal only.
+    with serve("runserver", env, tmp_path / "first.log") as server, database.locked():
+        call(server, token, "POST", "sessions/", {"session_id": "c0"})
+        written = put_values(server, token, "a", 5)
+        segment = max(database.journal.glob("*.journal"), key=lambda path: path.name)
+        with segment.open("ab") as file:  # between two writes, as a disk or an edit would
+            file.write(b"".join(line + b"\n" for line in NOT_RECORDS))
+        written.update(put_values(server, token, "b", 5))
+        assert server.process is not None
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(timeout=30)
+    with serve("runserver", env, tmp_path / "second.log") as server:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while (health := server.request("GET", API + "health/", token=token)).status != 200:
+            assert time.monotonic() < deadline, f"the restart answers {health.status}: {health.body!r}"
+            time.sleep(0.2)
+        mirror = health.json()["mirror"]
+        assert mirror["status"] == "ok"
+        assert mirror["journal_skipped"] == len(NOT_RECORDS)
+        assert call(server, token, "GET", "sessions/c0/memory/")["values"] == written
+        sessions = call(server, token, "GET", "sessions/")
+        assert "made" not in json.dumps(sessions)
+        log = server.log
+    assert log.count("skipping journal line") == len(NOT_RECORDS), log
+    print(f"\n{database.url.split(':')[0]}: lines skipped={len(NOT_RECORDS)} writes back={len(written)}")

@@ -9,14 +9,22 @@ Redis keeps its own data.
 
 from __future__ import annotations
 
+import copy
+import functools
+import json
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, connections
+from hypothesis import HealthCheck, event, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from persistent_memory.backends.base import RunBinding
 from persistent_memory.backends.memory import MemoryBackend
@@ -802,3 +810,334 @@ def test_forgetting_an_owner_whose_records_cannot_be_rewritten_is_retryable(jour
 
     forget_owner("user:1", store=store)  # the retry finishes it
     assert b"alice-key" not in path.read_bytes() and b"bob-key" in path.read_bytes()
+
+
+# Lines that are not records ------------------------------------------------------
+#
+# A journal line that parses but is not a record a write made (an edit, a disk's
+# corruption, another program's file) is skipped whole and counted: a restart never
+# fails on it (500 from a failed start, or 503 "waiting for its database" from a replay
+# that raised forever after) and never applies part of it.
+
+
+def every_write(store: MemoryStore) -> None:
+    """At least one write of every operation the memory backend journals."""
+    from persistent_memory.backends.conversations import Summary
+
+    write_everything(store, 0)  # create, put, increment, answer, enrich, clear, summarize
+    store.delete_session("doomed")
+    alice = store.for_owner("user:1")
+    alice.enrich_recording("lane", "what is new?", run_id="asked")  # enrich with its question
+    alice.record_answer(None, "all of it", run_id="asked")  # answer with its message
+    call = {"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    added = alice.add_messages(
+        "chat",
+        [
+            {"role": "user", "content": "hi", "name": "ann", "metadata": {"n": [1, 2.5]}},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "42"}]},
+        ],
+        conversation="tools",
+    )["messages"]
+    alice.set_head("chat", added[0]["id"], conversation="tools")
+    alice.pop_message(
+        "chat", added[0]["id"], conversation="tools", replacement=[{"role": "user", "content": "hey"}]
+    )
+    alice.add_messages("chat", [{"role": "user", "content": "bye"}], conversation="gone")
+    alice.clear_messages("chat", conversation="gone")
+    alice.write_thread("chat", key="rec", expected=None, record={"revision": "1"}, conversation="th")
+    alice.write_thread(
+        "chat",
+        key="rec",
+        expected="1",
+        record={"revision": "2"},
+        messages=[{"role": "user", "content": "threaded"}],
+        conversation="th",
+    )
+    alice.remove_thread("chat", key="rec", expected="2", conversation="th")
+    backend, sid = store.backend, "~o:user:1~chat"
+    source = backend.summary_source(sid, "tools")
+    anchor = json.loads(source.messages[-1])
+    assert backend.commit_summary(sid, "tools", None, Summary("so far", anchor["id"], anchor["seq"], 3, 5))
+    ref = "channel\x1fv1"
+    store.put_checkpoint("graph", "", "cp1", "one", run_id="run-a", refs=[ref], blobs={ref: "f\x1dv1\x1dx"})
+    store.put_checkpoint_writes("graph", "", "cp1", [("task", 0, "channel", "v", "")])
+    store.put_checkpoint("graph", "", "cp2", "two", refs=[ref])
+    assert store.prune_checkpoints("graph") == 1
+    store.load_checkpoint_entries("graph2", store.checkpoint_entries("graph"))
+    backend.restore_session(backend.snapshots(["node"])["node"], replace=True)
+    backend.checkpoint()  # rotates: the live run bindings go to the new segment
+
+
+def journal_ops(directory: Path) -> set[str]:
+    ops = set()
+    for path in directory.glob("*.journal"):
+        ops.update(json.loads(line)[1] for line in path.read_bytes().splitlines() if line)
+    return ops
+
+
+def everything(backend: MemoryBackend) -> dict[str, Any]:
+    """All a backend holds that a replay makes (no random checkpoint epochs)."""
+    with backend._lock:
+        ids = sorted(backend._sessions)
+        questions = {sid: dict(session.questions) for sid, session in backend._sessions.items()}
+        records = {ref: (r.fingerprint, r.result, r.expires_at) for ref, r in backend._records.items()}
+        runs = dict(backend._runs)
+    snapshots = backend.snapshots(ids)
+    for snapshot in snapshots.values():
+        assert snapshot is not None
+        snapshot.pop("journal_seq")
+        snapshot.get("checkpoint_state", {}).pop("epoch", None)
+    return {"sessions": snapshots, "questions": questions, "records": records, "runs": runs}
+
+
+def test_every_write_replays_and_none_is_skipped(journaled):
+    from persistent_memory.backends.memory_replay import CHECKS
+
+    store = journaled()
+    every_write(store)
+    before = everything(store.backend)
+    directory = store.backend.journal.directory
+    assert journal_ops(directory) == set(CHECKS)  # every operation is here
+    crash(store)
+
+    fresh = journaled()
+    assert fresh.backend.journal.skipped == {}
+    assert fresh.backend.journal_skipped() == 0
+    after = everything(fresh.backend)
+    assert after["sessions"].keys() == before["sessions"].keys()
+    for sid, snapshot in before["sessions"].items():
+        assert after["sessions"][sid]["values"] == snapshot["values"], sid
+        assert after["sessions"][sid]["conversations"] == snapshot["conversations"], sid
+        assert after["sessions"][sid].get("checkpoints") == snapshot.get("checkpoints"), sid
+    assert after["runs"].keys() == before["runs"].keys()
+    assert after["questions"] == before["questions"]
+
+
+def segment_with_lines(store: MemoryStore, lines: list[bytes]) -> Path:
+    """Append ``lines`` to the live segment between two writes, as a disk or an edit would."""
+    journal = store.backend.journal
+    segment = journal.segments()[-1]
+    with segment.open("ab") as file:
+        file.write(b"".join(line + b"\n" for line in lines))
+    return segment
+
+
+#: Lines that parse, or nearly, and are no record (in the middle of a segment), and
+#: records whose arguments are not what any write journals, down to a message's link.
+NOT_RECORDS = {
+    "a number": b"5",
+    "an object": b'{"a": 1}',
+    "a list of one": b"[999999]",
+    "too short": b'[999999, "put", "node", 1.0]',
+    "an unknown operation": b'[999999, "nope", "node", 1.0, null]',
+    "a wrong seq": b'[true, "put", "node", 1.0, null, "k", "1"]',
+    "a seq past 64 bits": b'[99999999999999999999, "put", "node", 1.0, null, "k", "1"]',
+    "a time of NaN": b'[999999, "put", "node", NaN, null, "k", "1"]',
+    "a malformed key record": b'[999999, "create", "made", 1.0, ["a"], null, null]',
+    "a session id not one": b'[999999, "create", "a b", 1.0, null, null, null]',
+    "too few arguments": b'[999999, "put", "node", 1.0, null, "k"]',
+    "too many arguments": b'[999999, "delete", "node", 1.0, null, 1]',
+    "arguments of the wrong type": b'[999999, "put", "node", 1.0, null, 5, 6]',
+    "a value that is no JSON": b'[999999, "put", "node", 1.0, null, "k", "{oops"]',
+    "an amount that is text": b'[999999, "increment", "node", 1.0, null, "c", "x"]',
+    "a message's link with a text token count": (
+        b'[999999, "messages", "made", 1.0, null, "c", null, [["m1", '
+        b'"{\\"role\\": \\"user\\", \\"content\\": \\"hi\\", \\"tokens\\": 1, \\"tokenizer\\": \\"t\\", '
+        b'\\"created_at\\": 1.0}", '
+        b'"{\\"t\\": \\"1\\", \\"r\\": \\"user\\", \\"c\\": [], \\"a\\": null, \\"f\\": \\"x\\"}"]], null]'
+    ),
+    "an answer whose message is a number": (
+        b'[999999, "answer", "made", 1.0, null, "\\"a\\"", null, ["c", 5, null], null]'
+    ),
+    "a snapshot without its info": (
+        b'[999999, "restore", "made", 1.0, null, {"values": {}, "history": []}, false]'
+    ),
+    "a history entry timed in text": (
+        b'[999999, "restore", "made", 1.0, null, {"info": {"created_at": 1.0, "ttl_seconds": null, '
+        b'"expires_at": null}, "values": {}, "history": [{"op": "put", "timestamp": "now"}]}, false]'
+    ),
+    "a checkpoint entry without a name": b'[999999, "cp_load", "made", 1.0, null, {"": "x"}, null]',
+    "a record write of four": (
+        b'[999999, "thread", "made", 1.0, null, "c", ["k", null, "{}", null], [], null]'
+    ),
+    "nested past the parser": b"[" * 100_000 + b"]" * 100_000,
+    "random bytes": bytes(byte for byte in range(256) if byte != ord("\n")),
+    "NUL bytes": b"\x00" * 40,
+}
+
+
+@pytest.mark.parametrize("line", NOT_RECORDS.values(), ids=NOT_RECORDS.keys())
+def test_a_line_that_is_no_record_is_skipped_counted_and_logged(journaled, line, caplog):
+    import logging
+
+    store = journaled()
+    write_everything(store, 0)
+    segment = segment_with_lines(store, [line])
+    number = segment.read_bytes().count(b"\n")
+    write_everything(store, 1)  # records after it are replayed too
+    before = state(store, SESSIONS)
+    crash(store)
+
+    with caplog.at_level(logging.WARNING, logger="persistent_memory"):
+        fresh = journaled()
+    assert not fresh.mirror.restore_pending  # the store answers
+    assert state(fresh, SESSIONS) == before  # every write is back
+    assert fresh.list_sessions() == ["node"]  # and nothing of the line: no session "made"
+    assert fresh.backend.journal_skipped() == 1
+    assert [f"{segment.name}:{number}"] == list(fresh.backend.journal.skipped)
+    assert any(f"{segment.name}:{number}" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_failed_start_gives_the_journal_folder_up(tmp_path, monkeypatch):
+    def refuse(self: Journal, first_seq: int) -> Path:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Journal, "_open_segment", refuse)
+        with pytest.raises(OSError):
+            Journal(tmp_path)
+    again = Journal(tmp_path)  # a retry in the same process owns the folder
+    try:
+        assert again.owned
+    finally:
+        again.close()
+
+
+def test_health_shows_the_skipped_lines(journaled, monkeypatch):
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from persistent_memory import store as store_module
+
+    store = journaled()
+    write_everything(store, 0)
+    segment_with_lines(store, [NOT_RECORDS["an unknown operation"], NOT_RECORDS["a number"]])
+    crash(store)
+    fresh = journaled()
+    monkeypatch.setattr(store_module, "_store", fresh)
+    staff = APIClient()
+    staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+    answer = staff.get("/api/memory/health/")
+    assert answer.status_code == 200
+    assert answer.json()["mirror"]["journal_skipped"] == 2
+    monkeypatch.setattr(store_module, "_store", None)
+
+
+# Arbitrary lines and records (hypothesis) -------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def fresh_backend() -> MemoryBackend:
+    return MemoryBackend(max_sessions=50, max_history=6, auto_summarize=True)
+
+
+@functools.cache
+def corpus() -> tuple[bytes, ...]:
+    """The journal lines of :func:`every_write`, made once."""
+    with tempfile.TemporaryDirectory() as directory:
+        backend = fresh_backend()
+        backend.open_journal(directory)
+        every_write(MemoryStore(backend))
+        backend.close()
+        lines = b"".join(path.read_bytes() for path in backend.journal.segments())
+    return tuple(line for line in lines.split(b"\n") if line)
+
+
+def replayed(lines: list[bytes]) -> tuple[dict[str, Any], Journal]:
+    """What a restart makes of a journal of these lines (no mirror): its state and journal."""
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / f"{1:020d}.journal").write_bytes(b"".join(line + b"\n" for line in lines))
+        backend = fresh_backend()
+        backend.open_journal(directory)
+        try:
+            backend.replay({})
+            return everything(backend), backend.journal
+        finally:
+            backend.close()
+
+
+def bugs(journal: Journal) -> list[str]:
+    """Records the checks let through that then failed: what a write cannot make."""
+    return [why for why in journal.skipped.values() if why.startswith("failed to replay")]
+
+
+@examples(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_JSON, position=st.integers(min_value=0))
+def test_any_json_value_as_a_line_is_skipped_or_a_record(value, position):
+    lines = list(corpus())
+    position %= len(lines) + 1
+    line = json.dumps(value).encode()
+    baseline, _ = replayed(lines)
+    after, journal = replayed([*lines[:position], line, *lines[position:]])
+    assert bugs(journal) == []
+    event("skipped" if journal.skipped else "a record")
+    if journal.skipped:  # not a record: nothing of it applied, and everything else is
+        assert list(journal.skipped) == [f"{1:020d}.journal:{position + 1}"]
+        assert after == baseline
+
+
+class _Json:
+    """A step into JSON text inside a record (a message's body or link, a value)."""
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in ``value``, JSON texts' insides included."""
+    yield prefix
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return
+        for path in _paths(inner):
+            if path:
+                yield (*prefix, _Json, *path)
+
+
+class _Removed:
+    """What :func:`_replaced` puts in a place to take it out (a field or an item gone)."""
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    step, rest = path[0], path[1:]
+    if step is _Json:
+        return json.dumps(_replaced(json.loads(value), rest, new))
+    copied = copy.copy(value)
+    if new is _Removed and not rest:
+        del copied[step]
+    else:
+        copied[step] = _replaced(value[step], rest, new)
+    return copied
+
+
+@examples(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_record_with_any_argument_changed_or_removed_is_skipped_whole_or_replayed(data):
+    lines = list(corpus())
+    index = data.draw(st.integers(min_value=0, max_value=len(lines) - 1), label="record")
+    record = json.loads(lines[index])
+    paths = [path for path in _paths(record) if path and path[0] != 0]  # seq 0's are fine either way
+    path = data.draw(st.sampled_from(paths), label="path")
+    changed = _replaced(record, path, data.draw(_JSON | st.just(_Removed), label="value"))
+    without, _ = replayed([*lines[:index], *lines[index + 1 :]])
+    after, journal = replayed([*lines[:index], json.dumps(changed).encode(), *lines[index + 1 :]])
+    assert bugs(journal) == []
+    event("skipped" if journal.skipped else "replayed" if after != without else "no change")
+    if journal.skipped:  # nothing of it applied: as if it had never been written
+        assert after == without

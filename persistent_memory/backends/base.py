@@ -419,6 +419,10 @@ class BaseBackend(ABC):
         """Bytes of idempotency records kept on disk beside the journal (None: none)."""
         return None
 
+    def journal_skipped(self) -> int | None:
+        """Journal lines skipped since the start, not being records a write made (None: no journal)."""
+        return None
+
     def describe(self) -> str:
         """Where the data lives, safe to show (never a password)."""
         return self.name

@@ -32,6 +32,7 @@ from persistent_memory.backends.conversations import Answer, Enriched
 from persistent_memory.backends.memory_checkpoints import Checkpoints, MemoryCheckpoints
 from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
 from persistent_memory.backends.memory_once import Recorded, decoded, encoded, idempotent
+from persistent_memory.backends.memory_replay import MalformedRecord, check_record
 from persistent_memory.backends.memory_summaries import MemorySummaries
 from persistent_memory.backends.memory_tree import Tree
 from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
@@ -826,13 +827,22 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         replayed: dict[str, None] = {}
         kept = dict(self._records)  # read back from the record files by open_journal
         with self._lock, self.restoring():
-            for seq, (_, op, session_id, now, idempotency, *args) in journal.records():
+            for seq, (_, op, session_id, now, idempotency, *args), where in journal.entries():
                 if op != "bind" and seq <= mirrored.get(session_id, 0):
+                    continue
+                try:  # all of it, before any of it is applied
+                    check_record(op, session_id, args)
+                except MalformedRecord as exc:
+                    journal.skip(where, str(exc))
                     continue
                 try:
                     result = ops[op](now, session_id, *args)
                 except PersistentMemoryError:
                     continue  # it failed the same way when it was made
+                except Exception as exc:  # a bug: the checks let through what a write cannot make
+                    logger.exception("persistent_memory: journal record %s failed to replay", where)
+                    journal.skip(where, f"failed to replay: {type(exc).__name__}")
+                    continue
                 # Its answer may have been lost: a retry gets it. Not one read back from the
                 # record files: that is the answer the client got (a replay onto a state the
                 # mirror restored may differ), and it is on disk already.
@@ -905,6 +915,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
 
     def idempotency_size(self) -> int | None:
         return None if self.journal is None else self.journal.records_size()
+
+    def journal_skipped(self) -> int | None:
+        return None if self.journal is None else len(self.journal.skipped)
 
     def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
         # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go
