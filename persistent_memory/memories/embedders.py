@@ -152,8 +152,8 @@ class Embedder:
     )
 
     def embed(self, texts: list[str], *, timeout: float | None = None) -> list[list[float]]:
-        """One vector per text, each finite and non-empty and all of one length;
-        :class:`EmbeddingFailed` otherwise (whatever the callable raised).
+        """One list of numbers per text (each to be :func:`checked` before it is stored or
+        searched with); :class:`EmbeddingFailed` otherwise (whatever the callable raised).
 
         With ``timeout``: one try, and :class:`EmbeddingTimeout` when no answer came
         within it (the ``"openai"`` embedder's client times out itself; a custom callable
@@ -170,9 +170,8 @@ class Embedder:
             raise EmbeddingFailed(f"the embedder answered something that is not vectors: {exc}") from exc
         if len(vectors) != len(texts):
             raise EmbeddingFailed(f"the embedder answered {len(vectors)} vectors for {len(texts)} texts")
-        sizes = {len(vector) for vector in vectors}
-        if 0 in sizes or len(sizes) > 1 or not all(math.isfinite(x) for vector in vectors for x in vector):
-            raise EmbeddingFailed("the embedder answered empty, unequal or non-finite vectors")
+        # A vector that is empty, not finite or of another length fails no other text's:
+        # :func:`checked` refuses it alone.
         return vectors
 
     def _within(self, texts: list[str], timeout: float) -> Sequence[Sequence[float]]:
@@ -249,13 +248,15 @@ class Circuit:
     until ``retry_at`` after ``threshold`` failures in a row, then half-open for one call
     (the first to ask) whose outcome closes or opens it again. This process's alone."""
 
-    def __init__(self, *, threshold: int = 3, cooldown: float = 30.0) -> None:
-        self.threshold, self.cooldown = threshold, cooldown
+    def __init__(
+        self, *, threshold: int = 3, cooldown: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.threshold, self.cooldown, self.clock = threshold, cooldown, clock
         self.state = CLOSED
         #: Failures in a row (reset by a success).
         self.failures = 0
         self.opened_at: float | None = None
-        self._retry_at = 0.0  # time.monotonic() after which one call may try
+        self._retry_at = 0.0  # self.clock() after which one call may try
         self._lock = threading.Lock()
 
     def allow(self) -> bool:
@@ -264,7 +265,7 @@ class Circuit:
         with self._lock:
             if self.state == CLOSED:
                 return True
-            now = time.monotonic()
+            now = self.clock()
             if now < self._retry_at:
                 return False
             self.state, self._retry_at = HALF_OPEN, now + self.cooldown
@@ -273,14 +274,14 @@ class Circuit:
     def wait_seconds(self) -> float:
         """Seconds before a call may try again (0: now)."""
         with self._lock:
-            return 0.0 if self.state == CLOSED else max(0.0, self._retry_at - time.monotonic())
+            return 0.0 if self.state == CLOSED else max(0.0, self._retry_at - self.clock())
 
     def retry_at(self) -> float | None:
         """When a call may try again (epoch seconds; None while closed)."""
         with self._lock:
             if self.state == CLOSED:
                 return None
-            return time.time() + max(0.0, self._retry_at - time.monotonic())
+            return time.time() + max(0.0, self._retry_at - self.clock())
 
     def succeeded(self) -> None:
         with self._lock:
@@ -294,7 +295,7 @@ class Circuit:
             if decisive or self.state == HALF_OPEN or self.failures >= self.threshold:
                 if self.state == CLOSED:
                     self.opened_at = time.time()
-                self.state, self._retry_at = OPEN, time.monotonic() + self.cooldown
+                self.state, self._retry_at = OPEN, self.clock() + self.cooldown
 
 
 health = EmbedderHealth()
@@ -422,25 +423,29 @@ def checked(vectors: list[list[float]], model: str) -> list[list[float] | None]:
     return kept
 
 
-def embed_or_none(texts: list[str]) -> list[list[float]] | None:
+def embed_or_none(
+    texts: list[str], *, embedder: Embedder | None = None, gate: Circuit | None = None
+) -> list[list[float]] | None:
     """The texts' vectors with the embedder's own timeout and retries (``memory_embed``
     and the background worker), or None without an embedder or when it failed (the
     failure is logged and counted in :data:`health`, and opens the circuit; nothing is
-    raised). It does not ask the circuit: it is what tries again."""
-    embedder = current()
+    raised). It does not ask the circuit: it is what tries again. ``embedder`` and
+    ``gate``: the worker's own (those of the settings it was started with)."""
+    embedder = embedder or current()
     if embedder is None or not texts:
         return None
+    gate = gate or circuit()
     try:
         vectors = embedder.embed(texts)
     except EmbeddingFailed as exc:
         health.failed(str(exc))
-        circuit().failed(decisive=True)
+        gate.failed(decisive=True)
         logger.warning(
             "Embedding %d texts failed (stored without vectors; memory_embed retries): %s", len(texts), exc
         )
         return None
     health.succeeded(len(vectors))
-    circuit().succeeded()
+    gate.succeeded()
     return vectors
 
 

@@ -33,6 +33,7 @@ from django.db import close_old_connections, connections
 from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
+from persistent_memory.memories import embedders
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -45,8 +46,18 @@ POLL_SECONDS = 0.05
 class EmbeddingWorker:
     """Embeds the memories writes stored without a vector (see the module's docstring)."""
 
-    def __init__(self, *, queue_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        queue_size: int = 10_000,
+        embedder: embedders.Embedder | None = None,
+        gate: embedders.Circuit | None = None,
+    ) -> None:
         self.queue_size = queue_size
+        # The settings' embedder and circuit when it was built: a thread still in a call
+        # after a settings change never records into the new ones.
+        self.embedder = embedder or embedders.current()
+        self.gate = gate or embedders.circuit()
         self._queue: queue.Queue[int | None] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,9 +162,9 @@ class EmbeddingWorker:
     def _embed(self, ids: list[int]) -> bool:
         """One try at ``ids`` when the circuit lets it; whether they are done (embedded,
         refused, or gone), False to try again after the cool-down."""
-        from persistent_memory.memories import embedders, upkeep
+        from persistent_memory.memories import upkeep
 
-        gate = embedders.circuit()
+        gate = self.gate
         wait = gate.wait_seconds()
         if wait > 0:
             self._stop.wait(min(wait, 1.0))
@@ -163,7 +174,7 @@ class EmbeddingWorker:
             return False
         try:
             close_old_connections()  # one the database dropped, as a request would
-            outcome = upkeep.embed_batch(ids, stop=self._stop)
+            outcome = upkeep.embed_batch(ids, embedder=self.embedder, gate=gate, stop=self._stop)
         except Exception:  # the thread must survive anything: memory_embed catches up
             logger.exception("persistent_memory: background embedding failed; memory_embed catches up")
             return True

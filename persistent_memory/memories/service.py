@@ -134,9 +134,11 @@ class MemoryService:
         known = LongTermMemory.objects.filter(owner=self.owner, key=key).values_list(
             "content", "embedding_model"
         )
-        current = search.embedder()
+        current, later = search.embedder(), False
         if current is not None and (content, current.model) not in set(known):
-            fields.update(_vector_of(content))
+            found = _vector_of(content)
+            fields.update(found or {})
+            later = found is None
         duplicate = None if key_given else self._duplicate(fields, type_, key)
         for _attempt in range(2):  # a concurrent insert of the same key: update it instead
             try:
@@ -146,7 +148,8 @@ class MemoryService:
                         row = self._upsert(key, fields)
             except IntegrityError:
                 continue
-            _embed_later(row)
+            if later:
+                _embed_later(row)
             return records.as_dict(row)
         raise InvalidMemory(f"Could not write memory {key!r}: it is being written concurrently.")
 
@@ -260,8 +263,11 @@ class MemoryService:
             )
         if "source_messages" in fields:
             checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
+        later = False
         if "content" in checked and search.embedder() is not None:
-            checked.update(_vector_of(checked["content"]))  # before the row lock, as in add
+            found = _vector_of(checked["content"])  # before the row lock, as in add
+            checked.update(found or {})
+            later = found is None
         with transaction.atomic():
             row = self._row(memory_id)
             new_key = checked.get("key", row.key)
@@ -278,7 +284,8 @@ class MemoryService:
             row.save()
             if checked.get("embedding_dimensions"):
                 vectors.ensure_index(checked["embedding_dimensions"])
-        _embed_later(row)
+        if later:
+            _embed_later(row)
         return records.as_dict(row)
 
     def delete(self, memory_id: int) -> None:
@@ -413,19 +420,22 @@ class MemoryService:
         return SearchResults(found, used)
 
 
-def _vector_of(content: str) -> dict[str, Any]:
-    """The content's vector fields, or none when no vector came within the request's bound
-    or it was refused (the memory is then written without one and embedded in the
-    background: see :func:`_embed_later`)."""
+def _vector_of(content: str) -> dict[str, Any] | None:
+    """The content's vector fields; ``{}`` when the embedder's vector was refused (the
+    memory is written without one: asking again gives the same), None when none came
+    within the request's bound (written without one, then embedded in the background:
+    see :func:`_embed_later`)."""
     current = search.embedder()
     found = embedders.request_vectors([content]) if current is not None else None
-    vector = embedders.checked(found, current.model)[0] if found and current is not None else None
-    return records.vector_fields(vector, current.model) if vector and current is not None else {}
+    if not found or current is None:
+        return None
+    vector = embedders.checked(found, current.model)[0]
+    return records.vector_fields(vector, current.model) if vector else {}
 
 
 def _embed_later(row: LongTermMemory) -> None:
-    """Queue ``row`` for the background embedding worker when it has no vector of the
-    current model (its write could not get one in time)."""
+    """Queue ``row`` for the background embedding worker (its write got no vector in
+    time) unless it has a vector of the current model meanwhile (a merge kept one)."""
     current = search.embedder()
     if current is not None and (row.embedding is None or row.embedding_model != current.model):
         embedding_worker.embed_later(row.pk)

@@ -38,6 +38,7 @@ def embed_batch(
     *,
     embedder: embedders.Embedder | None = None,
     only_unembedded: bool = True,
+    gate: embedders.Circuit | None = None,
     stop: threading.Event | None = None,
 ) -> int | None:
     """Embed the memories ``ids`` (those still without a vector of the current model,
@@ -45,7 +46,8 @@ def embed_batch(
     timeout and retries; how many got a vector, or None when the embedder failed. A
     memory whose content changed meanwhile keeps the vector its own write gave it; a
     vector refused (:func:`~persistent_memory.memories.embedders.refusal`) is not
-    stored. Nothing is written once ``stop`` is set."""
+    stored. Nothing is written once ``stop`` is set. ``gate``: the circuit the outcome
+    moves (this process's by default)."""
     embedder = embedder or embedders.current()
     if embedder is None:
         return 0
@@ -55,7 +57,7 @@ def embed_batch(
     batch = list(rows.order_by("pk").values_list("pk", "content"))
     if not batch:
         return 0
-    found = embedders.embed_or_none([content for _, content in batch])
+    found = embedders.embed_or_none([content for _, content in batch], embedder=embedder, gate=gate)
     if found is None:
         return None
     if stop is not None and stop.is_set():
