@@ -323,3 +323,32 @@ def test_checks_refuse_bad_circuit_settings(settings) -> None:
     ):
         settings.PERSISTENT_MEMORY = bad
         assert check_settings(), bad
+
+
+#: Released by the test: until then the blocking embedder does not answer.
+UNBLOCK = threading.Event()
+
+
+def blocking(texts: list[str]) -> list[list[float]]:
+    """A custom embedder that hangs until the test releases it (no timeout of its own)."""
+    UNBLOCK.wait(120)
+    return [embed_text(text) for text in texts]
+
+
+def test_a_custom_embedder_that_hangs_is_bounded_too(settings) -> None:
+    settings.PERSISTENT_MEMORY = {
+        "EMBEDDER": "tests.test_memories_embedder_outage.blocking",
+        "EMBEDDER_REQUEST_TIMEOUT": REQUEST_TIMEOUT,
+    }
+    UNBLOCK.clear()
+    owner = memories_for("user:a")
+    try:
+        memory, seconds = timed(lambda: owner.add(PYTHON))
+        assert seconds < BOUND and vector_of(memory["id"]) is None
+        found, seconds = timed(lambda: owner.search_results("python", strategy="semantic"))
+        assert seconds < BOUND and found.strategy == "keyword" and found.results[0]["id"] == memory["id"]
+    finally:
+        UNBLOCK.set()  # the pool's threads and the worker's call answer now
+    worker = embedding_worker.worker()
+    assert worker is not None and worker.wait_idle(timeout=120)
+    assert vector_of(memory["id"]) == pytest.approx(embed_text(PYTHON))
