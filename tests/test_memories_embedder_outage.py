@@ -180,7 +180,9 @@ def test_searches_answer_by_keyword_within_the_bound_and_the_circuit_closes_agai
     client.post("/api/memory/memories/", {"content": PYTHON}, format="json")  # stored, no vector
     answer, seconds = timed(
         lambda: client.post(
-            "/api/memory/memories/search/", {"query": "python", "strategy": "hybrid"}, format="json"
+            "/api/memory/memories/search/",
+            {"query": "python", "strategy": "hybrid", "max_tokens": 200},
+            format="json",
         )
     )
     assert answer.status_code == 200 and seconds < BOUND
@@ -323,6 +325,17 @@ def test_checks_refuse_bad_circuit_settings(settings) -> None:
     ):
         settings.PERSISTENT_MEMORY = bad
         assert check_settings(), bad
+    settings.PERSISTENT_MEMORY = {
+        "EMBEDDER": "openai",
+        "EMBEDDER_OPTIONS": {"dimensions": 1024, "api_key_env": None},
+        "EMBEDDER_REQUEST_TIMEOUT": 0.5,
+        "EMBEDDER_CIRCUIT_SECONDS": 10,
+        "EMBEDDER_CIRCUIT_FAILURES": 1,
+        "EMBEDDER_MAX_DIMENSIONS": 1024,
+        "EMBEDDER_QUEUE_SIZE": 1,
+        "EMBEDDER_WORKER": False,
+    }
+    assert check_settings() == []
 
 
 #: Released by the test: until then the blocking embedder does not answer.

@@ -381,7 +381,7 @@ class MemoryService:
             max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
         rows = self._filtered(types=types, session_id=session_id)
         candidates = max(limit, search.CANDIDATES if max_tokens else limit)
-        ranked, used = search.rank(rows, query, strategy, candidates)
+        ranked, ranked_by = search.rank(rows, query, strategy, candidates)
         # Every strategy ranks ``rows``, so the ids are the owner's: they are looked up by id
         # alone (with the owner's filters again, SQLite without table statistics walks every
         # memory of the owner). With a budget, the candidates' tokens first: only the
@@ -417,7 +417,7 @@ class MemoryService:
             for memory in found:
                 memory["access_count"] += 1
                 memory["last_accessed_at"] = now
-        return SearchResults(found, used)
+        return SearchResults(found, ranked_by)
 
 
 def _vector_of(content: str) -> dict[str, Any] | None:
