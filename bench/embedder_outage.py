@@ -69,7 +69,7 @@ def main() -> None:
             "from django.contrib.auth import get_user_model\n"
             "from rest_framework.authtoken.models import Token\n"
             "for name in ('alice', 'bob'):\n"
-            "    user = get_user_model().objects.create_user(name, password='pw')\n"
+            "    user = get_user_model().objects.create_user(name, password='pw', is_staff=name == 'alice')\n"
             "    print(Token.objects.create(user=user).key)\n"
         )
         tokens = subprocess.run(
@@ -141,7 +141,7 @@ def main() -> None:
                     break
                 time.sleep(1)
             figures["seconds_until_all_embedded_after_recovery"] = round(time.perf_counter() - started, 1)
-            print(json.dumps(figures, indent=1, default=str))
+            print(json.dumps(figures, default=str))
         finally:
             gunicorn.terminate()
             gunicorn.wait(timeout=30)
