@@ -257,6 +257,15 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         f"Use a dict of the openai embedder's options: {', '.join(OPENAI_OPTIONS)}.",
         "E012",
     ),
+    *(
+        (name, lambda v: _is_number(v, positive=True), "Use a positive number of seconds.", "E002")
+        for name in ("EMBEDDER_REQUEST_TIMEOUT", "EMBEDDER_CIRCUIT_SECONDS")
+    ),
+    *(
+        (name, lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002")
+        for name in ("EMBEDDER_CIRCUIT_FAILURES", "EMBEDDER_MAX_DIMENSIONS", "EMBEDDER_QUEUE_SIZE")
+    ),
+    ("EMBEDDER_WORKER", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
     ("MEMORY_VECTOR_SCAN_LIMIT", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
     (
         "MEMORY_DEDUP_DISTANCE",
@@ -337,6 +346,17 @@ def _check_memories(conf: MemorySettings) -> list[CheckMessage]:
             Error(
                 f"{SETTING_NAME}['MEMORY_SEARCH_STRATEGY'] is 'semantic' but no EMBEDDER is configured.",
                 hint="Configure an EMBEDDER, or use 'hybrid' (keyword and recency without one).",
+                id="persistent_memory.E012",
+            )
+        ]
+    options, cap = conf.EMBEDDER_OPTIONS, conf.EMBEDDER_MAX_DIMENSIONS
+    dimensions = options.get("dimensions") if isinstance(options, dict) else None
+    if _is_int(dimensions, 1) and _is_int(cap, 1) and dimensions > cap:
+        return [
+            Error(
+                f"{SETTING_NAME}['EMBEDDER_OPTIONS']['dimensions'] is {dimensions}, more than "
+                f"EMBEDDER_MAX_DIMENSIONS ({conf.EMBEDDER_MAX_DIMENSIONS}): every vector would be refused.",
+                hint="Raise EMBEDDER_MAX_DIMENSIONS, or ask the model for shorter vectors.",
                 id="persistent_memory.E012",
             )
         ]

@@ -209,6 +209,27 @@ DEFAULTS: dict[str, Any] = {
     # "http://localhost:11434/v1" for Ollama), dimensions, api_key_env ("OPENAI_API_KEY"; None for
     # none), timeout (10 seconds), batch_size (64 texts a request), max_retries (2, with backoff).
     "EMBEDDER_OPTIONS": {},
+    # Seconds a request (a write, a search) waits for the embedder: one try, no retries (the
+    # embedder's own timeout if shorter). A write whose vector did not come is stored without one
+    # and embedded in the background; a search answers by keyword.
+    "EMBEDDER_REQUEST_TIMEOUT": 0.8,
+    # Failures in a row (timeouts count) after which requests stop calling the embedder for
+    # EMBEDDER_CIRCUIT_SECONDS; a failure of the background worker (which used the full timeout
+    # and retries) stops them at once.
+    "EMBEDDER_CIRCUIT_FAILURES": 3,
+    # Seconds requests do not call an embedder found failing; then one call tries again and
+    # its answer lets them all call it again (per process).
+    "EMBEDDER_CIRCUIT_SECONDS": 30,
+    # The longest vector stored or searched with; a longer one is refused (the memory is stored
+    # without it). Vectors must also have the model's length: EMBEDDER_OPTIONS["dimensions"], or
+    # that of the model's vectors already stored.
+    "EMBEDDER_MAX_DIMENSIONS": 4096,
+    # Whether a worker thread in this process embeds, with the embedder's own timeout and
+    # retries, what a write stored without a vector. False: only `memory_embed` does.
+    "EMBEDDER_WORKER": True,
+    # Memories the background embedding queue holds; beyond it, a memory waits for
+    # `memory_embed`. The queue is lost with the process.
+    "EMBEDDER_QUEUE_SIZE": 10_000,
     # Where no database compares vectors (neither pgvector nor sqlite-vec), the most recently
     # updated vectors of an owner that one semantic search compares, in memory.
     "MEMORY_VECTOR_SCAN_LIMIT": 50_000,

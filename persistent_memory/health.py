@@ -150,17 +150,18 @@ def extraction_health(store: MemoryStore) -> dict[str, Any]:
 
 def embedder_health() -> dict[str, Any]:
     """Semantic search's embedder in this process: its model, where vectors are compared,
-    its outcomes since the process started, and how many memories wait for a vector of
-    the current model (``memory_embed`` embeds them).
+    its circuit (whether requests call it: see :mod:`persistent_memory.memories.embedders`),
+    its outcomes since the process started, the background worker's queue, and how many
+    memories wait for a vector of the current model (``memory_embed`` embeds them).
 
     Its ``status`` stays "ok": a failing embedder costs writes nothing (memories are
-    stored without vectors) and search falls back to keyword."""
-    from persistent_memory.memories import embedders, upkeep, vectors
+    stored without vectors and embedded later) and search falls back to keyword."""
+    from persistent_memory.memories import embedders, embedding_worker, upkeep, vectors
 
     embedder = embedders.current()
     if embedder is None:
         return {"status": OK, "enabled": False}
-    state = embedders.health
+    state, circuit, worker = embedders.health, embedders.circuit(), embedding_worker.worker()
     try:
         pending, backend = upkeep.unembedded(embedder).count(), vectors.backend()
     except DatabaseError:
@@ -171,8 +172,17 @@ def embedder_health() -> dict[str, Any]:
         "model": embedder.model,
         "vector_backend": backend,
         "pending": pending,
+        "circuit": circuit.state,
+        "consecutive_failures": circuit.failures,
+        "opened_at": _moment(circuit.opened_at),
+        "retry_at": _moment(circuit.retry_at()),
+        "worker": "off" if worker is None else ("thread" if worker.running else "idle"),
+        "queued": worker.queued if worker is not None else 0,
+        "dropped": worker.dropped if worker is not None else 0,
         "embedded": state.embedded,
         "failures": state.failures,
+        "rejected": state.rejected,
+        "skipped": state.skipped,
         "last_error": state.last_error,
         "last_error_at": _moment(state.last_error_at),
         "last_success_at": _moment(state.last_success_at),

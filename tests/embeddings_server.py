@@ -1,6 +1,8 @@
 """A small local server that speaks OpenAI's embeddings protocol, standing in for a model
 provider (none is reachable from the test machines): ``POST /v1/embeddings`` answers an
-``embeddings`` list, or what the test scripted (an HTTP error, a delay).
+``embeddings`` list, or what the test scripted (an HTTP error, a delay, no answer at
+all: ``Script(hang=True)`` holds the request until the test calls :meth:`recover` or
+the server stops, then closes the connection without a word).
 
 Its "model" embeds a text as the sum of its words' concepts: ``CONCEPTS`` maps a word to
 a concept (its dimension), so "python" and "language" can lie close while sharing no
@@ -19,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chat_server import JSONHandler, serving
+from tests.chat_server import HANG, JSONHandler, serving
 
 #: Words of one concept share a dimension.
 CONCEPTS = {
@@ -48,10 +50,12 @@ def embed_text(text: str, dimensions: int = DIMENSIONS) -> list[float]:
 
 @dataclass
 class Script:
-    """One answer: a status other than 200 is an error; ``delay`` seconds before it."""
+    """One answer: a status other than 200 is an error; ``delay`` seconds before it;
+    ``hang``: none (see the module's docstring)."""
 
     status: int = 200
     delay: float = 0.0
+    hang: bool = False
 
 
 @dataclass
@@ -61,10 +65,24 @@ class EmbeddingsServer:
     script: list[Script] = field(default_factory=lambda: [Script()])
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Set by :meth:`recover` (and at exit): the requests held by a hang end unanswered.
+    released: threading.Event = field(default_factory=threading.Event)
 
     def answer(self) -> Script:
         with self.lock:
             return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    def hang(self) -> None:
+        """Answer no request from now on (until :meth:`recover`)."""
+        with self.lock:
+            self.released.clear()
+            self.script = [Script(hang=True)]
+
+    def recover(self) -> None:
+        """Answer every request again; the ones held are dropped unanswered."""
+        with self.lock:
+            self.script = [Script()]
+            self.released.set()
 
 
 def _handler(state: EmbeddingsServer) -> type[JSONHandler]:
@@ -72,6 +90,10 @@ def _handler(state: EmbeddingsServer) -> type[JSONHandler]:
         def do_POST(self) -> None:
             body = self.read_recorded(state.requests, state.lock)
             script = state.answer()
+            if script.hang:
+                state.released.wait(HANG)
+                self.close_connection = True
+                return
             if script.delay:
                 time.sleep(script.delay)
             if self.path != "/v1/embeddings":
@@ -105,5 +127,8 @@ def _handler(state: EmbeddingsServer) -> type[JSONHandler]:
 def embeddings_server() -> Iterator[EmbeddingsServer]:
     """A running server on a free loopback port; ``url`` ends with ``/v1``."""
     state = EmbeddingsServer()
-    with serving(_handler(state), "embeddings-server") as state.url:
-        yield state
+    try:
+        with serving(_handler(state), "embeddings-server") as state.url:
+            yield state
+    finally:
+        state.released.set()

@@ -143,18 +143,21 @@ class MemorySearchView(MemoryView):
                 description="Best first; each result has its `score`.",
             )
         ],
-        responses={200: m.MemoryResults, **errors()},
+        responses={200: m.MemorySearchResults, **errors()},
         operation_id="memories_search",
         tags=[TAG],
         summary="Search the caller's memories",
         description="`keyword` is full-text search (PostgreSQL's, SQLite's FTS5); `semantic` needs "
         "an EMBEDDER (400 `invalid_memory` otherwise); `hybrid` fuses keyword with semantic, or "
-        "with recency without an embedder; `recent` ignores the query.",
+        "with recency without an embedder; `recent` ignores the query. When the embedder does not "
+        "answer within EMBEDDER_REQUEST_TIMEOUT (or is known to be failing), `semantic` and `hybrid` "
+        "answer by keyword and `strategy` says `keyword`.",
     )
     def post(self, request: Request) -> Response:
         data = self.validated(m.MemorySearch)
         query = data.pop("query")
-        return Response({"results": self.memories.search(query, **data)})
+        found = self.memories.search_results(query, **data)
+        return Response({"results": found.results, "strategy": found.strategy})
 
 
 class MemorySimilarView(MemoryView):

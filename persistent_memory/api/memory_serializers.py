@@ -130,6 +130,15 @@ class MemoryResults(serializers.Serializer):
     results = FoundMemory(many=True)
 
 
+class MemorySearchResults(MemoryResults):
+    strategy = serializers.ChoiceField(
+        choices=["recent", "keyword", "semantic", "hybrid"],
+        help_text="The strategy that ranked the results: the one asked for, or `keyword` when a "
+        "semantic or hybrid search got no query vector in time (the embedder failing, or its "
+        "circuit open).",
+    )
+
+
 class TypeStats(serializers.Serializer):
     count = serializers.IntegerField()
     tokens = serializers.IntegerField()

@@ -271,7 +271,7 @@ class PersistentMemoryStore(BaseStore):
             strategy = memory_settings.MEMORY_SEARCH_STRATEGY
             if strategy == "semantic" and search.embedder() is None:
                 strategy = "hybrid"
-            ranked = search.rank(rows, op.query, strategy, SEARCH_CANDIDATES)
+            ranked = search.rank(rows, op.query, strategy, SEARCH_CANDIDATES).hits
             by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])}
             scored = [(by_id[hit.id], hit.score) for hit in ranked if hit.id in by_id]
         else:

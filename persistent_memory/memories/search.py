@@ -11,7 +11,8 @@ best first.
   word, scored by words matched.
 * ``semantic``: with an ``EMBEDDER``, the vectors nearest the query's, compared where
   :mod:`persistent_memory.memories.vectors` says (pgvector, sqlite-vec or numpy); when
-  the embedder fails, keyword instead.
+  no query vector comes within EMBEDDER_REQUEST_TIMEOUT (or the embedder's circuit is
+  open, or its vector has no direction), keyword instead, and :class:`Ranking` says so.
 * ``hybrid``: with an embedder that answers, keyword and semantic by relative score
   fusion (each list's scores scaled to 0..1, MEMORY_HYBRID_ALPHA of the semantic one
   plus the rest of the keyword one: reciprocal rank fusion let any memory sharing a
@@ -229,12 +230,6 @@ def embedder() -> Embedder | None:
     return embedders.current()
 
 
-def embed(texts: list[str]) -> list[list[float]] | None:
-    """Vectors of ``texts`` by the EMBEDDER: None without one, or when it failed (a
-    failure is counted in health/ and never raised)."""
-    return embedders.embed_or_none(texts)
-
-
 def compiled_where(rows: QuerySet[LongTermMemory]) -> tuple[str, list[Any]] | None:
     try:
         return _where(rows)
@@ -242,15 +237,27 @@ def compiled_where(rows: QuerySet[LongTermMemory]) -> tuple[str, list[Any]] | No
         return None
 
 
+def query_vector(query: str) -> tuple[list[float], str] | None:
+    """The query's vector and its model, within the request's bound (see
+    :func:`~persistent_memory.memories.embedders.request_vectors`); None without an
+    embedder, while it is failing, or when its vector is refused (no direction, or not
+    the model's length: there is nothing to compare it with)."""
+    current = embedder()
+    if current is None or not query.strip():
+        return None
+    found = embedders.request_vectors([query])
+    vector = embedders.checked(found, current.model)[0] if found else None
+    return (vector, current.model) if vector else None
+
+
 def semantic(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked | None:
     """The memories whose vectors are nearest the query's (see
-    :mod:`persistent_memory.memories.vectors`); None when there is no query vector (no
-    embedder, or it failed)."""
-    current = embedder()
-    vectors = embed([query]) if current is not None and query.strip() else None
-    if not vectors:
+    :mod:`persistent_memory.memories.vectors`); None when there is no query vector (see
+    :func:`query_vector`)."""
+    found = query_vector(query)
+    if found is None:
         return None
-    return _vectors.nearest(rows, compiled_where(rows), vectors[0], current.model, limit)
+    return _vectors.nearest(rows, compiled_where(rows), *found, limit)
 
 
 def _normalized(ranking: Ranked) -> dict[int, float]:
@@ -331,11 +338,20 @@ def _usage(fused: Ranked, parts: dict[int, dict[str, float | None]], limit: int)
     return hits[:limit]
 
 
-def hybrid(rows: QuerySet[LongTermMemory], query: str, limit: int) -> list[Hit]:
+class Ranking(NamedTuple):
+    """A search's hits and the strategy that ranked them: the one asked for, or
+    ``"keyword"`` when the semantic part had no query vector (``"recent"`` for hybrid
+    without an embedder and with no words to match)."""
+
+    hits: list[Hit]
+    strategy: str
+
+
+def hybrid(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranking:
     """Keyword fused with semantic (with an embedder that answers) or with recency among
     the matches, then weighed by use; each hit's parts say what it scored in each list."""
     if not query.strip() or (not query_words(query) and embedder() is None):
-        return _hits(recent(rows, limit), "recent")
+        return Ranking(_hits(recent(rows, limit), "recent"), "recent")
     matches = keyword(rows, query, CANDIDATES) if query_words(query) else []
     near = semantic(rows, query, CANDIDATES) if embedder() is not None else None
     parts: dict[int, dict[str, float | None]] = {}
@@ -343,21 +359,25 @@ def hybrid(rows: QuerySet[LongTermMemory], query: str, limit: int) -> list[Hit]:
         for pk, score in ranking:
             parts.setdefault(pk, {"keyword": None, "semantic": None})[name] = round(score, 6)
     if near is not None:
-        return _usage(blend(matches, near, memory_settings.MEMORY_HYBRID_ALPHA), parts, limit)
+        fused = blend(matches, near, memory_settings.MEMORY_HYBRID_ALPHA)
+        return Ranking(_usage(fused, parts, limit), "hybrid")
     # The matches are rows already: looked up by id alone (with the owner's filters again,
     # SQLite without table statistics walks every memory of the owner instead).
     by_recency = recent(LongTermMemory.objects.filter(id__in=[pk for pk, _ in matches]), CANDIDATES)
-    return _usage(fuse(matches, by_recency), parts, limit)
+    return Ranking(_usage(fuse(matches, by_recency), parts, limit), "keyword")
 
 
-def rank(rows: QuerySet[LongTermMemory], query: str, strategy: str, limit: int) -> list[Hit]:
-    """The strategy's hits (candidates: the budget is applied by the service). "semantic"
-    falls back to keyword when the embedder does not answer."""
+def rank(rows: QuerySet[LongTermMemory], query: str, strategy: str, limit: int) -> Ranking:
+    """The strategy's hits (candidates: the budget is applied by the service) and the
+    strategy that ranked them: "semantic" and "hybrid" answer by keyword when there is no
+    query vector (the embedder does not answer in time, or its circuit is open)."""
     if strategy == "recent":
-        return _hits(recent(rows, limit), "recent")
+        return Ranking(_hits(recent(rows, limit), "recent"), "recent")
     if strategy == "keyword":
-        return _hits(keyword(rows, query, limit), "keyword")
+        return Ranking(_hits(keyword(rows, query, limit), "keyword"), "keyword")
     if strategy == "semantic":
         near = semantic(rows, query, limit)
-        return _hits(near, "semantic") if near is not None else _hits(keyword(rows, query, limit), "keyword")
+        if near is not None:
+            return Ranking(_hits(near, "semantic"), "semantic")
+        return Ranking(_hits(keyword(rows, query, limit), "keyword"), "keyword")
     return hybrid(rows, query, limit)

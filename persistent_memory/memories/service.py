@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Count, F, Q, QuerySet, Sum
@@ -19,7 +19,7 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
-from persistent_memory.memories import records, search, vectors
+from persistent_memory.memories import embedders, embedding_worker, records, search, vectors
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 from persistent_memory.validation import validate_int
@@ -55,6 +55,13 @@ def _types(types: Iterable[str] | None) -> list[str] | None:
     if isinstance(types, str):
         types = [types]
     return [records.validate_choice(t, name="type", choices=records.TYPES) for t in types]
+
+
+class SearchResults(NamedTuple):
+    """What :meth:`MemoryService.search_results` found, and the strategy that ranked it."""
+
+    results: list[dict[str, Any]]
+    strategy: str
 
 
 class MemoryService:
@@ -127,20 +134,23 @@ class MemoryService:
         known = LongTermMemory.objects.filter(owner=self.owner, key=key).values_list(
             "content", "embedding_model"
         )
-        current = search.embedder()
+        current, later = search.embedder(), False
         if current is not None and (content, current.model) not in set(known):
-            fields.update(_vector_of(content))
+            found = _vector_of(content)
+            fields.update(found or {})
+            later = found is None
         duplicate = None if key_given else self._duplicate(fields, type_, key)
         for _attempt in range(2):  # a concurrent insert of the same key: update it instead
             try:
                 with transaction.atomic():
-                    if duplicate is not None:
-                        row = self._merge(duplicate, fields)
-                        if row is not None:
-                            return records.as_dict(row)
-                    return records.as_dict(self._upsert(key, fields))
+                    row = self._merge(duplicate, fields) if duplicate is not None else None
+                    if row is None:
+                        row = self._upsert(key, fields)
             except IntegrityError:
                 continue
+            if later:
+                _embed_later(row)
+            return records.as_dict(row)
         raise InvalidMemory(f"Could not write memory {key!r}: it is being written concurrently.")
 
     def _duplicate(self, fields: dict[str, Any], type_: str, key: str) -> int | None:
@@ -253,8 +263,11 @@ class MemoryService:
             )
         if "source_messages" in fields:
             checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
+        later = False
         if "content" in checked and search.embedder() is not None:
-            checked.update(_vector_of(checked["content"]))  # before the row lock, as in add
+            found = _vector_of(checked["content"])  # before the row lock, as in add
+            checked.update(found or {})
+            later = found is None
         with transaction.atomic():
             row = self._row(memory_id)
             new_key = checked.get("key", row.key)
@@ -271,6 +284,8 @@ class MemoryService:
             row.save()
             if checked.get("embedding_dimensions"):
                 vectors.ensure_index(checked["embedding_dimensions"])
+        if later:
+            _embed_later(row)
         return records.as_dict(row)
 
     def delete(self, memory_id: int) -> None:
@@ -337,6 +352,23 @@ class MemoryService:
         At most ``limit``; with ``max_tokens``, accepted in order while their tokens add up
         within it, but at least one when anything matched. Found memories count an access.
         """
+        return self.search_results(
+            query, strategy=strategy, types=types, session_id=session_id, limit=limit, max_tokens=max_tokens
+        ).results
+
+    def search_results(
+        self,
+        query: str,
+        *,
+        strategy: str = "hybrid",
+        types: Iterable[str] | None = None,
+        session_id: str | None = None,
+        limit: int = 10,
+        max_tokens: int | None = None,
+    ) -> SearchResults:
+        """:meth:`search`'s results and the strategy that ranked them: the one asked for,
+        or ``"keyword"`` when a semantic or hybrid search had no query vector in time
+        (see :func:`persistent_memory.memories.search.rank`)."""
         if not isinstance(query, str):
             raise InvalidMemory("Invalid query: must be a string.")
         if len(query) > memory_settings.MEMORY_MAX_CONTENT_CHARS:
@@ -348,7 +380,8 @@ class MemoryService:
         if max_tokens is not None:
             max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
         rows = self._filtered(types=types, session_id=session_id)
-        ranked = search.rank(rows, query, strategy, max(limit, search.CANDIDATES if max_tokens else limit))
+        candidates = max(limit, search.CANDIDATES if max_tokens else limit)
+        ranked, ranked_by = search.rank(rows, query, strategy, candidates)
         # Every strategy ranks ``rows``, so the ids are the owner's: they are looked up by id
         # alone (with the owner's filters again, SQLite without table statistics walks every
         # memory of the owner). With a budget, the candidates' tokens first: only the
@@ -384,14 +417,28 @@ class MemoryService:
             for memory in found:
                 memory["access_count"] += 1
                 memory["last_accessed_at"] = now
-        return found
+        return SearchResults(found, ranked_by)
 
 
-def _vector_of(content: str) -> dict[str, Any]:
-    """The content's vector fields, or none when the embedder failed (the memory is then
-    written without a vector, for ``memory_embed``)."""
-    found, current = search.embed([content]), search.embedder()
-    return records.vector_fields(found[0], current.model) if found and current is not None else {}
+def _vector_of(content: str) -> dict[str, Any] | None:
+    """The content's vector fields; ``{}`` when the embedder's vector was refused (the
+    memory is written without one: asking again gives the same), None when none came
+    within the request's bound (written without one, then embedded in the background:
+    see :func:`_embed_later`)."""
+    current = search.embedder()
+    found = embedders.request_vectors([content]) if current is not None else None
+    if not found or current is None:
+        return None
+    vector = embedders.checked(found, current.model)[0]
+    return records.vector_fields(vector, current.model) if vector else {}
+
+
+def _embed_later(row: LongTermMemory) -> None:
+    """Queue ``row`` for the background embedding worker (its write got no vector in
+    time) unless it has a vector of the current model meanwhile (a merge kept one)."""
+    current = search.embedder()
+    if current is not None and (row.embedding is None or row.embedding_model != current.model):
+        embedding_worker.embed_later(row.pk)
 
 
 def _count_access(pks: list[int], now: datetime) -> None:

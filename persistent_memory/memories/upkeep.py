@@ -5,6 +5,7 @@ owner at a time and never merges or compares across owners."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +31,48 @@ def _scope(owner: str | None) -> QuerySet[LongTermMemory]:
 def unembedded(embedder: embedders.Embedder, owner: str | None = None) -> QuerySet[LongTermMemory]:
     """Live memories without a vector of ``embedder``'s model."""
     return _scope(owner).filter(~Q(embedding_model=embedder.model) | Q(embedding__isnull=True))
+
+
+def embed_batch(
+    ids: list[int],
+    *,
+    embedder: embedders.Embedder | None = None,
+    only_unembedded: bool = True,
+    gate: embedders.Circuit | None = None,
+    stop: threading.Event | None = None,
+) -> int | None:
+    """Embed the memories ``ids`` (those still without a vector of the current model,
+    unless ``only_unembedded`` is False) in one call of the embedder, with its own
+    timeout and retries; how many got a vector, or None when the embedder failed. A
+    memory whose content changed meanwhile keeps the vector its own write gave it; a
+    vector refused (:func:`~persistent_memory.memories.embedders.refusal`) is not
+    stored. Nothing is written once ``stop`` is set. ``gate``: the circuit the outcome
+    moves (this process's by default)."""
+    embedder = embedder or embedders.current()
+    if embedder is None:
+        return 0
+    rows = LongTermMemory.objects.filter(pk__in=ids)
+    if only_unembedded:
+        rows = rows.filter(pk__in=unembedded(embedder).values("pk"))
+    batch = list(rows.order_by("pk").values_list("pk", "content"))
+    if not batch:
+        return 0
+    found = embedders.embed_or_none([content for _, content in batch], embedder=embedder, gate=gate)
+    if found is None:
+        return None
+    if stop is not None and stop.is_set():
+        return 0
+    kept = embedders.checked(found, embedder.model)
+    for length in {len(vector) for vector in kept if vector}:
+        vectors.ensure_index(length)
+    embedded = 0
+    for (pk, content), vector in zip(batch, kept, strict=True):
+        if vector is None:
+            continue
+        embedded += LongTermMemory.objects.filter(pk=pk, content=content).update(
+            **records.vector_fields(vector, embedder.model)
+        )
+    return embedded
 
 
 @dataclass
@@ -60,18 +103,12 @@ def embed_memories(
     ids = list(rows.order_by("pk").values_list("pk", flat=True))
     report = EmbedReport(vector_backend=vectors.backend())
     for start in range(0, len(ids), batch_size):
-        batch = list(
-            LongTermMemory.objects.filter(pk__in=ids[start : start + batch_size]).values_list("pk", "content")
-        )
-        found = embedders.embed_or_none([content for _, content in batch])
-        if found is None:
-            report.failed += len(batch)
+        chunk = ids[start : start + batch_size]
+        embedded = embed_batch(chunk, embedder=embedder, only_unembedded=False)
+        if embedded is None:
+            report.failed += len(chunk)
         else:
-            vectors.ensure_index(len(found[0]))
-            for (pk, content), vector in zip(batch, found, strict=True):
-                report.embedded += LongTermMemory.objects.filter(pk=pk, content=content).update(
-                    **records.vector_fields(vector, embedder.model)
-                )
+            report.embedded += embedded
         if progress is not None:
             progress(min(start + batch_size, len(ids)), len(ids))
     report.pending = unembedded(embedder, owner).count()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from array import array
 from typing import Any
 
@@ -280,8 +281,9 @@ def nearest(
 ) -> list[tuple[int, float]]:
     """The memories of ``rows`` whose vectors (of ``model``) are nearest ``vector``.
     ``where`` is ``rows``' WHERE compiled for a raw query on the table (None: nothing
-    can match)."""
-    if where is None:
+    can match). A vector with no direction (all zero, or not finite) is near nothing:
+    every cosine with it is undefined (numpy answered every memory at 0, pgvector NaN)."""
+    if where is None or not vector or not any(vector) or not all(math.isfinite(x) for x in vector):
         return []
     kind = backend()
     if kind == PGVECTOR:
