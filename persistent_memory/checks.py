@@ -633,10 +633,11 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     if conf.BACKEND == "memory" and cap is not None and cap >= conf.MAX_SESSIONS:
         warnings.append(
             Warning(
-                "MAX_SESSIONS_PER_OWNER is not below MAX_SESSIONS: on the memory backend one owner can "
-                "fill the process alone; every other owner then gets only its fair share, over "
-                "MAX_SESSIONS (up to twice it, where even a newcomer is refused).",
-                hint="Set MAX_SESSIONS_PER_OWNER below MAX_SESSIONS (unset, it is a tenth of it).",
+                "MAX_SESSIONS_PER_OWNER is not below MAX_SESSIONS: on the memory backend a full "
+                "process then gives each owner all of its fair share, so that a few owners can take "
+                "it to twice MAX_SESSIONS, where even a newcomer is refused.",
+                hint="Unset MAX_SESSIONS_PER_OWNER: an owner alone may still use every place, and "
+                "past MAX_SESSIONS the others get at most a tenth of it each.",
                 id="persistent_memory.W004",
             )
         )

@@ -72,9 +72,11 @@ DEFAULTS: dict[str, Any] = {
     # How long a new session lives, in hours (fractions allowed), when its creator gives no TTL;
     # 0: sessions never expire.
     "SESSION_TTL_HOURS": 0,
-    # Idle expiry: sessions expire this many seconds after their last write (None/0: off), and
-    # with IDLE_TTL_REFRESH_ON_READ after their last read too; with a fixed TTL as well,
-    # whichever comes first. Sessions created with their own idle_ttl_seconds keep it.
+    # Idle expiry: sessions expire this many seconds after their last write (0: off), and with
+    # IDLE_TTL_REFRESH_ON_READ after their last read too; with a fixed TTL as well, whichever
+    # comes first. Sessions created with their own idle_ttl_seconds keep it. None: 30 days on the
+    # memory backend, so that chats nobody returns to free their place in MAX_SESSIONS while a
+    # chat resumed within a month is still there; off on Redis, where memory is the server's.
     "SESSION_IDLE_TTL_SECONDS": None,
     # Whether reading a session's data also pushes back its idle expiry
     # (SESSION_IDLE_TTL_SECONDS); False: only writes do.
@@ -86,12 +88,14 @@ DEFAULTS: dict[str, Any] = {
     # `memory_summarize --all` (or the summarize endpoint) folds it.
     "AUTO_SUMMARIZE": True,
     # Live sessions one process of the memory backend holds, every owner together (Redis ignores
-    # it). When full, a new session is refused (507 capacity_exceeded) unless its owner holds fewer
-    # than its fair share, so that owners who filled the process cannot lock a newcomer out.
+    # it); every LangGraph thread and agent conversation is one. When full, a new session is
+    # refused (507 capacity_exceeded) unless its owner holds fewer than its fair share
+    # (MAX_SESSIONS divided by the owners holding sessions), so that owners who filled the
+    # process cannot lock a newcomer out.
     "MAX_SESSIONS": 1000,
     # Live sessions one owner may hold; past it a new one is refused (507 capacity_exceeded). None:
-    # no cap, but on the memory backend a tenth of MAX_SESSIONS, so that one owner cannot take
-    # every place.
+    # no cap of its own: an owner alone may use every place of the memory backend, and the fair
+    # share of a full process decides between owners.
     "MAX_SESSIONS_PER_OWNER": None,
     # The largest value (or answer stored by the answers lane), in bytes of its JSON; a larger one
     # is refused with 413 value_too_large and nothing is written.
@@ -337,16 +341,32 @@ MIRROR_MODES = ("immediate", "deferred", "off")
 def owner_session_cap(conf: MemorySettings) -> int | None:
     """Sessions one owner may hold on this backend (None: no cap).
 
-    On the memory backend every owner shares MAX_SESSIONS places in one process, so an
-    owner without an explicit cap gets at most a tenth of them (at least one). Ten owners
-    at that cap fill the process but lock nobody out: a full process still admits an owner
-    below its fair share (see ``MemoryBackend._admit``).
+    Without one, an owner alone in a memory backend's process may take all its
+    MAX_SESSIONS places (a chat app with one user, or one service account, needs them):
+    between several owners, a full process admits only those below their fair share
+    (see ``MemoryBackend._admit``).
     """
     cap = conf.MAX_SESSIONS_PER_OWNER
-    if conf.BACKEND == "memory":
-        share = max(1, conf.MAX_SESSIONS // 10)
-        return share if cap is None else min(cap, conf.MAX_SESSIONS)
+    if conf.BACKEND == "memory" and cap is not None:
+        return min(cap, conf.MAX_SESSIONS)
     return cap
+
+
+#: SESSION_IDLE_TTL_SECONDS's default on the memory backend: 30 days.
+MEMORY_IDLE_TTL_SECONDS = 30 * 24 * 3600
+
+
+def memory_idle_ttl(conf: MemorySettings) -> float | None:
+    """The memory backend's idle expiry of new sessions, in seconds (None: none).
+
+    Unset, 30 days: its MAX_SESSIONS places are taken by every LangGraph thread and agent
+    conversation, and would otherwise never come back. Redis has no such default (its
+    backend reads SESSION_IDLE_TTL_SECONDS as it is): its memory is the server's
+    (maxmemory), the RocketRide node's sessions have no idle expiry, and deployments that
+    count on sessions lasting must not start losing them with an upgrade.
+    """
+    seconds = conf.SESSION_IDLE_TTL_SECONDS
+    return MEMORY_IDLE_TTL_SECONDS if seconds is None else seconds or None
 
 
 def summaries_on(conf: MemorySettings) -> bool:

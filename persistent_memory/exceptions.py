@@ -174,6 +174,11 @@ class QuotaExceeded(CapacityExceeded):
     """One owner's session cap or one session's byte cap: other owners are not affected."""
 
 
+class SessionsFull(CapacityExceeded):
+    """The memory backend's process holds the sessions MAX_SESSIONS allows it (and this owner
+    its fair share of them). Its message names the setting to raise, for callers too."""
+
+
 class BackendUnavailable(PersistentMemoryError):
     """The backend cannot be reached (Redis down, refused, timed out)."""
 

@@ -19,6 +19,7 @@ from persistent_memory.exceptions import (
     PersistentMemoryError,
     QuotaExceeded,
     ReplicasBehind,
+    SessionsFull,
 )
 
 #: The response header that carries an error's request id (also ``request_id`` in the body).
@@ -28,6 +29,7 @@ REQUEST_ID_HEADER = "X-Request-ID"
 #: message is about the caller's request and is theirs to read). Subclasses first.
 PLAIN_DETAILS: list[tuple[type[PersistentMemoryError], str | None]] = [
     (QuotaExceeded, None),
+    (SessionsFull, None),
     (CapacityExceeded, "The memory store is full: nothing was written."),
     (
         ReplicasBehind,

@@ -16,11 +16,13 @@ again.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import copy
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -183,7 +185,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
                             directory,
                             exc,
                         )
-                store.mirror.restore_safely()
+                _off_the_event_loop(store.mirror.restore_safely)
             store.mirror.start()
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
@@ -514,6 +516,32 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         self.summarizer_worker.stop()
         self.mirror.stop()
         self.backend.close()
+
+
+def _off_the_event_loop(call: Callable[[], T]) -> T:
+    """``call()`` here, or in a thread of its own when this thread runs an event loop.
+
+    The memory backend's restore reads the database, which Django refuses inside an event
+    loop (``SynchronousOnlyOperation``): the first store use of an async view, or of an
+    Agents SDK session or Pydantic AI store under ``asyncio.run``, would then fail closed
+    until the mirror's worker retried it. The store must not answer before its sessions
+    are back, so the loop waits for that thread, once per process (a sync caller waits as
+    long). Not in ``AppConfig.ready``: Django warns against queries there (``migrate``
+    runs before the tables exist), and processes that never use the store would pay it.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return call()
+
+    def in_thread() -> T:
+        try:
+            return call()
+        finally:
+            connections.close_all()  # this thread's own, which nothing else will close
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="persistent-memory-restore") as pool:
+        return pool.submit(in_thread).result()
 
 
 def _sorted(values: dict[str, Any]) -> dict[str, Any]:

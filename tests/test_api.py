@@ -303,7 +303,12 @@ class TestSessions:
 
     def test_create_without_ttl_uses_default(self, api, store):
         body = api.post(API + "sessions/", {"session_id": "s1"}, format="json").json()
-        assert body["expires_at"] is None and body["ttl_remaining_seconds"] is None
+        assert body["ttl_seconds"] is None
+        if store.backend.name == "memory":  # the idle TTL of 30 days, from its creation
+            assert body["idle_ttl_seconds"] == 30 * 24 * 3600 and body["expires_by"] == "idle"
+            assert body["created_at"] + 30 * 24 * 3600 == pytest.approx(body["expires_at"], abs=60)
+        else:
+            assert body["expires_at"] is None and body["ttl_remaining_seconds"] is None
         body = api.post(API + "sessions/", {"session_id": "s2", "ttl_hours": 0}, format="json").json()
         assert body["ttl_seconds"] is None
 

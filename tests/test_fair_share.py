@@ -1,8 +1,10 @@
 """No owner can lock the others out of the embedded default (the memory backend).
 
-A full process (MAX_SESSIONS live) still admits an owner holding fewer sessions than its
-fair share, MAX_SESSIONS // owners holding sessions (the newcomer counted), and refuses
-the others with 507; nothing acknowledged is evicted. The demo expires idle sessions.
+An owner alone may use every place (MAX_SESSIONS_PER_OWNER unset: no cap of its own). A
+full process (MAX_SESSIONS live) still admits an owner holding fewer sessions than its
+fair share, MAX_SESSIONS // owners holding sessions (the newcomer counted; without a cap
+at most a tenth of MAX_SESSIONS), and refuses the others with 507, whose message names
+the setting to raise; nothing acknowledged is evicted. The demo expires idle sessions.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ import time
 import pytest
 
 from persistent_memory import get_store
-from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded
+from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded, SessionsFull
 from tests.servers import demo_env, manage
 from tests.test_owners_api import call, error_of, make_user, owner_of, question, scoped
 
 
 @pytest.fixture
 def memory(settings):
-    """The memory backend with ``MAX_SESSIONS`` (and so a default cap of a tenth of it)."""
+    """The memory backend with ``MAX_SESSIONS`` (no cap per owner unless ``extra`` sets one)."""
 
     def apply(max_sessions: int = 1000, **extra):
         settings.PERSISTENT_MEMORY = {
@@ -39,24 +41,50 @@ def fill(store, owner: str, count: int, prefix: str = "s") -> None:
         scoped_store.create_session(f"{prefix}{i}")
 
 
-def test_ten_owners_at_their_cap_do_not_lock_out_an_eleventh(memory):
+def test_one_owner_alone_may_use_every_place_of_the_default(settings):
+    """A newcomer's chat: one user, more than 100 threads and agent conversations (each a
+    session), on the default settings; the 1,001st is refused, naming MAX_SESSIONS."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off"}
+    alone = get_store().for_owner("user:1")
+    for i in range(1000):
+        alone.add_messages(f"thread-{i}", [{"role": "user", "content": "hi"}])
+    assert len(alone.list_sessions()) == 1000
+    with pytest.raises(SessionsFull) as refused:
+        alone.create_session("one-more")
+    assert not isinstance(refused.value, QuotaExceeded)
+    assert "MAX_SESSIONS" in str(refused.value) and "MAX_SESSIONS_PER_OWNER" not in str(refused.value)
+    # A second owner still gets in: a full process admits it below its share.
+    get_store().for_owner("user:2").create_session("first")
+
+
+def test_an_owner_cap_is_named_when_it_refuses(memory):
+    alice = memory(100, MAX_SESSIONS_PER_OWNER=2).for_owner("user:1")
+    alice.create_session("a")
+    alice.create_session("b")
+    with pytest.raises(QuotaExceeded) as refused:
+        alice.create_session("c")
+    assert "MAX_SESSIONS_PER_OWNER" in str(refused.value)
+
+
+def test_ten_owners_at_their_share_do_not_lock_out_an_eleventh(memory):
     """The issue's case: 10 accounts x 100 sessions fill the default 1,000 places."""
     store = memory()
     for n in range(10):
         fill(store, f"user:{n}", 100)
     assert len(store.list_sessions()) == 0  # all owned: no unowned session
     assert len(store.backend._sessions) == 1000
-    with pytest.raises(QuotaExceeded):  # the owners that filled it are at their own cap
+    with pytest.raises(SessionsFull):  # the owners that filled it hold their share (1000 // 10)
         store.for_owner("user:0").create_session("one-more")
     eleventh = store.for_owner("user:10")
     eleventh.record_answer("first", "hello")  # its first write: not 507
     assert eleventh.get("first", "last_answer") == "hello"
     # Its fair share of a full process: 1000 // 11 = 90 sessions, then 507.
     fill(store, "user:10", 89, prefix="more")
-    with pytest.raises(CapacityExceeded) as refused:
+    with pytest.raises(SessionsFull) as refused:
         eleventh.create_session("over")
     assert not isinstance(refused.value, QuotaExceeded)  # the process is full, not its cap
     assert "share" in str(refused.value) and "user:" not in str(refused.value)
+    assert "raise MAX_SESSIONS" in str(refused.value)
     assert len(eleventh.list_sessions()) == 90
     # An unowned caller (the app's own code) is one more holder with a share of its own.
     store.create_session("node")
@@ -89,12 +117,14 @@ def test_an_owner_over_its_fair_share_is_refused_while_the_process_is_full(memor
     alice.create_session("s1")
 
 
-def test_the_total_stays_within_the_stated_bounds(memory):
+@pytest.mark.parametrize("cap", [None, 10])
+def test_the_total_stays_within_the_stated_bounds(memory, cap):
     """Owners arriving one after another, each taking all it is given (the worst order):
     every newcomer gets in until the process holds twice MAX_SESSIONS, the j-th largest
     holding stays at most MAX_SESSIONS // j, the total at most sum(min(cap, MAX_SESSIONS //
-    j)), and never past twice MAX_SESSIONS, where even a newcomer is refused."""
-    store = memory(100)  # default cap: 10
+    j)) (no cap: the first owner's MAX_SESSIONS, then at most a tenth each), and never past
+    twice MAX_SESSIONS, where even a newcomer is refused."""
+    store = memory(100, MAX_SESSIONS_PER_OWNER=cap)
     refused_newcomers = 0
     for n in range(150):
         scoped_store = store.for_owner(f"user:{n}")
@@ -112,10 +142,13 @@ def test_the_total_stays_within_the_stated_bounds(memory):
         else:
             assert created == 0
             refused_newcomers += 1
-    assert refused_newcomers > 0  # the worst order reaches the ceiling (after about 30)
+    assert refused_newcomers > 0  # the worst order reaches the ceiling (after about 12, or 30)
     held = sorted(store.backend._owned.values(), reverse=True)
     assert all(count <= 100 // rank for rank, count in enumerate(held, start=1))
     bound = sum(min(10, 100 // j) for j in range(1, len(held) + 1))
+    if cap is None:
+        assert held[0] == 100 and held[1:] and max(held[1:]) <= 10  # alone, then a tenth
+        bound += 100 - 10
     assert len(store.backend._sessions) == sum(held) <= bound
     assert len(store.backend._sessions) == 200  # twice MAX_SESSIONS, not more
     # Deletions bring it under the ceiling: a newcomer gets in again.
@@ -126,13 +159,16 @@ def test_the_total_stays_within_the_stated_bounds(memory):
 
 @pytest.mark.django_db
 def test_ten_users_at_their_cap_do_not_lock_out_an_eleventh_over_the_api(memory):
-    memory(20)  # a cap of 2 sessions per user, 20 places
+    memory(20)  # 20 places: ten users with 2 each fill them
     users = [make_user(f"user{n}") for n in range(11)]
     for _, client in users[:10]:
         for sid in ("s1", "s2"):
             assert call(client, "post", "sessions/", {"session_id": sid}).status_code == 201
     first_user, first = users[0]
-    assert error_of(call(first, "post", "sessions/", {"session_id": "s3"})) == (507, "capacity_exceeded")
+    refused = call(first, "post", "sessions/", {"session_id": "s3"})
+    assert error_of(refused) == (507, "capacity_exceeded")
+    # The setting to raise, told to the caller too (nothing of the other users).
+    assert "raise MAX_SESSIONS" in refused.json()["detail"] and "user" not in refused.json()["detail"]
     newcomer_user, newcomer = users[10]
     # 20 // 11 = 1: the newcomer's first write gets in, the full process refuses a second.
     assert call(newcomer, "post", "sessions/", {"session_id": "s1"}).status_code == 201

@@ -253,3 +253,39 @@ def test_one_round_trip_per_operation_with_idle_ttl(redis_url, redis_client, cou
         CountingConnection.sends = 0
         call()
         assert CountingConnection.sends == 1
+
+
+# The default ---------------------------------------------------------------------------
+
+MONTH = 30 * 24 * 3600
+
+
+@pytest.mark.parametrize(("extra", "expected"), [({}, MONTH), ({"SESSION_IDLE_TTL_SECONDS": 0}, None)])
+def test_the_memory_backend_expires_idle_sessions_after_30_days_by_default(settings, extra, expected):
+    """Unset, SESSION_IDLE_TTL_SECONDS is 30 days on the embedded default, for every way a
+    session is made (a create, the lanes, a conversation's first message); 0 turns it off."""
+    from persistent_memory import get_store
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off", **extra}
+    store = get_store().for_owner("user:1")
+    made = time.time()
+    store.create_session("created")
+    store.enrich("enriched")
+    store.record_answer("answered", "an answer")
+    store.add_messages("chat", [{"role": "user", "content": "hi"}])
+    for session_id in ("created", "enriched", "answered", "chat"):
+        info = store.session_info(session_id)
+        assert info["idle_ttl_seconds"] == expected, session_id
+        if expected is None:
+            assert info["expires_at"] is None
+        else:
+            assert made + MONTH <= info["expires_at"] <= time.time() + MONTH
+    # A session made with its own idle TTL keeps it.
+    assert store.create_session("own", idle_ttl_seconds=60)["idle_ttl_seconds"] == 60
+
+
+def test_redis_keeps_no_idle_expiry_by_default(redis_store):
+    """Redis sessions last as before unless SESSION_IDLE_TTL_SECONDS is set: the node's
+    sessions have none, and deployments must not start losing sessions with an upgrade."""
+    info = redis_store.for_owner("user:1").create_session("chat")
+    assert info["idle_ttl_seconds"] is None and info["expires_at"] is None

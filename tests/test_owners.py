@@ -14,6 +14,7 @@ from persistent_memory.exceptions import (
     CapacityExceeded,
     InvalidOwner,
     KeyNotFound,
+    QuotaExceeded,
     SessionExists,
     SessionNotFound,
 )
@@ -175,16 +176,22 @@ class TestQuotas:
         alice.create_session("next")
         assert alice.list_sessions() == ["next"]
 
-    def test_memory_backend_gives_an_owner_a_tenth_by_default(self, settings):
+    def test_memory_backend_lets_an_owner_alone_use_every_place_by_default(self, settings):
         from persistent_memory import get_store
 
         settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 30, "MIRROR_MODE": "off"}
         alice = get_store().for_owner("user:1")
-        for i in range(3):
+        for i in range(30):
             alice.create_session(f"s{i}")
+        with pytest.raises(CapacityExceeded) as refused:
+            alice.create_session("s30")
+        assert not isinstance(refused.value, QuotaExceeded) and "MAX_SESSIONS" in str(refused.value)
+        # A full process: another owner gets at most a tenth of it (3), not its share (15).
+        bob = get_store().for_owner("user:2")
+        for i in range(3):
+            bob.create_session(f"s{i}")
         with pytest.raises(CapacityExceeded):
-            alice.create_session("s3")
-        get_store().for_owner("user:2").create_session("s0")
+            bob.create_session("s3")
 
     def test_bytes_per_session(self, configure):
         store = configure(MAX_SESSION_BYTES=100)

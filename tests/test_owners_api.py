@@ -571,7 +571,11 @@ class TestQuotas:
         alice, bob = people.alice_api, people.bob_api
         assert call(alice, "post", "sessions/", {"session_id": "s1"}).status_code == 201
         assert call(alice, "post", "enrich/", {"question": question("s2")}).status_code == 200
-        assert error_of(call(alice, "post", "sessions/", {"session_id": "s3"})) == (507, "capacity_exceeded")
+        refused = call(alice, "post", "sessions/", {"session_id": "s3"})
+        assert error_of(refused) == (507, "capacity_exceeded")
+        # On every backend the caller is told which setting holds it back.
+        told = "This owner holds its maximum of 2 sessions (MAX_SESSIONS_PER_OWNER)."
+        assert refused.json()["detail"] == told
         assert error_of(call(alice, "post", "enrich/", {"question": question("s4")})) == (
             507,
             "capacity_exceeded",
@@ -614,15 +618,18 @@ class TestQuotas:
         assert scoped(owner_of(people.alice)).get_all("s1") == {"answer_count": 1, "last_answer": "one"}
         assert scoped(owner_of(people.alice)).list_sessions() == ["s1"]
 
-    def test_unset_cap_on_memory_backend_is_a_tenth_of_max_sessions(self, db, settings):
+    def test_unset_cap_on_memory_backend_lets_one_user_use_every_place(self, db, settings):
         settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MAX_SESSIONS": 20, "MIRROR_MODE": "off"}
         alice_user, alice = make_user("alice")
         _, bob = make_user("bob")
-        for sid in ("s1", "s2"):
+        sids = [f"s{i:02}" for i in range(20)]
+        for sid in sids:
             assert call(alice, "post", "sessions/", {"session_id": sid}).status_code == 201
-        assert error_of(call(alice, "post", "sessions/", {"session_id": "s3"})) == (507, "capacity_exceeded")
+        refused = call(alice, "post", "sessions/", {"session_id": "s20"})
+        assert error_of(refused) == (507, "capacity_exceeded")
+        assert "raise MAX_SESSIONS" in refused.json()["detail"]
         assert call(bob, "post", "sessions/", {"session_id": "s1"}).status_code == 201
-        assert scoped(owner_of(alice_user)).list_sessions() == ["s1", "s2"]
+        assert scoped(owner_of(alice_user)).list_sessions() == sids
 
     def test_session_bytes(self, people, configure):
         configure(MAX_SESSION_BYTES=200, AUTO_SUMMARIZE=False)

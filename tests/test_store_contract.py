@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
 from persistent_memory.exceptions import (
     InvalidKey,
     InvalidSessionId,
@@ -19,6 +20,16 @@ from persistent_memory.exceptions import (
 from persistent_memory.history import operation_count
 from tests.conftest import TOPOLOGIES
 from tests.timing import LIVE_TTL, wait_past
+
+
+def default_expiry(store, info) -> dict:
+    """What a session made with the default settings says of its expiry on ``store``'s
+    backend: 30 days after its last write on the memory backend, never on Redis."""
+    if store.backend.name != "memory":
+        return {"expires_at": None, "idle_ttl_seconds": None, "expires_by": None}
+    assert info["created_at"] <= info["expires_at"] - MEMORY_IDLE_TTL_SECONDS <= time.time()
+    return {"idle_ttl_seconds": MEMORY_IDLE_TTL_SECONDS, "expires_by": "idle"}
+
 
 INFO_FIELDS = {
     "session_id",
@@ -46,7 +57,8 @@ class TestSessions:
         assert set(info) == INFO_FIELDS
         assert info["session_id"] == "s1"
         assert before - 1 <= info["created_at"] <= time.time() + 1
-        assert info["expires_at"] is None and info["ttl_seconds"] is None
+        assert info["ttl_seconds"] is None
+        assert info == {**info, **default_expiry(store, info)}
         assert info["key_count"] == 0 and info["history_length"] == 0
 
     def test_resume_and_info_agree(self, store):
@@ -434,8 +446,11 @@ class TestExpiry:
         assert info["expires_at"] == pytest.approx(info["created_at"] + LIVE_TTL)
 
     def test_no_ttl_by_default(self, store):
+        """No fixed TTL; on the memory backend the idle TTL of 30 days, on Redis none."""
         store.create_session("s1")
-        assert store.session_info("s1")["expires_at"] is None
+        info = store.session_info("s1")
+        assert info["ttl_seconds"] is None
+        assert info == {**info, **default_expiry(store, info)}
 
     @pytest.mark.parametrize("ttl", [-1, float("nan"), float("inf"), "60", True, 0.0001])
     def test_bad_ttl(self, store, ttl):

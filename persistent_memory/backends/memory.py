@@ -35,9 +35,14 @@ from persistent_memory.backends.memory_once import Recorded, decoded, encoded, i
 from persistent_memory.backends.memory_replay import MalformedRecord, check_record
 from persistent_memory.backends.memory_summaries import MemorySummaries
 from persistent_memory.backends.memory_tree import Tree
-from persistent_memory.conf import MemorySettings, mirror_mode, owner_session_cap, summarize_after_tokens
+from persistent_memory.conf import (
+    MemorySettings,
+    memory_idle_ttl,
+    mirror_mode,
+    owner_session_cap,
+    summarize_after_tokens,
+)
 from persistent_memory.exceptions import (
-    CapacityExceeded,
     IdempotencyKeyReused,
     KeyNotFound,
     NotANumber,
@@ -46,6 +51,7 @@ from persistent_memory.exceptions import (
     SessionExists,
     SessionExpired,
     SessionNotFound,
+    SessionsFull,
 )
 from persistent_memory.journal import Journal
 from persistent_memory.owners import namespace_of
@@ -92,6 +98,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
     #: A full process admits owners below their fair share until it holds this many times
     #: ``max_sessions``; then it refuses every new session (see :meth:`_admit`).
     CEILING = 2
+    #: Without ``max_sessions_per_owner``, a full process admits an owner below its fair
+    #: share only while it holds less than ``max_sessions`` divided by this (a tenth).
+    SHARE_PAST_FULL = 10
 
     def __init__(self, *, max_sessions: int, **options: Any) -> None:
         super().__init__(**options)
@@ -139,7 +148,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             max_sessions_per_owner=owner_session_cap(conf),
             max_session_bytes=conf.MAX_SESSION_BYTES,
             max_messages=conf.MAX_MESSAGES,
-            idle_ttl_seconds=conf.SESSION_IDLE_TTL_SECONDS or None,
+            idle_ttl_seconds=memory_idle_ttl(conf),
             refresh_on_read=conf.IDLE_TTL_REFRESH_ON_READ,
             summarize_after_tokens=summarize_after_tokens(conf),
         )
@@ -253,7 +262,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         An owner (a namespace; "": unowned) is held to its cap (``max_sessions_per_owner``:
         ``QuotaExceeded``). A full process (``max_sessions`` live) still admits an owner
         holding fewer sessions than its fair share, ``max_sessions // owners`` (owners
-        holding sessions, this one counted), and refuses the others (``CapacityExceeded``):
+        holding sessions, this one counted; without ``max_sessions_per_owner`` at most a
+        tenth of ``max_sessions``), and refuses the others (``SessionsFull``):
         owners who filled the process cannot lock a newcomer out, and nothing acknowledged
         is evicted to make room. The total may then go over ``max_sessions``, never past
         ``CEILING * max_sessions``, where even a newcomer is refused, so that
@@ -261,8 +271,11 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         share alone bounds it: admitting only below the share keeps the j-th largest
         holding at most ``max_sessions // j``, so the total stays within
         ``sum(min(cap, max_sessions // j) for j in 1..owners)``, about
-        ``max_sessions * (1 + ln(owners / 10))`` with the default cap (a tenth) in the worst
-        order of arrivals: the ceiling is reached after about 27 such owners.
+        ``max_sessions * (1 + ln(owners / 10))`` with a cap of a tenth in the worst order of
+        arrivals (the ceiling is reached after about 27 such owners). Without a cap the
+        first owner, alone, may take all ``max_sessions``; each next one then gets at most
+        ``min(max_sessions // 10, max_sessions // j)``: the ceiling is reached after about
+        12 owners each taking all it is given.
         """
         if self._restoring:
             return
@@ -279,20 +292,29 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             self._reclaim(now)
             held = self._owned.get(owner, 0)
             if held >= cap:
-                raise QuotaExceeded(f"This owner holds its maximum of {cap} sessions.")
+                raise QuotaExceeded(
+                    f"This owner holds its maximum of {cap} sessions (MAX_SESSIONS_PER_OWNER)."
+                )
         if len(self._sessions) >= self.max_sessions:
             self._reclaim(now)
             held = self._owned.get(owner, 0)
             share = self.max_sessions // (len(self._owned) + (owner not in self._owned))
+            if cap is None:
+                # No cap: an owner alone took every place it wanted. Past MAX_SESSIONS the
+                # others get at most a tenth each, so that a few owners taking all they are
+                # given cannot bring the process to its ceiling and lock newcomers out.
+                share = min(share, max(1, self.max_sessions // self.SHARE_PAST_FULL))
+            # The messages are for callers too (SessionsFull): the setting to raise, and
+            # nothing of the other owners' sessions but what the settings say.
             if len(self._sessions) >= self.CEILING * self.max_sessions:
-                raise CapacityExceeded(
-                    f"The memory backend holds {len(self._sessions)} sessions, {self.CEILING} times "
-                    f"its maximum of {self.max_sessions}: make room by deleting sessions."
+                raise SessionsFull(
+                    f"The memory backend holds {self.CEILING} times its maximum of {self.max_sessions} "
+                    "sessions (MAX_SESSIONS): delete sessions, or raise MAX_SESSIONS."
                 )
             if len(self._sessions) >= self.max_sessions and held >= share:
-                raise CapacityExceeded(
-                    f"The memory backend holds its maximum of {self.max_sessions} sessions, and "
-                    f"this owner its share of them ({share}): make room by deleting sessions."
+                raise SessionsFull(
+                    f"The memory backend holds its maximum of {self.max_sessions} sessions (MAX_SESSIONS), "
+                    f"and this owner its share of them ({share}): delete sessions, or raise MAX_SESSIONS."
                 )
 
     def _create(

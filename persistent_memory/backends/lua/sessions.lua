@@ -169,7 +169,7 @@ local function no_room()
   if not owner_elsewhere then
     return fail('ROOM_CHECK', 'Count the owner\'s sessions in the other buckets.')
   end
-  return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions.')
+  return fail('QUOTA', 'This owner holds its maximum of ' .. owner_cap .. ' sessions (MAX_SESSIONS_PER_OWNER).')
 end
 
 -- Whether the session's keys and values, its conversations' messages and its checkpoints'
