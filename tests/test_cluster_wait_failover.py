@@ -15,7 +15,10 @@ store or the API acknowledged is read back from the new primaries. Figures are p
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -24,13 +27,18 @@ from typing import Any
 
 import pytest
 from redis.crc import key_slot
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from persistent_memory import get_store
 from persistent_memory.backends.redis_layout import Layout
-from persistent_memory.exceptions import BackendUnavailable
-from persistent_memory.idempotency import Idempotency
+from persistent_memory.exceptions import BackendUnavailable, ReplicasBehind
+from persistent_memory.idempotency import HEADER, Idempotency
+from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
-from tests.redis_topologies import TIMEOUT, poll
+from tests.redis_topologies import TIMEOUT, poll, stop_process
+from tests.servers import Server, demo_env, prepare_database, serve
+from tests.test_api import API, OWNER, USER_PK, error_of
 from tests.test_cluster_concurrency import store_for, topology_conf
 from tests.test_redis_failover import Primary, acknowledged, healed  # noqa: F401 - a fixture
 
@@ -107,13 +115,15 @@ class Writer:
         self.thread.join(TIMEOUT)
 
 
-def fail_over(primary: Primary, slot: int, how: str) -> None:
-    """Fail ``primary`` (which serves ``slot``) over, ``how``: CLUSTER FAILOVER on its
+def fail_over(primary: Primary, how: str) -> float:
+    """Fail ``primary`` over (``primary.slot``: one of its slots), ``how``: CLUSTER FAILOVER on its
     replica, or kill -9 and a restart of the killed node, which rejoins as the new primary's
-    replica; then wait until the cluster is whole and the new primary's replica in sync."""
-    cluster = primary.servers
+    replica; then wait until the cluster is whole and the new primary's replica online.
+    The moment the new primary was seen serving the slot (its replica not back yet)."""
+    cluster, slot = primary.servers, primary.slot
     if how == "kill":
         cluster.failover_kill_primary(primary.port)
+        promoted = time.monotonic()
         cluster.restart(primary.port)
     else:
         replica = primary.replica()
@@ -121,11 +131,13 @@ def fail_over(primary: Primary, slot: int, how: str) -> None:
         with cluster.node(port) as node:
             node.execute_command("CLUSTER FAILOVER")
         poll(lambda: cluster.primary_for_slot(slot)[1] == port, "the replica to take over")
+        promoted = time.monotonic()
         cluster.wait_ok()
     new_port = cluster.primary_for_slot(slot)[1]
     assert new_port != primary.port
     with cluster.node(new_port) as client:  # online: past its first sync (writes go on meanwhile)
         poll(lambda: client.execute_command("ROLE")[2], "the new primary's replica to be online")
+    return promoted
 
 
 def on_one_primary(request: pytest.FixtureRequest, count: int, name: Callable[[str], str]) -> list[str]:
@@ -147,24 +159,18 @@ def on_one_primary(request: pytest.FixtureRequest, count: int, name: Callable[[s
     raise AssertionError("unreachable")
 
 
-def slot_of(storage_id: str) -> int:
-    """The cluster slot of a session's keys."""
-    return key_slot(Layout(get_store().backend.key_prefix, cluster=True).root_of(storage_id).encode())
+def primary_of(request: pytest.FixtureRequest, storage_ids: list[str]) -> Primary:
+    """The primary of sessions ``storage_ids`` (all on one), ``slot`` one of their slots."""
+    primary = Primary("redis-cluster", request, storage_ids)
+    root = Layout(get_store().backend.key_prefix, cluster=True).root_of(storage_ids[0])
+    primary.slot = key_slot(root.encode())
+    return primary
 
 
 def lost_of(acked: list[tuple[str, int]], read: Callable[[str], dict[str, Any]]) -> int:
     """The acknowledged steps whose key is not there (``read(session_id)``: its values)."""
     stored = {sid: read(sid) for sid in {sid for sid, _ in acked}}
     return sum(stored[sid].get(f"k{step}") != step for sid, step in acked)
-
-
-def report(via: str, how: str, wait: int, run: Run, lost: int, moment: float, idle: float) -> None:
-    kinds = sorted({code for _, code in run.errors})
-    print(
-        f"\nWAITFAILOVER {via} {how} wait={wait} acked={len(run.acked)} lost={lost} "
-        f"errors={len(run.errors)} {kinds} error_s={run.error_seconds():.2f} "
-        f"after_whole_s={run.first_success_after(moment):.3f} idle_first_write_s={idle:.3f}"
-    )
 
 
 def first_write(write: Callable[[], None]) -> float:
@@ -179,46 +185,63 @@ def first_write(write: Callable[[], None]) -> float:
             time.sleep(0.02)
 
 
+@dataclass
+class Outcome:
+    """A failover with writers (see :func:`failover_with_writers`)."""
+
+    run: Run
+    lost: int
+    #: When the new primary was seen serving, and when its replica was online again.
+    promoted: float
+    whole: float
+    #: Seconds the first write of a process idle through the failover took.
+    idle_seconds: float
+
+
 def failover_with_writers(
     how: str,
+    primary: Primary,
     session_ids: list[str],
     write: Callable[[str, int], None],
     idle_write: Callable[[], None],
     read: Callable[[str], dict[str, Any]],
     request: pytest.FixtureRequest,
-) -> tuple[Run, int, float, float]:
-    """A writer (``write``) going on through a failover of the primary of ``session_ids``,
-    then the first write (``idle_write``) of a process idle through it; the writer's run,
-    the acknowledged writes lost (read back with ``read``), the moment the cluster was whole
-    again and the seconds the idle process's first write took."""
-    primary = Primary("redis-cluster", request, session_ids)
+) -> Outcome:
+    """A writer (``write``) on ``session_ids`` going on through a failover of their ``primary``,
+    then the first write (``idle_write``) of a process idle through it; the acknowledged
+    writes are read back with ``read``."""
     primary.wait_replicated()
     with Writer(write, session_ids) as writer:
         writer.successes_after(0, 20)
-        fail_over(primary, slot_of(session_ids[0]), how)
+        promoted = fail_over(primary, how)
         whole = time.monotonic()
         writer.successes_after(whole, 20)
     idle_seconds = first_write(idle_write)
     lost = lost_of(writer.run.acked, read)
     request.getfixturevalue("redis_cluster").heal()
-    return writer.run, lost, whole, idle_seconds
+    return Outcome(writer.run, lost, promoted, whole, idle_seconds)
 
 
-def assert_figures(via: str, how: str, runs: dict[int, tuple[Run, int, float, float]]) -> None:
-    """Print the figures of WAIT 0 and 1; nothing acknowledged lost (but by kill -9 with
-    WAIT 0, which loses what the replica did not have yet), and the writes failing for
-    about as long with WAIT 1 as with WAIT 0."""
-    for wait, (run, lost, whole, idle_seconds) in runs.items():
+def assert_figures(via: str, how: str, outcomes: dict[int, Outcome]) -> None:
+    """Print the figures of WAIT 0 and 1; assert that nothing acknowledged was lost (but by
+    kill -9 with WAIT 0, which loses what the replica did not have yet), and that writes
+    succeed again about as soon with WAIT 1 as with WAIT 0 once the cluster can take them:
+    with WAIT 0 once the new primary serves, with WAIT 1 once it has its replica too (a
+    kill -9 leaves it none until the killed node is back: those writes answer replicas_behind)."""
+    recovery = {}
+    for wait, outcome in outcomes.items():
+        run = outcome.run
+        recovery[wait] = run.first_success_after(outcome.whole if wait else outcome.promoted)
         kinds = sorted({code for _, code in run.errors})
         print(
-            f"\nWAITFAILOVER {via} {how} wait={wait} acked={len(run.acked)} lost={lost} "
+            f"\nWAITFAILOVER {via} {how} wait={wait} acked={len(run.acked)} lost={outcome.lost} "
             f"errors={len(run.errors)} {kinds} error_s={run.error_seconds():.2f} "
-            f"after_whole_s={run.first_success_after(whole):.3f} idle_first_write_s={idle_seconds:.3f}"
+            f"without_replica_s={outcome.whole - outcome.promoted:.2f} recovery_s={recovery[wait]:.3f} "
+            f"idle_first_write_s={outcome.idle_seconds:.3f}"
         )
-    for wait, (_run, lost, _whole, _idle) in runs.items():
         if wait or how == "cluster-failover":
-            assert lost == 0
-    assert runs[1][0].error_seconds() <= 2 * runs[0][0].error_seconds() + 3.0
+            assert outcome.lost == 0
+    assert recovery[1] <= 3 * recovery[0] + 2.0
 
 
 @pytest.mark.parametrize("how", HOWS)
@@ -247,10 +270,138 @@ def test_a_store_with_wait_goes_on_through_a_failover(how, settings, request, ca
             def idle_write(idle: MemoryStore = idle, sid: str = session_ids[0]) -> None:
                 idle.put(sid, "idle", 1, idempotency=Idempotency.of("idle-1"))
 
-            runs[wait] = failover_with_writers(how, session_ids, write, idle_write, fresh.get_all, request)
+            primary = primary_of(request, session_ids)
+            runs[wait] = failover_with_writers(
+                how, primary, session_ids, write, idle_write, fresh.get_all, request
+            )
             assert fresh.get(session_ids[0], "idle") == 1
         finally:
             for each in (store, idle, fresh):
                 each.close()
     with capsys.disabled():
         assert_figures("store", how, runs)
+
+
+@pytest.fixture
+def api_client(transactional_db: Any) -> APIClient:
+    """DRF's client as tests.test_api's user; committed, so that the writer thread sees it."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user("waitfailover", password="pw-for-tests", pk=USER_PK)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+#: The owner of the server process's token: the first user of its fresh database.
+SERVER_OWNER = "user:1"
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tmp_path, api_client, capsys):
+    """Over the API: with WAIT 0 then 1, a writer on DRF's client in this process goes on
+    through the failover, and a gunicorn started before it, idle through it, answers its
+    first write once the cluster is whole."""
+    runs = {}
+    for wait in (0, 1):
+        conf = topology_conf(
+            "redis-cluster", settings, request, REDIS_WAIT_REPLICAS=wait, REDIS_WAIT_TIMEOUT_MS=TIMEOUT_MS
+        )
+        session_ids = on_one_primary(request, 3, lambda sid: storage_id(OWNER, sid))
+        (server_sid,) = on_one_primary(request, 1, lambda sid: storage_id(SERVER_OWNER, sid))
+        env = demo_env(
+            DATABASE_URL=f"sqlite:///{tmp_path / f'db{wait}.sqlite3'}",
+            DJANGO_SETTINGS_MODULE="tests.settings_cluster_wait",
+            PM_TEST_PERSISTENT_MEMORY=json.dumps(conf),
+        )
+        token = prepare_database(env)
+        idle_path = f"{API}sessions/{server_sid}/memory/idle/"
+
+        def sent(response: Any) -> Any:
+            status = getattr(response, "status_code", None) or response.status
+            if status >= 300:
+                raise _Failed(f"{status} {response.json().get('code')}")
+            return response
+
+        def write(sid: str, step: int, wait: int = wait) -> None:
+            url = f"{API}sessions/{sid}/memory/k{step}/"
+            sent(
+                api_client.put(url, {"value": step}, format="json", headers={HEADER: f"{wait}-{sid}-{step}"})
+            )
+
+        with serve("gunicorn", env, tmp_path / f"gunicorn{wait}.log") as server:
+
+            def idle_write(server: Server = server, token: str = token, path: str = idle_path) -> None:
+                sent(server.request("PUT", path, {"value": 1}, token=token, headers={HEADER: "idle-1"}))
+
+            for sid in session_ids:
+                sent(api_client.post(API + "sessions/", {"session_id": sid}, format="json"))
+            sent(server.request("POST", f"{API}sessions/", {"session_id": server_sid}, token=token))
+            sent(server.request("PUT", idle_path, {"value": 0}, token=token))
+            fresh = store_for(conf)
+            try:
+                primary = primary_of(request, [storage_id(OWNER, sid) for sid in session_ids])
+                runs[wait] = failover_with_writers(
+                    how, primary, session_ids, write, idle_write, fresh.for_owner(OWNER).get_all, request
+                )
+                assert fresh.for_owner(SERVER_OWNER).get(server_sid, "idle") == 1
+            finally:
+                fresh.close()
+    with capsys.disabled():
+        assert_figures("api", how, runs)
+
+
+def timed(call: Callable[..., Any], *args: Any, **options: Any) -> tuple[float, Any]:
+    """Seconds ``call(*args, **options)`` took, and what it returned or raised."""
+    start = time.monotonic()
+    try:
+        outcome = call(*args, **options)
+    except Exception as exc:  # noqa: BLE001 - the caller checks it
+        outcome = exc
+    return time.monotonic() - start, outcome
+
+
+@pytest.mark.parametrize("name", ["redis-cluster", "redis-sentinel"])
+def test_a_primary_without_its_replica_answers_at_once(name, settings, request, api_client):
+    """REDIS_WAIT_REPLICAS 1 with the primary's replica gone (killed: the primary sees it
+    leave): a write is applied and answers replicas_behind at once, not after the whole
+    REDIS_WAIT_TIMEOUT_MS, through the store, the API and the async bridge; its retry under
+    the same idempotency key applies nothing again, and once the replica is back it is
+    acknowledged, with everything acknowledged before still there."""
+    from persistent_memory.integrations.openai_agents import PersistentMemorySession
+
+    topology_conf(name, settings, request, REDIS_WAIT_REPLICAS=1, REDIS_WAIT_TIMEOUT_MS=TIMEOUT_MS)
+    store = get_store().for_owner(OWNER)
+    sid = "nr1"
+    primary = Primary(name, request, [storage_id(OWNER, sid)])
+    primary.wait_replicated()
+    acknowledged(store.create_session, sid, idempotency=Idempotency.of("create-nr1"))
+    acknowledged(store.put, sid, "before", 1, idempotency=Idempotency.of("put-before"))
+    stop_process(primary.replica(), signal.SIGKILL)
+    with primary.client() as client:
+        poll(lambda: not client.execute_command("ROLE")[2], "the primary to see its replica gone")
+    once = Idempotency.of("count-1")
+    half = TIMEOUT_MS / 2000
+    for _attempt in range(2):
+        seconds, outcome = timed(store.increment, sid, "counter", idempotency=once)
+        assert isinstance(outcome, ReplicasBehind), outcome
+        assert "0 of 1 replicas" in str(outcome) and "connected" in str(outcome)
+        assert seconds < half, f"{seconds:.2f} s"
+        assert store.get(sid, "counter") == 1  # applied on the primary, once
+    url = f"{API}sessions/{sid}/memory/city/"
+    city = {HEADER: "put-city"}
+    seconds, response = timed(api_client.put, url, {"value": "Paris"}, format="json", headers=city)
+    assert error_of(response) == (503, "replicas_behind")
+    assert seconds < half, f"{seconds:.2f} s"
+    session = PersistentMemorySession(sid, owner=OWNER)
+    seconds, outcome = timed(asyncio.run, session.add_items([{"role": "user", "content": "hello"}]))
+    assert isinstance(outcome, ReplicasBehind), outcome
+    assert seconds < half, f"{seconds:.2f} s"
+    print(f"\nNOREPLICA {name} replicas_behind after {seconds:.3f} s (timeout {TIMEOUT_MS} ms)")
+    primary.servers.heal()
+    with primary.client() as client:
+        poll(lambda: client.execute_command("ROLE")[2], "the replica to be online again")
+    assert acknowledged(store.increment, sid, "counter", idempotency=once) == 1
+    assert store.get(sid, "counter") == 1
+    assert store.get(sid, "before") == 1
+    assert store.get(sid, "city") == "Paris"
