@@ -44,8 +44,10 @@ from tests.test_redis_failover import Primary, acknowledged, healed  # noqa: F40
 
 pytestmark = pytest.mark.usefixtures("healed")
 
-#: Long on purpose: a write that waited it out would show.
+#: Long on purpose: a write that waited it out would show. The socket timeout is longer
+#: still, so that a read never times out first.
 TIMEOUT_MS = 10_000
+WAITING = {"REDIS_WAIT_TIMEOUT_MS": TIMEOUT_MS, "REDIS_SOCKET_TIMEOUT": 2 * TIMEOUT_MS / 1000}
 HOWS = ["cluster-failover", "kill"]
 
 
@@ -140,16 +142,18 @@ def fail_over(primary: Primary, how: str) -> float:
     return promoted
 
 
-def on_one_primary(request: pytest.FixtureRequest, count: int, name: Callable[[str], str]) -> list[str]:
-    """``count`` session ids whose storage ids (``name(sid)``) are in buckets of their own
-    on one primary (the first one's)."""
+def on_one_primary(
+    request: pytest.FixtureRequest, count: int, name: Callable[[str], str], prefix: str = "wf"
+) -> list[str]:
+    """``count`` session ids (``prefix`` and a number) whose storage ids (``name(sid)``) are
+    in buckets of their own on one primary (the first one's)."""
     cluster = request.getfixturevalue("redis_cluster")
     layout = Layout(get_store().backend.key_prefix, cluster=True)
     target = cluster.primaries()[0][1]
     chosen: list[str] = []
     roots: set[str] = set()
     for n in itertools.count():  # pragma: no branch - ends by returning
-        sid = f"wf{n}"
+        sid = f"{prefix}{n}"
         root = layout.root_of(name(sid))
         if root not in roots and cluster.primary_for_key(root)[1] == target:
             chosen.append(sid)
@@ -255,7 +259,7 @@ def test_a_store_with_wait_goes_on_through_a_failover(how, settings, request, ca
             settings,
             request,
             REDIS_WAIT_REPLICAS=wait,
-            REDIS_WAIT_TIMEOUT_MS=TIMEOUT_MS,
+            **WAITING,
         )
         session_ids = on_one_primary(request, 3, str)
         store, idle, fresh = store_for(conf), store_for(conf), store_for(conf)
@@ -304,11 +308,9 @@ def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tm
     first write once the cluster is whole."""
     runs = {}
     for wait in (0, 1):
-        conf = topology_conf(
-            "redis-cluster", settings, request, REDIS_WAIT_REPLICAS=wait, REDIS_WAIT_TIMEOUT_MS=TIMEOUT_MS
-        )
-        session_ids = on_one_primary(request, 3, lambda sid: storage_id(OWNER, sid))
-        (server_sid,) = on_one_primary(request, 1, lambda sid: storage_id(SERVER_OWNER, sid))
+        conf = topology_conf("redis-cluster", settings, request, REDIS_WAIT_REPLICAS=wait, **WAITING)
+        session_ids = on_one_primary(request, 3, lambda sid: storage_id(OWNER, sid), f"w{wait}-")
+        (server_sid,) = on_one_primary(request, 1, lambda sid: storage_id(SERVER_OWNER, sid), f"s{wait}-")
         env = demo_env(
             DATABASE_URL=f"sqlite:///{tmp_path / f'db{wait}.sqlite3'}",
             DJANGO_SETTINGS_MODULE="tests.settings_cluster_wait",
@@ -370,7 +372,7 @@ def test_a_primary_without_its_replica_answers_at_once(name, settings, request, 
     acknowledged, with everything acknowledged before still there."""
     from persistent_memory.integrations.openai_agents import PersistentMemorySession
 
-    topology_conf(name, settings, request, REDIS_WAIT_REPLICAS=1, REDIS_WAIT_TIMEOUT_MS=TIMEOUT_MS)
+    topology_conf(name, settings, request, REDIS_WAIT_REPLICAS=1, **WAITING)
     store = get_store().for_owner(OWNER)
     sid = "nr1"
     primary = Primary(name, request, [storage_id(OWNER, sid)])
@@ -405,3 +407,36 @@ def test_a_primary_without_its_replica_answers_at_once(name, settings, request, 
     assert store.get(sid, "counter") == 1
     assert store.get(sid, "before") == 1
     assert store.get(sid, "city") == "Paris"
+
+
+def test_a_user_refused_role_still_waits_for_its_replicas(settings, request, redis_cluster):
+    """ROLE is an @admin command: for a Redis user without it (an ACL, a managed service)
+    the first write learns that from the refusal and WAIT alone decides from then on, as
+    before: a write with its replica is acknowledged, one without waits out the timeout."""
+    user = ("waiter", "pw-for-tests")
+    for port in redis_cluster.alive():
+        with redis_cluster.node(port) as node:
+            node.acl_setuser(user[0], enabled=True, passwords=[f"+{user[1]}"], keys="*", channels="*",
+                             commands=["+@all", "-role"])  # fmt: skip
+    try:
+        url = redis_cluster.url.replace("redis://", f"redis://{user[0]}:{user[1]}@")
+        topology_conf("redis-cluster", settings, request, REDIS_WAIT_REPLICAS=1, REDIS_WAIT_TIMEOUT_MS=300)
+        settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "REDIS_URL": url}
+        store = get_store()
+        primary = Primary("redis-cluster", request, ["acl1"])
+        primary.wait_replicated()
+        acknowledged(store.create_session, "acl1", idempotency=Idempotency.of("create-acl1"))
+        assert store.backend._ask_role is False
+        acknowledged(store.put, "acl1", "k", 1, idempotency=Idempotency.of("put-k"))
+        stop_process(primary.replica(), signal.SIGKILL)
+        with primary.client() as client:
+            poll(lambda: not client.execute_command("ROLE")[2], "the primary to see its replica gone")
+        seconds, outcome = timed(store.put, "acl1", "k", 2)
+        assert isinstance(outcome, ReplicasBehind), outcome
+        assert "within 300 ms" in str(outcome)
+        assert seconds >= 0.3  # WAIT waited: nothing told the store the replica was gone
+        assert store.get("acl1", "k") == 2
+    finally:
+        for port in redis_cluster.alive():  # a killed node comes back without the user
+            with redis_cluster.node(port) as node:
+                node.acl_deluser(user[0])
