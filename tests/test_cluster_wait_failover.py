@@ -27,8 +27,6 @@ from typing import Any
 
 import pytest
 from redis.crc import key_slot
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from persistent_memory import get_store
 from persistent_memory.backends.redis_layout import Layout
@@ -38,9 +36,9 @@ from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.redis_topologies import TIMEOUT, poll, stop_process
 from tests.servers import Server, demo_env, prepare_database, serve
-from tests.test_api import API, OWNER, USER_PK, error_of
+from tests.test_api import API, OWNER, error_of
 from tests.test_cluster_concurrency import store_for, topology_conf
-from tests.test_redis_failover import Primary, acknowledged, healed  # noqa: F401 - a fixture
+from tests.test_redis_failover import Primary, acknowledged, api_client, healed  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("healed")
 
@@ -286,26 +284,17 @@ def test_a_store_with_wait_goes_on_through_a_failover(how, settings, request, ca
         assert_figures("store", how, runs)
 
 
-@pytest.fixture
-def api_client(transactional_db: Any) -> APIClient:
-    """DRF's client as tests.test_api's user; committed, so that the writer thread sees it."""
-    from django.contrib.auth import get_user_model
-
-    user = get_user_model().objects.create_user("waitfailover", password="pw-for-tests", pk=USER_PK)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
-
-
 #: The owner of the server process's token: the first user of its fresh database.
 SERVER_OWNER = "user:1"
 
 
+@pytest.mark.usefixtures("transactional_db")  # api_client's user committed: the writer thread sees it
 @pytest.mark.parametrize("how", HOWS)
-def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tmp_path, api_client, capsys):
+def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tmp_path, capsys):
     """Over the API: with WAIT 0 then 1, a writer on DRF's client in this process goes on
     through the failover, and a gunicorn started before it, idle through it, answers its
     first write once the cluster is whole."""
+    api = request.getfixturevalue("api_client")
     runs = {}
     for wait in (0, 1):
         conf = topology_conf("redis-cluster", settings, request, REDIS_WAIT_REPLICAS=wait, **WAITING)
@@ -327,9 +316,7 @@ def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tm
 
         def write(sid: str, step: int, wait: int = wait) -> None:
             url = f"{API}sessions/{sid}/memory/k{step}/"
-            sent(
-                api_client.put(url, {"value": step}, format="json", headers={HEADER: f"{wait}-{sid}-{step}"})
-            )
+            sent(api.put(url, {"value": step}, format="json", headers={HEADER: f"{wait}-{sid}-{step}"}))
 
         with serve("gunicorn", env, tmp_path / f"gunicorn{wait}.log") as server:
 
@@ -337,7 +324,7 @@ def test_the_api_with_wait_goes_on_through_a_failover(how, settings, request, tm
                 sent(server.request("PUT", path, {"value": 1}, token=token, headers={HEADER: "idle-1"}))
 
             for sid in session_ids:
-                sent(api_client.post(API + "sessions/", {"session_id": sid}, format="json"))
+                sent(api.post(API + "sessions/", {"session_id": sid}, format="json"))
             sent(server.request("POST", f"{API}sessions/", {"session_id": server_sid}, token=token))
             sent(server.request("PUT", idle_path, {"value": 0}, token=token))
             fresh = store_for(conf)
@@ -363,8 +350,9 @@ def timed(call: Callable[..., Any], *args: Any, **options: Any) -> tuple[float, 
     return time.monotonic() - start, outcome
 
 
+@pytest.mark.usefixtures("transactional_db")
 @pytest.mark.parametrize("name", ["redis-cluster", "redis-sentinel"])
-def test_a_primary_without_its_replica_answers_at_once(name, settings, request, api_client):
+def test_a_primary_without_its_replica_answers_at_once(name, settings, request):
     """REDIS_WAIT_REPLICAS 1 with the primary's replica gone (killed: the primary sees it
     leave): a write is applied and answers replicas_behind at once, not after the whole
     REDIS_WAIT_TIMEOUT_MS, through the store, the API and the async bridge; its retry under
@@ -372,6 +360,7 @@ def test_a_primary_without_its_replica_answers_at_once(name, settings, request, 
     acknowledged, with everything acknowledged before still there."""
     from persistent_memory.integrations.openai_agents import PersistentMemorySession
 
+    api = request.getfixturevalue("api_client")
     topology_conf(name, settings, request, REDIS_WAIT_REPLICAS=1, **WAITING)
     store = get_store().for_owner(OWNER)
     sid = "nr1"
@@ -386,13 +375,13 @@ def test_a_primary_without_its_replica_answers_at_once(name, settings, request, 
     half = TIMEOUT_MS / 2000
     for _attempt in range(2):
         seconds, outcome = timed(store.increment, sid, "counter", idempotency=once)
+        assert seconds < half, f"{seconds:.2f} s"
         assert isinstance(outcome, ReplicasBehind), outcome
         assert "0 of 1 replicas" in str(outcome) and "connected" in str(outcome)
-        assert seconds < half, f"{seconds:.2f} s"
         assert store.get(sid, "counter") == 1  # applied on the primary, once
     url = f"{API}sessions/{sid}/memory/city/"
     city = {HEADER: "put-city"}
-    seconds, response = timed(api_client.put, url, {"value": "Paris"}, format="json", headers=city)
+    seconds, response = timed(api.put, url, {"value": "Paris"}, format="json", headers=city)
     assert error_of(response) == (503, "replicas_behind")
     assert seconds < half, f"{seconds:.2f} s"
     session = PersistentMemorySession(sid, owner=OWNER)
