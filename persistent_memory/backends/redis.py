@@ -31,7 +31,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
@@ -203,6 +203,23 @@ _READS = frozenset(
 _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
+#: Redirects a write that waits for replicas follows by hand before it gives up (see
+#: RedisBackend._resend); the cluster client's own limit is 16.
+_REDIRECT_LIMIT = 5
+
+
+#: What RedisBackend._packet_replies asks of its reader: the next reply, or to drop the connection.
+_READ = object()
+_DROP = object()
+
+
+def _online(role: list[Any]) -> int | None:
+    """The replicas a primary's ROLE reply lists (those online, the ones WAIT counts), or
+    None for a replica's."""
+    kind = role[0].decode() if isinstance(role[0], bytes) else role[0]
+    return len(role[2]) if kind == "master" else None
+
+
 def _ttl_text(ttl_seconds: float | None) -> str:
     # The node writes "None" for no TTL and a number otherwise.
     return "None" if ttl_seconds is None else repr(ttl_seconds)
@@ -284,6 +301,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         )
         self._sha = client.register_script(SCRIPT).sha
         self._loops: Any = None  # redis_bridge.LoopClients, made by the first async call
+        self._ask_role = True  # ROLE beside a write that waits for replicas (see _packet)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
@@ -429,9 +447,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             finally:
                 pool.release(connection)
                 if side is not None:
-                    self._receive(aside, wait, *side)
-        except _REDIRECTS:
-            return self._redirected(command, wait)
+                    self._receive(aside, *side)
+        except _REDIRECTS as redirect:
+            return self._redirected(command, wait, redirect)
         except (redis.RedisError, RedisClusterException) as exc:
             with self._errors():
                 raise exc
@@ -470,52 +488,92 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             with self._errors():
                 raise exc from None
 
-    def _send(self, command: tuple[Any, ...], wait: int) -> tuple[redis.ConnectionPool, redis.Connection]:
+    def _send(
+        self, command: tuple[Any, ...], wait: int
+    ) -> tuple[redis.ConnectionPool, redis.Connection, list[tuple[Any, ...]]]:
         """Send a plain command (with its WAIT) on its key's primary; :meth:`_receive` reads."""
         pool = self._pool(command[1])
         connection = pool.get_connection()
+        packet = self._packet(command, wait)
         try:
-            commands = [command, ("WAIT", wait, self.wait_timeout_ms)] if wait else [command]
-            connection.send_packed_command(connection.pack_commands(commands))
+            connection.send_packed_command(connection.pack_commands(packet))
         except BaseException:
             connection.disconnect()
             pool.release(connection)
             raise
-        return pool, connection
+        return pool, connection, packet
 
     def _receive(
-        self, command: tuple[Any, ...], wait: int, pool: redis.ConnectionPool, connection: redis.Connection
+        self,
+        command: tuple[Any, ...],
+        pool: redis.ConnectionPool,
+        connection: redis.Connection,
+        packet: list[tuple[Any, ...]],
     ) -> None:
         """The replies of :meth:`_send`. The command is one that may run twice (the run
         pointer's SET): once the script beside it has been applied, a lost reply is not
-        worth a 503, so it is sent again once, through the cluster client."""
+        worth a 503, so it is sent again once, where the cluster now says its key lives."""
         try:
-            connection.read_response()
-            if wait:
-                self._check_replicas(connection.read_response())
+            self._read_packet(connection, packet)
             return
-        except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError):
+        except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError) as exc:
             connection.disconnect()
+            redirect = exc if isinstance(exc, _REDIRECTS) else None
         finally:
             pool.release(connection)
-        self._refresh_slots()
-        self.client.execute_command(*command)
-        if wait:
-            node = self.client.get_node_from_key(command[1]) if self.on_cluster else None
-            options = {"target_nodes": node} if node else {}
-            self._check_replicas(self.client.execute_command("WAIT", wait, self.wait_timeout_ms, **options))
+        wait = packet[-1][1] if packet[-1][0] == "WAIT" else 0
+        if redirect is None:
+            self._refresh_slots()
+        with self._errors():  # a redirect raised here is not the script's: it must not resend it
+            self._resend(command, 1, wait, redirect)
 
-    def _redirected(self, command: tuple[Any, ...], wait: int) -> Any:
+    def _redirected(self, command: tuple[Any, ...], wait: int, redirect: redis.ResponseError) -> Any:
         """A command a cluster node did not run (the slot moved, or is moving): the cluster
-        client sends it where it belongs (ASKING included) and learns the new slot map."""
+        client sends it where it belongs (ASKING included) and learns the new slot map.
+        With WAIT, the command is sent again by hand instead (:meth:`_resend`)."""
         with self._errors():
-            reply = self._via_cluster_client(command)
             if wait:
-                node = self.client.get_node_from_key(command[3])
-                self._check_replicas(
-                    self.client.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
-                )
-            return reply
+                return self._resend(command, 3, wait, redirect)
+            return self._via_cluster_client(command)
+
+    def _resend(
+        self, command: tuple[Any, ...], key_at: int, wait: int, redirect: redis.ResponseError | None
+    ) -> Any:
+        """``command`` (its key at ``key_at``) sent again where ``redirect`` points, its WAIT
+        in the same packet: WAIT counts the replicas that have the writes of its own
+        connection, so it cannot follow on another one. MOVED (a failover, or a finished
+        migration) patches the slot map, as the cluster client does; ASK is followed with
+        ASKING; TRYAGAIN and CLUSTERDOWN mean nothing ran: the map is read again and the
+        caller told to retry."""
+        for _ in range(_REDIRECT_LIMIT):
+            asking = isinstance(redirect, AskError)
+            if isinstance(redirect, MovedError):
+                self.client.nodes_manager.move_slot(redirect)
+            elif redirect is not None and not asking:
+                self._refresh_slots()
+                raise redirect
+            if asking:
+                node = self.client.get_node(host=redirect.host, port=redirect.port)
+                if node is None:  # a node the map does not know yet
+                    self._refresh_slots()
+                    raise redirect
+                pool = self.client.get_redis_connection(node).connection_pool
+            else:
+                pool = self._pool(command[key_at])
+            connection = pool.get_connection()
+            try:
+                return self._exchange(connection, command, wait, asking=asking)
+            except _REDIRECTS as exc:
+                redirect = exc
+            except redis.ResponseError:
+                raise  # whole replies were read: the connection is fine
+            except BaseException:
+                connection.disconnect()
+                raise
+            finally:
+                pool.release(connection)
+        self._refresh_slots()
+        raise redirect
 
     def _via_cluster_client(self, command: tuple[Any, ...]) -> Any:
         try:
@@ -537,8 +595,10 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             with suppress(redis.RedisError, RedisClusterException):  # the next call finds out
                 self.client.nodes_manager.initialize()
 
-    def _exchange(self, connection: redis.Connection, command: tuple[Any, ...], wait: int) -> Any:
-        if not wait:
+    def _exchange(
+        self, connection: redis.Connection, command: tuple[Any, ...], wait: int, *, asking: bool = False
+    ) -> Any:
+        if not wait and not asking:
             connection.send_packed_command(_pack(connection, command))
             try:
                 return connection.read_response()
@@ -546,20 +606,81 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
                 connection.send_command("SCRIPT", "LOAD", SCRIPT)
                 connection.read_response()
                 return self._exchange(connection, command, wait)
-        connection.send_packed_command(
-            connection.pack_commands([command, ("WAIT", wait, self.wait_timeout_ms)])
-        )
+        packet = self._packet(command, wait, asking=asking)
+        connection.send_packed_command(connection.pack_commands(packet))
         try:
-            reply = connection.read_response()
-        except redis.exceptions.NoScriptError:
-            connection.read_response()  # WAIT's reply: nothing was written
+            return self._read_packet(connection, packet)
+        except redis.exceptions.NoScriptError:  # a restarted or flushed server, or one new to the slot
             connection.send_command("SCRIPT", "LOAD", SCRIPT)
             connection.read_response()
-            return self._exchange(connection, command, wait)
-        except redis.ResponseError:
-            connection.read_response()
-            raise
-        self._check_replicas(connection.read_response())
+            return self._exchange(connection, command, wait, asking=asking)
+
+    def _packet(self, command: tuple[Any, ...], wait: int, *, asking: bool = False) -> list[tuple[Any, ...]]:
+        """``command`` and what goes in its packet: ASKING before it when ``asking``; with
+        ``wait``, WAIT after it, and ROLE first (the replicas connected to the primary: with
+        fewer than ``wait``, WAIT would only wait out its timeout)."""
+        packet = [("ASKING",), command] if asking else [command]
+        if wait:
+            packet.append(("WAIT", wait, self.wait_timeout_ms))
+            if self._ask_role:
+                packet.insert(0, ("ROLE",))
+        return packet
+
+    def _read_packet(self, connection: redis.Connection, packet: list[tuple[Any, ...]]) -> Any:
+        """The replies of :meth:`_packet` on ``connection`` (see :meth:`_packet_replies`)."""
+        steps = self._packet_replies(packet)
+        try:
+            step = next(steps)
+            while True:
+                if step is _DROP:
+                    connection.disconnect()
+                    step = steps.send(None)
+                    continue
+                try:
+                    reply = connection.read_response()
+                except redis.ResponseError as exc:
+                    reply = exc
+                step = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+
+    def _packet_replies(self, packet: list[tuple[Any, ...]]) -> Generator[object, Any, Any]:
+        """What to do with the replies of :meth:`_packet`, for a sync or an async reader: it
+        yields _READ for the next reply (an error is sent in as a value) or _DROP to drop the
+        connection, and returns the command's reply. It raises the command's error, or
+        ReplicasBehind when fewer replicas than WAIT asked for have the write. Every reply
+        is read, or the connection dropped, before anything is raised, and the command's
+        error wins over WAIT's (a demoted primary answers MOVED, then refuses WAIT: the
+        MOVED is what the caller must follow)."""
+        role = packet[0][0] == "ROLE"
+        wait = packet[-1][1] if packet[-1][0] == "WAIT" else 0
+        online = None
+        if role:
+            answer = yield _READ
+            if isinstance(answer, redis.ResponseError):  # an ACL without @admin, a managed service
+                self._ask_role = False  # WAIT alone decides from now on
+            else:
+                online = _online(answer)
+        reply: Any = None
+        error: redis.ResponseError | None = None
+        for _ in range(len(packet) - int(role) - int(bool(wait))):  # ASKING's and the command's
+            reply = yield _READ
+            if isinstance(reply, redis.ResponseError):
+                error = reply
+        if wait and online is not None and online < wait:
+            # Its WAIT cannot be met: it would hold the connection for its whole timeout,
+            # so the connection goes, and the WAIT with it.
+            yield _DROP
+            if error is not None:
+                raise error
+            self._check_replicas(online, connected=True)
+        acknowledged = (yield _READ) if wait else None
+        if error is not None:
+            raise error
+        if isinstance(acknowledged, redis.ResponseError):
+            raise acknowledged
+        if wait:
+            self._check_replicas(acknowledged)
         return reply
 
     def _exchange_tail(self, connection: redis.Connection, command: tuple[Any, ...], seen: str) -> Any:
@@ -577,13 +698,22 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             connection.read_response()
             return self._exchange_tail(connection, command, seen)
 
-    def _check_replicas(self, acknowledged: int) -> None:
-        if acknowledged < self.wait_replicas:
-            raise ReplicasBehind(
-                f"The write reached {acknowledged} of {self.wait_replicas} replicas within "
-                f"{self.wait_timeout_ms} ms (REDIS_WAIT_REPLICAS). It may be applied: retry it "
-                "with the same Idempotency-Key."
+    def _check_replicas(self, acknowledged: int, *, connected: bool = False) -> None:
+        """ReplicasBehind unless ``acknowledged`` replicas are enough; ``connected``: the
+        count is of the replicas connected to the primary, so WAIT was not waited for."""
+        if acknowledged >= self.wait_replicas:
+            return
+        if connected:
+            reached = (
+                f"{acknowledged} of {self.wait_replicas} replicas (REDIS_WAIT_REPLICAS) are "
+                "connected to the primary: the write was not waited for."
             )
+        else:
+            reached = (
+                f"The write reached {acknowledged} of {self.wait_replicas} replicas within "
+                f"{self.wait_timeout_ms} ms (REDIS_WAIT_REPLICAS)."
+            )
+        raise ReplicasBehind(f"{reached} It may be applied: retry it with the same Idempotency-Key.")
 
     def _batch(self, commands: list[tuple[Any, ...]], key_at: int = 1) -> list[Any]:
         """``commands`` pipelined to the primaries their keys (at ``key_at``) belong to, sent to

@@ -38,7 +38,15 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis import _READS, _REDIRECTS, SCRIPT, _pack_all, tail_read, tail_reply
+from persistent_memory.backends.redis import (
+    _DROP,
+    _READS,
+    _REDIRECTS,
+    SCRIPT,
+    _pack_all,
+    tail_read,
+    tail_reply,
+)
 from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
@@ -248,6 +256,25 @@ async def _beside_tail(connection: Any, command: tuple[Any, ...], tail: str) -> 
         return await _beside_tail(connection, command, tail)
 
 
+async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
+    """``RedisBackend._read_packet`` on an asyncio connection."""
+    steps = backend._packet_replies(packet)
+    try:
+        step = next(steps)
+        while True:
+            if step is _DROP:
+                await connection.disconnect()
+                step = steps.send(None)
+                continue
+            try:
+                reply = await connection.read_response()
+            except redis.ResponseError as exc:
+                reply = exc
+            step = steps.send(reply)
+    except StopIteration as done:
+        return done.value
+
+
 async def exchange(
     backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int, tail: str | None = None
 ) -> Any:
@@ -283,23 +310,15 @@ async def exchange(
         while True:
             if tail is not None:
                 return await _beside_tail(connection, command, tail)
-            commands = [command, ("WAIT", wait, backend.wait_timeout_ms)] if wait else [command]
-            await _send(connection, _pack_all(connection, commands))
+            packet = backend._packet(command, wait)
+            await _send(connection, _pack_all(connection, packet))
             try:
-                reply = await connection.read_response()
+                if not wait:
+                    return await connection.read_response()
+                return await _read_packet(backend, connection, packet)
             except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                if wait:
-                    await connection.read_response()  # WAIT's: nothing was written
                 await connection.send_command("SCRIPT", "LOAD", SCRIPT)
                 await connection.read_response()
-                continue
-            except redis.ResponseError:
-                if wait:
-                    await connection.read_response()
-                raise
-            if wait:
-                backend._check_replicas(await connection.read_response())
-            return reply
     except redis.ResponseError:
         raise  # whole replies were read: the connection is fine
     except BaseException:
