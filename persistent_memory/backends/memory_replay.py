@@ -417,6 +417,7 @@ CHECKS: dict[str, tuple[int, int, Callable[..., None]]] = {
     "cp_writes": (4, 4, _cp_writes),
     "cp_prune": (1, 1, _cp_prune),
     "cp_load": (2, 2, _cp_load),
+    "cp_replace": (2, 2, _cp_load),
 }
 
 
