@@ -865,6 +865,7 @@ def every_write(store: MemoryStore) -> None:
     store.put_checkpoint("graph", "", "cp2", "two", refs=[ref])
     assert store.prune_checkpoints("graph") == 1
     store.load_checkpoint_entries("graph2", store.checkpoint_entries("graph"))
+    store.load_checkpoint_entries("graph2", store.checkpoint_entries("graph"), replace=True)  # copy_thread
     backend.restore_session(backend.snapshots(["node"])["node"], replace=True)
     backend.checkpoint()  # rotates: the live run bindings go to the new segment
 
