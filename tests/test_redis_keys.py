@@ -1,25 +1,31 @@
-"""Which keys the Redis backend writes, checked on real servers.
+"""Which keys the Redis backend's scripts touch, checked on real servers.
 
-1. Every EVALSHA declares its keys. The backend's calls are sent one at a time and each is
-   matched with the keys Redis reports written by it (keyspace notifications, read up to a
-   mark of ours). A key a call names from its arguments (the value key of put, increment and
-   clear, the conversation of a conversation operation or lane, the run binding of a lane) is
-   declared in its KEYS. Any other key it writes is declared, or named from what Redis
-   stores under the call's root (``KEYS[8]`` less ``:__sessions__``):
+1. Every EVALSHA declares every key it touches, reads included. The backend's calls are sent
+   one at a time and each is matched with the keys Redis reports written by it (keyspace
+   notifications) and the keys of every command the script ran (MONITOR, each command's keys
+   found by COMMAND GETKEYS), both read up to a mark of ours. The workload calls every
+   operation of the script (a test fails when one is not called), on both layouts, with
+   idle expiries pushed, an owner at its cap and reads that refresh. A key a call names from
+   its arguments (the value key of put, increment and clear, the conversation of a
+   conversation operation or lane, the run binding of a lane, the ids the sweep is given and
+   the sessions of the keys it is given) is declared in its KEYS, and so is every fixed key
+   of the call's own session (``__meta__``, ``__keys__``, ``__history__``, ``~runs``,
+   ``~convs``, ``~cp``, ``~cpi``). Any other key it touches is declared, or named from what
+   Redis stores under the call's root (``KEYS[8]`` less ``:__sessions__``), the exceptions
+   docs/reference/redis-layout.md lists:
 
-   * the fixed keys (``__meta__``, ``__keys__``, ``__history__``, ``~runs``, ``~convs``) of
-     the call's session (ARGV[3]), of an id a declared index set holds (``__sessions__``,
-     ``~owned``, a namespace's ``:sessions``/``:names``) before or after the call, or of the
-     session the declared run binding names;
-   * such a session's value keys that its ``__keys__`` set held before the call;
+   * the fixed keys of another session, an id a declared index set holds (``__sessions__``,
+     ``~owned``, a namespace's ``:sessions``/``:names``) before or after the call (a listing,
+     an owner's cap), or the session a declared run binding names;
+   * a session's value keys that its ``__keys__`` set held before the call;
    * its conversation keys (``~c:{name}`` and its suffixes), ``name`` in its ``~convs`` before;
    * run bindings (``~run:{id}``, ``~o:{owner}~:run:{id}``) in a ``~runs`` index;
    * the listing sets of the namespace of an id a declared index set holds;
-   * one exception, in the node layout only: an answer given only its run. Its session
-     comes from the binding, so that session's answer keys and the keys of the conversation
-     it records into cannot be declared.
+   * in the node layout only, an answer given only its run: its session comes from the
+     binding, so that session's answer keys and the keys of the conversation it records
+     into cannot be declared.
 
-   In the cluster layout, besides: every key a call declares or writes is in one slot. The
+   In the cluster layout, besides: every key a call declares or touches is in one slot. The
    only writes outside the backend's script are the cluster layout's run pointer (a SET of
    ``{prefix}:{run ref}``, in its own slot, see ``redis_layout``) and the sweep's
    compare-and-delete of a pointer whose binding has gone (an EVAL declaring it).
@@ -331,7 +337,7 @@ class WriteRecorder:
 
 
 def named_from_storage(key: str, call: Call) -> str | None:
-    """Why ``key``, written by ``call`` and not declared, may be written (see the module's
+    """Why ``key``, touched by ``call`` and not declared, may be touched (see the module's
     docstring), or None when nothing the call names or Redis holds leads to it."""
     root = call.root
     if not key.startswith(root + ":"):
@@ -413,6 +419,11 @@ def named_by_arguments(call: Call, layout: Layout) -> set[str]:
             namespace = re.match(r"~o:[^~]+~", given)
             listing = f"{call.root}:{namespace.group(0)}:" if namespace else f"{call.root}:~"
             named.update((listing + "sessions", listing + "names"))
+    # The keys a call is given (the sweep's, from KEYS[28] on): their sessions' metas.
+    for given in call.keys[27:]:
+        parts = SESSION_KEY.fullmatch(_below_root(given))
+        if parts:
+            named.add(f"{call.root}:{parts.group(1)}:__meta__")
     if not sid:  # an answer by run alone (node layout): see named_from_storage
         return named
     if op in VALUE_ARGUMENT and argument(VALUE_ARGUMENT[op]):
