@@ -82,15 +82,20 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9_-]+|~o:[^~]+~[A-Za-z0-9_-]+")
 def swept(rest: str) -> tuple[str, str | None]:
     """What the sweep makes of a key whose name below its root is ``rest``: ``("b", None)``
     a run binding (its session is what it holds), ``("i", id)`` session ``id``'s run index,
-    ``("k", id)`` another key of session ``id``, ``("", None)`` no session's (an index, a
-    queue, an idempotency record, another deployment's key)."""
+    ``("k", id)`` another key of session ``id`` (a value, the fixed keys, a conversation's,
+    the checkpoints), ``("", None)`` none of a session's: the indexes and queues, the
+    idempotency records (they belong to no session and expire on their own), and anything
+    else, such as another deployment's key whose prefix starts with ours (not ours to touch)."""
     if _RUN_BINDING.fullmatch(rest):
         return "b", None
     if _IDEMPOTENCY_RECORD.match(rest):
         return "", None
     conversation = _CONVERSATION_KEY.match(rest)
-    parts = None if conversation else _SESSION_KEY.fullmatch(rest)
-    session, name = (conversation.group(1), "") if conversation else parts.groups() if parts else ("", "")
+    if conversation:
+        session, name = conversation.group(1), ""
+    else:
+        parts = _SESSION_KEY.fullmatch(rest)
+        session, name = parts.groups() if parts else ("", "")
     if name == "__sessions__" or not _SESSION_ID.fullmatch(session):
         return "", None
     return ("i" if name == "~runs" else "k"), session
