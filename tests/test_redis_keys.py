@@ -1,25 +1,31 @@
-"""Which keys the Redis backend writes, checked on real servers.
+"""Which keys the Redis backend's scripts touch, checked on real servers.
 
-1. Every EVALSHA declares its keys. The backend's calls are sent one at a time and each is
-   matched with the keys Redis reports written by it (keyspace notifications, read up to a
-   mark of ours). A key a call names from its arguments (the value key of put, increment and
-   clear, the conversation of a conversation operation or lane, the run binding of a lane) is
-   declared in its KEYS. Any other key it writes is declared, or named from what Redis
-   stores under the call's root (``KEYS[8]`` less ``:__sessions__``):
+1. Every EVALSHA declares every key it touches, reads included. The backend's calls are sent
+   one at a time and each is matched with the keys Redis reports written by it (keyspace
+   notifications) and the keys of every command the script ran (MONITOR, each command's keys
+   found by COMMAND GETKEYS), both read up to a mark of ours. The workload calls every
+   operation of the script (a test fails when one is not called), on both layouts, with
+   idle expiries pushed, an owner at its cap and reads that refresh. A key a call names from
+   its arguments (the value key of put, increment and clear, the conversation of a
+   conversation operation or lane, the run binding of a lane, the ids the sweep is given and
+   the sessions of the keys it is given) is declared in its KEYS, and so is every fixed key
+   of the call's own session (``__meta__``, ``__keys__``, ``__history__``, ``~runs``,
+   ``~convs``, ``~cp``, ``~cpi``). Any other key it touches is declared, or named from what
+   Redis stores under the call's root (``KEYS[8]`` less ``:__sessions__``), the exceptions
+   docs/reference/redis-layout.md lists:
 
-   * the fixed keys (``__meta__``, ``__keys__``, ``__history__``, ``~runs``, ``~convs``) of
-     the call's session (ARGV[3]), of an id a declared index set holds (``__sessions__``,
-     ``~owned``, a namespace's ``:sessions``/``:names``) before or after the call, or of the
-     session the declared run binding names;
-   * such a session's value keys that its ``__keys__`` set held before the call;
+   * the fixed keys of another session, an id a declared index set holds (``__sessions__``,
+     ``~owned``, a namespace's ``:sessions``/``:names``) before or after the call (a listing,
+     an owner's cap), or the session a declared run binding names;
+   * a session's value keys that its ``__keys__`` set held before the call;
    * its conversation keys (``~c:{name}`` and its suffixes), ``name`` in its ``~convs`` before;
    * run bindings (``~run:{id}``, ``~o:{owner}~:run:{id}``) in a ``~runs`` index;
    * the listing sets of the namespace of an id a declared index set holds;
-   * one exception, in the node layout only: an answer given only its run. Its session
-     comes from the binding, so that session's answer keys and the keys of the conversation
-     it records into cannot be declared.
+   * in the node layout only, an answer given only its run: its session comes from the
+     binding, so that session's answer keys and the keys of the conversation it records
+     into cannot be declared.
 
-   In the cluster layout, besides: every key a call declares or writes is in one slot. The
+   In the cluster layout, besides: every key a call declares or touches is in one slot. The
    only writes outside the backend's script are the cluster layout's run pointer (a SET of
    ``{prefix}:{run ref}``, in its own slot, see ``redis_layout``) and the sweep's
    compare-and-delete of a pointer whose binding has gone (an EVAL declaring it).
@@ -57,12 +63,17 @@ from tests.timing import LIVE_TTL, wait_past
 PREFIX = "rr:memory"
 #: Long enough that nothing expires while test 1 runs (an expiry is a write of no call's).
 LONG_TTL = 3600
+#: An idle TTL that a call pushes once a tenth of a second has passed (see touch() in
+#: windows.lua); a session idle that long may expire, which test 1 allows.
+IDLE_TTL = 10
 OWNERS = ("", "user:a", "user:b")
 CONVERSATIONS = ("default", "side")
 MARK = "pm-test:mark"
+#: Every operation of the script (its dispatch: ``op == '...'``).
+SCRIPT_OPERATIONS = set(re.findall(r"(?<![.\w])op == '(\w+)'", SCRIPT))
 #: The value keys the answer lane writes, named by the script, not declared.
 ANSWER_KEYS = ("last_answer", "answer_count")
-FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs")
+FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs", "~cp", "~cpi")
 RUN_REF = re.compile(r"(~run:[\w-]+|~o:[^~]+~:run:[\w-]+)")
 INDEX = re.compile(r"(~sessions|~names|__sessions__|~owned|(~o:[^~]+~):(sessions|names))")
 SESSION_KEY = re.compile(r"(~o:[^~]+~[\w-]+|[\w-]+):(.+)")
@@ -121,14 +132,48 @@ def stored(client: redis.Redis, root: str) -> Stored:
 # 1. Every EVALSHA call declares its keys ------------------------------------------------
 
 
+#: A line of MONITOR: '{time} [{db} {client}] "{command}" "{argument}" ...' (client "lua"
+#: for a command a script ran), each argument quoted and escaped as sdscatrepr does.
+MONITOR_LINE = re.compile(r"[\d.]+ \[\d+ ([^\]]*)\] (.*)", re.DOTALL)
+MONITOR_ARGUMENT = re.compile(r'"((?:[^"\\]|\\.)*)"', re.DOTALL)
+_ESCAPED = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "a": "\a", "b": "\b"}
+
+
+def _unescape(argument: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        escaped = match.group(1)
+        return chr(int(escaped[1:], 16)) if len(escaped) == 3 else _ESCAPES.get(escaped, escaped)
+
+    return _ESCAPED.sub(one, argument)
+
+
+def command_keys(client: redis.Redis, commands: list[list[str]]) -> set[str]:
+    """The keys ``commands`` name, as the server finds them (COMMAND GETKEYS, which knows
+    every command's key positions); commands with no key (TIME) give none."""
+    commands = [command for command in commands if len(command) > 1]  # TIME: none, and GETKEYS refuses it
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command("COMMAND GETKEYS", *command)
+    keys: set[str] = set()
+    for command, reply in zip(commands, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, redis.ResponseError):
+            assert "no key arguments" in str(reply), (command, reply)
+            continue
+        keys.update(_text(key) for key in reply)
+    return keys
+
+
 @dataclass
 class Call:
-    """One EVALSHA: its KEYS and ARGV, the keys Redis reported written, what was stored
-    before and after it."""
+    """One EVALSHA: its KEYS and ARGV, the keys Redis reported written, the keys of every
+    command it ran (reads included) and those commands, what was stored before and after it."""
 
     keys: list[str]
     argv: list[str]
     written: set[str]
+    touched: set[str]
+    commands: list[list[str]]
     before: Stored
     after: Stored
 
@@ -168,12 +213,17 @@ class WriteRecorder:
         self.replies: dict[int, Any] = {}
         monkeypatch.setattr(backend, "_send", self._send(backend._send))
         monkeypatch.setattr(backend, "_receive", self._receive)
+        # Every command a script runs, reads included, as MONITOR shows it (client "lua").
+        self.monitor = client.monitor()
+        self.monitor.__enter__()
 
     def close(self) -> None:
         self.pubsub.close()
+        self.monitor.__exit__()
 
-    def written(self) -> set[str]:
-        """The keys written since the last call of this."""
+    def observed(self) -> tuple[set[str], set[str], list[list[str]]]:
+        """The keys written since the last call of this (an expiry is no command's), those
+        the commands run by scripts meanwhile named (read or written), and those commands."""
         self.marks += 1
         self.client.publish(MARK, str(self.marks))
         written: set[str] = set()
@@ -182,11 +232,31 @@ class WriteRecorder:
             message = self.pubsub.get_message(timeout=1.0)
             if message is None:
                 continue
-            if message["type"] == "pmessage":
+            if message["type"] == "pmessage" and not _text(message["channel"]).endswith(":expired"):
                 written.add(_text(message["data"]))
             elif message["type"] == "message" and _text(message["data"]) == str(self.marks):
-                return written
+                commands = self._scripted()
+                return written, command_keys(self.client, commands), commands
         raise AssertionError("the mark never came back")
+
+    def _scripted(self) -> list[list[str]]:
+        """The commands scripts ran, read from MONITOR up to our mark (MONITOR shows every
+        command in the order the server ran it)."""
+        mark = ["PUBLISH", MARK, str(self.marks)]
+        commands = []
+        while True:
+            line = _text(self.monitor.connection.read_response())
+            client_info, arguments = MONITOR_LINE.match(line).groups()
+            command = [_unescape(argument) for argument in MONITOR_ARGUMENT.findall(arguments)]
+            if client_info == "lua":
+                commands.append(command)
+            elif command == mark:
+                return commands
+
+    def written(self) -> set[str]:
+        written, scripted, _ = self.observed()
+        assert not scripted, f"keys named by a script outside the backend's calls: {scripted}"
+        return written
 
     def _between(self) -> None:
         stray = self.written()
@@ -203,8 +273,9 @@ class WriteRecorder:
             try:
                 return exchange(connection, command, wait)
             finally:
-                written = self.written()
-                self.calls.append(Call(keys, argv, written, before, stored(self.client, root)))
+                written, touched, commands = self.observed()
+                after = stored(self.client, root)
+                self.calls.append(Call(keys, argv, written, touched, commands, before, after))
 
         return spy
 
@@ -258,13 +329,15 @@ class WriteRecorder:
             try:
                 return batch(commands, key_at)
             finally:
-                self.others.append((tuple(tuple(command) for command in commands), self.written()))
+                # The sweep's compare-and-delete of run pointers is a script of its own.
+                written, touched, _ = self.observed()
+                self.others.append((tuple(tuple(command) for command in commands), written | touched))
 
         return spy
 
 
 def named_from_storage(key: str, call: Call) -> str | None:
-    """Why ``key``, written by ``call`` and not declared, may be written (see the module's
+    """Why ``key``, touched by ``call`` and not declared, may be touched (see the module's
     docstring), or None when nothing the call names or Redis holds leads to it."""
     root = call.root
     if not key.startswith(root + ":"):
@@ -277,8 +350,14 @@ def named_from_storage(key: str, call: Call) -> str | None:
         if INDEX.fullmatch(name[len(root) + 1 :]) and name in call.keys
         for member in call.members(name)
     }
-    # An answer given only a run id: the session its declared binding names.
-    bound = {value.split(" ")[0] for value in call.members(call.keys[13])}
+    # The sessions the call's declared run bindings name (an answer given only a run id,
+    # the sweep of leftover bindings).
+    bound = {
+        value.split(" ")[0]
+        for name in call.keys
+        if RUN_REF.fullmatch(name[len(root) + 1 :])
+        for value in call.members(name)
+    }
     sessions = indexed | bound | {call.argv[2]}
     if RUN_REF.fullmatch(rest):
         runs = [name for name in index_sets if name.endswith(":~runs")]
@@ -291,7 +370,8 @@ def named_from_storage(key: str, call: Call) -> str | None:
         return None
     base, suffix = f"{root}:{parts.group(1)}:", parts.group(2)
     if suffix in FIXED:
-        return "fixed key of a named session"
+        # The call's own session's are declared; another's come from what Redis holds.
+        return "fixed key of an indexed or bound session" if parts.group(1) != call.argv[2] else None
     # Value keys and conversations held before the call: one written that the call adds
     # is named from its arguments, and must be declared.
     if suffix in call.before.get(base + "__keys__", ()):
@@ -320,8 +400,8 @@ CONVERSATION_ARGUMENT = {
 
 
 def named_by_arguments(call: Call, layout: Layout) -> set[str]:
-    """The keys ``call`` names from its arguments: each must be declared when written (even
-    one its session's key set or conversation set already holds)."""
+    """The keys ``call`` names from its arguments: each must be declared when touched (even
+    one its session's key set or conversation set already holds, or an index names)."""
     op, sid = call.argv[0], call.argv[2]
     named: set[str] = set()
 
@@ -330,6 +410,20 @@ def named_by_arguments(call: Call, layout: Layout) -> set[str]:
 
     if op in RUN_ARGUMENT and argument(RUN_ARGUMENT[op]):
         named.add(f"{call.root}:{argument(RUN_ARGUMENT[op])}")
+    # Sessions the call is given by id (the sweep's): their fixed keys and listings.
+    indexes = [name for name in call.before.keys() | call.after.keys() if INDEX.fullmatch(_below_root(name))]
+    held = {member for name in indexes for member in call.members(name)}
+    for given in call.argv[16:]:
+        if given != sid and given in held and SESSION_KEY.fullmatch(f"{given}:__meta__"):
+            named.update(f"{call.root}:{given}:{suffix}" for suffix in FIXED)
+            namespace = re.match(r"~o:[^~]+~", given)
+            listing = f"{call.root}:{namespace.group(0)}:" if namespace else f"{call.root}:~"
+            named.update((listing + "sessions", listing + "names"))
+    # The keys a call is given (the sweep's, from KEYS[28] on): their sessions' metas.
+    for given in call.keys[27:]:
+        parts = SESSION_KEY.fullmatch(_below_root(given))
+        if parts:
+            named.add(f"{call.root}:{parts.group(1)}:__meta__")
     if not sid:  # an answer by run alone (node layout): see named_from_storage
         return named
     if op in VALUE_ARGUMENT and argument(VALUE_ARGUMENT[op]):
@@ -340,22 +434,35 @@ def named_by_arguments(call: Call, layout: Layout) -> set[str]:
 
 
 def check_calls(recorder: WriteRecorder, layout: Layout) -> dict[str, int]:
-    """Assert the rule on every recorded call; how many keys each reason covered."""
+    """Assert the rule on every key every recorded call read or wrote; how many keys each
+    reason covered."""
     reasons: dict[str, int] = {}
+    undeclared: dict[str, set[str]] = {}
+    uses: dict[str, set[str]] = {}  # reason -> the operations that gave it
     for call in recorder.calls:
         op = call.argv[0]
+        touched = call.written | call.touched
         assert all(key.startswith(call.root + ":") for key in call.keys), (op, call.keys)
         if layout.cluster:
             slots = {layout.slot(key) for key in call.keys}
             assert len(slots) == 1, f"{op} declares keys in slots {slots}: {call.keys}"
-            strays = {key for key in call.written if layout.slot(key) not in slots}
-            assert not strays, f"{op} wrote keys outside the slot of its KEYS: {strays}"
-        undeclared = (call.written & named_by_arguments(call, layout)) - set(call.keys)
-        assert not undeclared, f"{op} wrote keys named from its arguments, undeclared: {undeclared}"
-        for key in call.written:
-            reason = "declared" if key in call.keys else named_from_storage(key, call)
-            assert reason, f"{op} wrote {key!r}, neither declared nor named from storage: KEYS {call.keys}"
-            reasons[reason] = reasons.get(reason, 0) + 1
+            strays = {key for key in touched if layout.slot(key) not in slots}
+            assert not strays, f"{op} touched keys outside the slot of its KEYS: {strays}"
+        named = named_by_arguments(call, layout)
+        for key in touched:
+            if key in call.keys:
+                reason = "declared"
+            else:  # named from the call's arguments, it must be declared
+                reason = None if key in named else named_from_storage(key, call)
+            if reason is None:
+                undeclared.setdefault(op, set()).add(f"{'writes' if key in call.written else 'reads'} {key}")
+            else:
+                reasons[reason] = reasons.get(reason, 0) + 1
+                uses.setdefault(reason, set()).add(op)
+    print({reason: sorted(ops) for reason, ops in uses.items()})
+    assert not undeclared, f"{len(undeclared)} operations touch undeclared keys:\n" + "\n".join(
+        f"{op}: {sorted(keys)}" for op, keys in sorted(undeclared.items())
+    )
     for command, written in recorder.others:
         if not written:
             continue
@@ -387,6 +494,7 @@ class Workload:
         self.messages: dict[tuple[str, str, str], list[str]] = {}
         self.runs: list[tuple[str, str]] = []
         self.created: dict[tuple[str, str], float | None] = {}  # (owner, id) -> expires_at
+        self.refs: list[str] = []  # channel values of checkpoints
         self.count = 0
 
     def _scoped(self) -> tuple[str, MemoryStore, str]:
@@ -398,12 +506,28 @@ class Workload:
         self.count += 1
         return f"{prefix}{self.count}"
 
-    def step(self) -> str:
-        """One random operation; its name."""
+    def step(self, name: str | None = None, session: tuple[str, str] | None = None) -> str:
+        """One operation (``name``, else a random one) on ``session`` (owner, id; else a random
+        one); its name."""
+        operations = self.operations(session)
+        # What walks every bucket (64 calls in the cluster layout) comes less often.
+        walks = ("list", "page", "infos", "ids", "sweep")
+        weights = [0.3 if op in walks else 1.0 for op in operations]
+        name = name or self.rng.choices(list(operations), weights)[0]
+        with suppress(PersistentMemoryError):
+            operations[name]()
+        return name
+
+    def operations(self, session: tuple[str, str] | None = None) -> dict[str, Callable[[], Any]]:
+        """Every kind of operation, by name, on ``session`` (else a random owner's session)
+        and a random conversation."""
         owner, scoped, sid = self._scoped()
+        if session is not None:
+            owner, sid = session
+            scoped = self.store.for_owner(owner) if owner else self.store
         conversation = self.rng.choice(CONVERSATIONS)
         ids = self.messages.setdefault((owner, sid, conversation), [])
-        operations: dict[str, Callable[[], Any]] = {
+        return {
             "create": lambda: self._create(owner, scoped, sid),
             "put": lambda: scoped.put(sid, self.rng.choice("abc"), {"n": self.rng.randrange(9)}),
             "put_once": lambda: scoped.put(
@@ -417,22 +541,33 @@ class Workload:
             "answer_by_run": lambda: self._answer(owner, scoped),
             "answer": lambda: scoped.record_answer(sid, "an answer", conversation=conversation),
             "add_messages": lambda: self._add(owner, scoped, sid, conversation, ids),
-            "set_head": lambda: ids and scoped.set_head(sid, self.rng.choice(ids), conversation=conversation),
+            "set_head": lambda: scoped.set_head(sid, self._message(ids), conversation=conversation),
             "clear_messages": lambda: scoped.clear_messages(sid, conversation=conversation),
             "context": lambda: scoped.get_context(sid, conversation=conversation),
             "summary": lambda: self._summary(owner, scoped, sid, conversation),
             "list": lambda: scoped.list_sessions(),
             "page": lambda: scoped.list_session_page(self.rng.choice(["", "s"]), limit=3),
             "infos": lambda: self.store.list_session_infos(all_owners=True),
+            "ids": lambda: self.store.backend.list_sessions(),
             "sweep": lambda: self.store.backend.sweep(dry_run=False, batch_size=3),
+            "get": lambda: scoped.get(sid, self.rng.choice("abc")),
+            "get_all": lambda: scoped.get_all(sid),
+            "keys": lambda: scoped.list_keys(sid),
+            "history": lambda: scoped.get_history(sid),
+            "summarize": lambda: scoped.summarize(sid, 2),
+            "info": lambda: scoped.session_info(sid),
+            "messages": lambda: scoped.get_messages(sid, conversation=conversation),
+            "conversations": lambda: scoped.list_conversations(sid),
+            "pop": lambda: scoped.pop_message(sid, self._message(ids), conversation=conversation),
+            "thread": lambda: self._thread(scoped, sid, conversation),
+            "summary_source": lambda: self.store.backend.summary_source(storage_id(owner, sid), conversation),
+            "export": lambda: self._export(owner, sid),
+            "checkpoint": lambda: self._checkpoint(scoped, sid),
+            "checkpoint_read": lambda: self._checkpoint_read(scoped, sid),
+            "checkpoint_prune": lambda: scoped.prune_checkpoints(sid),
+            "checkpoint_runs": lambda: scoped.delete_checkpoint_runs(sid, [self.rng.choice(["r1", "r2"])]),
+            "checkpoint_copy": lambda: self._checkpoint_copy(scoped, sid),
         }
-        # What walks every bucket (64 calls in the cluster layout) comes less often.
-        walks = ("list", "page", "infos", "sweep")
-        weights = [0.3 if name in walks else 1.0 for name in operations]
-        name = self.rng.choices(list(operations), weights)[0]
-        with suppress(PersistentMemoryError):
-            operations[name]()
-        return name
 
     def _create(self, owner: str, scoped: MemoryStore, sid: str) -> None:
         ttl, idle = self.rng.choice(self.lifetimes)
@@ -458,6 +593,53 @@ class Workload:
         added = scoped.add_messages(sid, batch, conversation=conversation, parent_id=parent)
         ids.extend(message["id"] for message in added["messages"])
 
+    def _message(self, ids: list[str]) -> str:
+        """A message id of the conversation (one perhaps gone since), or one it never had."""
+        return self.rng.choice(ids) if ids else "never-added"
+
+    def _thread(self, scoped: MemoryStore, sid: str, conversation: str) -> None:
+        """A compare-and-set of a conversation and its record (written, or removed)."""
+        record = scoped.get_all(sid).get("record") if self.rng.random() < 0.7 else None
+        expected = record["revision"] if record else None
+        if expected and self.rng.random() < 0.3:
+            scoped.remove_thread(sid, key="record", expected=expected, conversation=conversation)
+            return
+        messages = [{"role": "user", "content": "in a thread"}]
+        revision = self._name("v")
+        scoped.write_thread(
+            sid,
+            key="record",
+            expected=expected,
+            record={"revision": revision},
+            messages=messages,
+            conversation=conversation,
+        )
+
+    def _export(self, owner: str, sid: str) -> None:
+        """A session as exported (with its checkpoints), imported again in its place."""
+        backend = self.store.backend
+        snapshot = backend.snapshots([storage_id(owner, sid)], checkpoints=True)[storage_id(owner, sid)]
+        if snapshot is not None:
+            backend.restore_session(snapshot, replace=True)
+
+    def _checkpoint(self, scoped: MemoryStore, sid: str) -> None:
+        checkpoint, ref = self._name("c"), f"channel\x1f{self._name('v')}"
+        run = self.rng.choice(["r1", "r2"])
+        scoped.put_checkpoint(sid, "", checkpoint, "record", run_id=run, refs=[ref], blobs={ref: "value"})
+        scoped.put_checkpoint_writes(sid, "", checkpoint, [("task", 0, "channel", "value", "")])
+        self.refs.append(ref)
+
+    def _checkpoint_read(self, scoped: MemoryStore, sid: str) -> None:
+        scoped.get_checkpoint(sid, "")
+        scoped.list_checkpoints(sid)
+        scoped.checkpoint_chain(sid, "", self.rng.choice(self.refs) if self.refs else "channel\x1fv")
+
+    def _checkpoint_copy(self, scoped: MemoryStore, sid: str) -> None:
+        """Another session's checkpoint entries added to this one's."""
+        entries = scoped.checkpoint_entries(f"s{self.rng.randrange(3)}")
+        if entries:
+            scoped.load_checkpoint_entries(sid, entries)
+
     def _summary(self, owner: str, scoped: MemoryStore, sid: str, conversation: str) -> None:
         messages = scoped.get_messages(sid, conversation=conversation)["messages"]
         if messages:
@@ -482,17 +664,37 @@ def test_every_evalsha_call_declares_its_keys(settings, redis_url, node_server, 
         REDIS_LAYOUT=layout,
         CONTEXT_STRATEGY="rolling_summary",
         SUMMARIZER_WORKER=False,  # its thread would send commands beside the recorded ones
+        # At a cap an owner's index is read through (seed 2); under one, the cluster layout
+        # counts the owner's sessions in the other buckets.
+        MAX_SESSIONS_PER_OWNER=2 if seed == 2 else 50,
+        IDLE_TTL_REFRESH_ON_READ=seed == 2,  # reads then push the idle expiry of every key
     )
     store = get_store()
     recorder = WriteRecorder(store.backend, node_server, monkeypatch)
     try:
-        workload = Workload(store, seed, [(LONG_TTL, None), (LONG_TTL, LONG_TTL), (0, None)])
+        workload = Workload(store, seed, [(LONG_TTL, None), (LONG_TTL, IDLE_TTL), (0, None)])
         done = {workload.step() for _ in range(150)}
+        # Then every kind, on a session with an idle TTL (deleted last). A call pushes the
+        # idle expiry of every key of its session only once it would move by a hundredth of
+        # the idle TTL: let that much time pass before each.
+        store.create_session("idle", ttl_seconds=LONG_TTL, idle_ttl_seconds=IDLE_TTL)
+        for name in sorted(workload.operations(), key=lambda name: name == "delete"):
+            time.sleep(IDLE_TTL / 100)
+            done.add(workload.step(name, ("", "idle")))
     finally:
         recorder.close()
     reasons = check_calls(recorder, store.backend.layout)
+    # Every operation of the script was called (an owner's count is the cluster layout's).
+    called = {call.argv[0] for call in recorder.calls}
+    expected = SCRIPT_OPERATIONS - ({"owner_count"} if layout == "node" else set())
+    assert called >= expected, expected - called
+    pushed = {
+        call.argv[0]
+        for call in recorder.calls
+        if any(command[:2] == ["PEXPIREAT", call.keys[17]] for command in call.commands)
+    }
+    assert len(pushed) > 10, pushed  # every key of the session, the checkpoints (KEYS[18]) too
     # The check saw every kind of write it allows, so it could have failed on each.
-    assert len(done) >= 15, done
     assert reasons["declared"] > 100
     assert reasons["value key in a key set"] and reasons["conversation in a conversation set"], reasons
     assert reasons["run binding in a run index"], reasons

@@ -60,7 +60,7 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.backends.redis_layout import DIRTY, TAIL, Layout
+from persistent_memory.backends.redis_layout import DIRTY, TAIL, Layout, swept
 from persistent_memory.backends.redis_topology import build_client, describe
 from persistent_memory.conf import (
     MemorySettings,
@@ -1043,8 +1043,6 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         for name in conversations:
             declared.extend(self.layout.conversation_keys(sid, name))
         checkpoints = snapshot.get("checkpoints") or {}
-        if checkpoints:
-            declared.extend(self.layout.checkpoint_keys(sid))
         self._run(
             "restore",
             info["session_id"],
@@ -1167,30 +1165,25 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         dry = "1" if dry_run else "0"
         counts = {"expired_sessions": 0, "leftover_keys": 0, "run_bindings": 0}
         namespace = namespace_of(prefix)
-        match = _glob_escape(prefix) + "*" if prefix else ""
-        # Ids in the sessions sets (and the unowned listing) whose meta has expired: the
-        # script reads them itself, one SSCAN step per call, in every bucket.
-        places = ["6"] if namespace else ["8"] if prefix else ["8", "9"]
+        # Ids in the sessions sets (and the unowned listing) whose meta has expired: one SSCAN
+        # (ZSCAN) step, then a script that checks and removes those ids, their metas and
+        # listings declared, in every bucket.
+        places = [6] if namespace else [8] if prefix else [8, 9]
         if not namespace:
-            places.append("6")  # the unowned listing: ids the node's set no longer holds
+            places.append(6)  # the unowned listing: ids the node's set no longer holds
         for root in self.layout.roots():
             for place in places:
-                cursor = "0"
+                key = self.layout.keys("", root=root, namespace=namespace)[place - 1]
+                cursor = 0
                 while True:
-                    following, removed = self._run(
-                        "sweep_ids",
-                        "",
-                        dry,
-                        place,
-                        cursor,
-                        str(batch_size),
-                        match,
-                        root=root,
-                        namespace=namespace,
-                    )
-                    counts["expired_sessions"] += removed
-                    cursor = following.decode() if isinstance(following, bytes) else str(following)
-                    if cursor == "0":
+                    cursor, ids = self._scan_set(key, cursor, batch_size, prefix, sorted_set=place == 6)
+                    if ids:
+                        declared = self.layout.index_keys(root, ids)
+                        options = {"root": root, "namespace": namespace, "extra": declared}
+                        counts["expired_sessions"] += self._run(
+                            "sweep_ids", "", dry, str(place), *ids, **options
+                        )
+                    if not cursor:
                         break
         # Every key under the prefix, never KEYS: SCAN in batches, grouped by bucket.
         with self._errors():
@@ -1247,7 +1240,15 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
 
     def _sweep_keys(self, root: str, keys: list[str], dry: str, counts: dict[str, int]) -> None:
         if keys:
-            leftovers, runs = self._run("sweep_keys", "", dry, root=root, extra=keys)
+            # Each key's kind, and its session's meta declared after the keys.
+            parsed = [swept(key[len(root) + 1 :]) for key in keys]
+            placeholder = self.layout.keys("", root=root)[7]
+            metas = [f"{root}:{sid}:__meta__" if sid else placeholder for _, sid in parsed]
+            kinds = [kind for kind, _ in parsed]
+            declared = [*keys, *metas]
+            leftovers, runs = self._run(
+                "sweep_keys", "", dry, str(len(keys)), *kinds, root=root, extra=declared
+            )
             counts["leftover_keys"] += leftovers
             counts["run_bindings"] += runs
 

@@ -2,7 +2,8 @@
 
 Mixed into :class:`~persistent_memory.backends.redis.RedisBackend`: each method is one
 EVALSHA of the backend's script, whose checkpoint part is ``checkpoints.lua`` (the key
-layout is described there); both keys are declared, in the session's slot.
+layout is described there); both keys are declared (by every call on the session), in
+the session's slot.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class RedisCheckpoints(CheckpointBackend):
     """Checkpoints in Redis, one script call per operation."""
 
     def _cp(self: RedisBackend, op: str, session_id: str, *args: Any) -> Any:
-        return self._run(op, session_id, *args, extra=self.layout.checkpoint_keys(session_id))
+        return self._run(op, session_id, *args)  # every call on a session declares its checkpoints
 
     def put_checkpoint(
         self: RedisBackend,

@@ -31,6 +31,7 @@ answer by run id reads it first (two round trips, the documented exception).
 
 from __future__ import annotations
 
+import re
 import zlib
 from functools import lru_cache
 
@@ -55,16 +56,49 @@ def _tag(bucket: int) -> str:
 
 TAGS: tuple[str, ...] = tuple(_tag(bucket) for bucket in range(BUCKETS))
 
-#: Conversation key suffixes, in the order of KEYS 17-25 (see conversations.lua).
+#: Conversation key suffixes, in the order of KEYS 19-27 (see conversations.lua).
 _CONVERSATION_SUFFIXES = ("", ":m", ":l", ":t", ":s", ":k", ":o", ":y", ":x")
+#: A session's checkpoints, KEYS 17-18 (see checkpoints.lua).
+_CHECKPOINT_SUFFIXES = ("~cp", "~cpi")
 
 # Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua),
-# and the named conversation's thread tail (KEYS[25]).
-IDEMPOTENCY, RUN, VALUE, TAIL = 12, 13, 14, 24
+# and the named conversation's thread tail (KEYS[27]).
+IDEMPOTENCY, RUN, VALUE, TAIL = 12, 13, 14, 26
 
 #: KEYS places (1-based, as in redis.lua) of a bucket's queues: the mirror's dirty set, the
 #: summarizers' marks and their health.
 DIRTY, SUMMARIZE, SUMMARIZER = 10, 11, 12
+
+
+# What the sweep may remove, by the name below the root (see maintenance.lua's sweep_keys).
+# Lua's %w is ASCII: so are these classes.
+_RUN_BINDING = re.compile(r"~run:[A-Za-z0-9_-]+|~o:[^~]+~:run:[A-Za-z0-9_-]+")
+_IDEMPOTENCY_RECORD = re.compile(r"~idem:|~o:[^~]+~:idem:")
+_CONVERSATION_KEY = re.compile(r"(~o:[^~]+~[A-Za-z0-9_-]+|[A-Za-z0-9_-]+):~c")
+_SESSION_KEY = re.compile(r"(.+):([A-Za-z0-9_.-]+|~runs|~cpi?)")
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]+|~o:[^~]+~[A-Za-z0-9_-]+")
+
+
+def swept(rest: str) -> tuple[str, str | None]:
+    """What the sweep makes of a key whose name below its root is ``rest``: ``("b", None)``
+    a run binding (its session is what it holds), ``("i", id)`` session ``id``'s run index,
+    ``("k", id)`` another key of session ``id`` (a value, the fixed keys, a conversation's,
+    the checkpoints), ``("", None)`` none of a session's: the indexes and queues, the
+    idempotency records (they belong to no session and expire on their own), and anything
+    else, such as another deployment's key whose prefix starts with ours (not ours to touch)."""
+    if _RUN_BINDING.fullmatch(rest):
+        return "b", None
+    if _IDEMPOTENCY_RECORD.match(rest):
+        return "", None
+    conversation = _CONVERSATION_KEY.match(rest)
+    if conversation:
+        session, name = conversation.group(1), ""
+    else:
+        parts = _SESSION_KEY.fullmatch(rest)
+        session, name = parts.groups() if parts else ("", "")
+    if name == "__sessions__" or not _SESSION_ID.fullmatch(session):
+        return "", None
+    return ("i" if name == "~runs" else "k"), session
 
 
 def bucket_of(storage_id: str) -> int:
@@ -112,15 +146,17 @@ class Layout:
         )
 
     def _session_keys(self, storage_id: str) -> tuple[str, ...]:
+        """KEYS 1-12, 16, 17-18 of a call on the session."""
         root = self.root_of(storage_id)
         base = f"{root}:{storage_id}:"
         shared = self._shared(root, namespace_of(storage_id))
         own = (f"{base}__meta__", f"{base}__keys__", f"{base}__history__", f"{base}~runs", f"{base}~convs")
-        return own + shared
+        return own + shared + tuple(base + suffix for suffix in _CHECKPOINT_SUFFIXES)
 
     def _bucket_keys(self, root: str, namespace: str) -> tuple[str, ...]:
         shared = self._shared(root, namespace)
-        return (shared[2],) * 5 + shared  # no session: KEYS 1-5 stand in as the node's set
+        # No session: its keys (1-5, 17-18) stand in as the node's set.
+        return (shared[2],) * 5 + shared + (shared[2],) * len(_CHECKPOINT_SUFFIXES)
 
     def keys(
         self,
@@ -143,7 +179,7 @@ class Layout:
             root = root or self.roots()[0]
             fixed = self.bucket_keys(root, namespace)
         placeholder = fixed[7]
-        keys = [*fixed[:12], placeholder, placeholder, placeholder, fixed[12]]
+        keys = [*fixed[:12], placeholder, placeholder, placeholder, *fixed[12:]]
         if idempotency:
             keys[IDEMPOTENCY] = f"{root}:{idempotency}"
         if run:
@@ -157,15 +193,19 @@ class Layout:
         keys.extend(extra)
         return keys
 
+    def index_keys(self, root: str, storage_ids: list[str]) -> list[str]:
+        """The meta of each session of ``storage_ids`` (of bucket ``root``) and its namespace's
+        listing (by time, by name): what the sweep of those ids reads and writes."""
+        keys: dict[str, None] = {}
+        for storage_id in storage_ids:
+            keys[f"{root}:{storage_id}:__meta__"] = None
+            keys.update(dict.fromkeys(self._shared(root, namespace_of(storage_id))[:2]))
+        return list(keys)
+
     def conversation_keys(self, storage_id: str, conversation: str) -> list[str]:
         """The keys of one conversation of a session (see conversations.lua)."""
         c = f"{self.root_of(storage_id)}:{storage_id}:~c:{conversation}"
         return [c + suffix for suffix in _CONVERSATION_SUFFIXES]
-
-    def checkpoint_keys(self, storage_id: str) -> list[str]:
-        """The keys of a session's checkpoints (see checkpoints.lua)."""
-        base = f"{self.root_of(storage_id)}:{storage_id}:"
-        return [base + "~cp", base + "~cpi"]
 
     def value_key(self, storage_id: str, key: str) -> str:
         return f"{self.root_of(storage_id)}:{storage_id}:{key}"

@@ -11,9 +11,9 @@
 -- values and messages (fits(), sessions.lua): a write that would go over is refused before
 -- anything is written; a removal gives its bytes back.
 -- Keys used here: 1 meta and, through sessions.lua, the session's keys and indexes when a
--- put creates it; 26 and 27, those two (the checkpoint operations declare them). The
--- session's other operations name them from its base, as they name its conversations'
--- keys: every one expires with the session and goes with it (purge_leftovers, touch).
+-- put creates it; 17 and 18, those two. Every call on a session declares them (its other
+-- operations name them from its base, the same names): every one expires with the
+-- session and goes with it (purge_leftovers, touch).
 
 local SEP, LINK_SEP, DELTA_SEP = '\31', '\30', '\29'
 
@@ -198,7 +198,7 @@ end
 -- then (reference, value) pairs of the new channel values. Creates the session when
 -- it is not live.
 if op == 'cp_put' then
-  local entries, index = KEYS[26], KEYS[27]
+  local entries, index = KEYS[17], KEYS[18]
   local ns, key = arg(1), arg(1) .. SEP .. arg(2)
   -- Every delta extends a value held (or given), checked before anything is written.
   local live, given = redis.call('EXISTS', META) == 1, {}
@@ -238,7 +238,7 @@ end
 -- ttl text, 5 ttl ms. Creates the session when it is not live (LangGraph may save a
 -- task's writes before the checkpoint they belong to).
 if op == 'cp_writes' then
-  local entries, live = KEYS[26], redis.call('EXISTS', META) == 1
+  local entries, live = KEYS[17], redis.call('EXISTS', META) == 1
   local name = 'w' .. arg(1) .. SEP .. arg(2)
   local stored = live and redis.call('HGET', entries, name)
   local merged, where = stored and cjson.decode(stored) or {}, {}
@@ -274,15 +274,15 @@ end
 if op == 'cp_get' then
   local key = arg(1) .. SEP .. arg(2)
   if arg(2) == '' then
-    key = redis.call('ZREVRANGEBYLEX', KEYS[27], '(' .. arg(1) .. ' ', '(' .. arg(1) .. SEP, 'LIMIT', 0, 1)[1]
+    key = redis.call('ZREVRANGEBYLEX', KEYS[18], '(' .. arg(1) .. ' ', '(' .. arg(1) .. SEP, 'LIMIT', 0, 1)[1]
     if not key then return 0 end
   end
-  return checkpoint_reply(KEYS[26], key) or 0
+  return checkpoint_reply(KEYS[17], key) or 0
 end
 
 -- The value of arg(2) in namespace arg(1) and the values it extends, in turn.
 if op == 'cp_chain' then
-  local entries, texts = KEYS[26], {}
+  local entries, texts = KEYS[17], {}
   for _, name in ipairs(chain_names(entries, arg(1), arg(2))) do texts[#texts + 1] = redis.call('HGET', entries, name) end
   return texts
 end
@@ -290,7 +290,7 @@ end
 -- Checkpoints newest first within a namespace: arg(1) namespace, 2 '1' for every
 -- namespace (then 1 is ignored), 3 ids below this only ('': all), 4 offset, 5 count.
 if op == 'cp_list' then
-  local entries, index, ns, before = KEYS[26], KEYS[27], arg(1), arg(3)
+  local entries, index, ns, before = KEYS[17], KEYS[18], arg(1), arg(3)
   local offset, count = tonumber(arg(4)), tonumber(arg(5))
   local keys
   if arg(2) ~= '1' then
@@ -315,13 +315,13 @@ end
 
 -- Every entry, flat (name, value) pairs.
 if op == 'cp_entries' then
-  return redis.call('HGETALL', KEYS[26])
+  return redis.call('HGETALL', KEYS[17])
 end
 
 -- arg(1) 'latest': keep the newest checkpoint of each namespace; 'runs': remove those of
 -- the run ids that follow. Replies how many were removed.
 if op == 'cp_prune' then
-  local entries, index = KEYS[26], KEYS[27]
+  local entries, index = KEYS[17], KEYS[18]
   local keys, doomed = redis.call('ZRANGE', index, 0, -1), {}
   if arg(1) == 'latest' then
     local newest = {}
@@ -352,7 +352,7 @@ end
 -- Add entries: arg(1) ttl text, 2 ttl ms, 3 'replace' to put them in place of the
 -- session's (else ''), then (name, value) pairs. Creates the session when it is not live.
 if op == 'cp_load' then
-  local entries, index = KEYS[26], KEYS[27]
+  local entries, index = KEYS[17], KEYS[18]
   local live, replace = redis.call('EXISTS', META) == 1, arg(3) == 'replace'
   local adding = live and not replace -- to the entries held: those it overwrites give their bytes back
   local after = adding and checkpoint_bytes_held(entries) or 0

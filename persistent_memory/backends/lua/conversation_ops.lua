@@ -3,7 +3,7 @@
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
 -- Keys used here: 1 meta, 2 the key set, 5 conversation names, 15 the value key named
--- (thread), 17-25 the conversation named; through sessions.lua, the session's keys and
+-- (thread), 19-27 the conversation named; through sessions.lua, the session's keys and
 -- indexes when an append creates it.
 
 -- The conversation operations: arg(1) is the conversation's name (but for 'conversations').

@@ -21,7 +21,7 @@
 -- key rules and '~' is in no key nor session id, so none of these can be one of the
 -- node's keys or another session's. Every one expires with the session.
 --
--- Keys used here: 17-25, the conversation the call names (conv_key gives them for that
+-- Keys used here: 19-27, the conversation the call names (conv_key gives them for that
 -- name); 5, the session's conversation names; 11, the summarizers' queue. Other
 -- conversations of the session are named from 5's members.
 

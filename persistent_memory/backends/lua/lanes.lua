@@ -2,7 +2,7 @@
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
 -- Keys used here: 1-10 the session and its bucket's indexes, 13 idempotency record, 14 the run binding
--- named, 17-25 the conversation a lane records into.
+-- named, 19-27 the conversation a lane records into.
 
 -- Operations that create a missing session -----------------------------------
 

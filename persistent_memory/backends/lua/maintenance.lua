@@ -2,31 +2,28 @@
 -- and the mirror (restore, snapshot).
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
--- Keys used here: 6, 8, 9 the sets swept; 26 on, the keys a sweep was given (SCAN results of this
--- bucket); restore and snapshot: 1-5 and, declared from 26 on, the value, conversation
--- and checkpoint keys restored.
+-- Keys used here: 6, 8, 9 the sets swept; from 28 on, the keys a sweep was given (ids' metas
+-- and listings, or the SCAN results of this bucket and their sessions' metas); restore and
+-- snapshot: 1-5, 17-18 and, declared from 28 on, the value and conversation keys restored.
 
--- The sweep of a set of ids, one SSCAN (ZSCAN) step at a time, read here so that the ids
--- come from Redis, not from the caller: check and remove in one atomic step, so a
--- session created meanwhile is never touched. arg(1) '1' for a dry run, 2 the set's
--- place in KEYS (8 the node's set, 9 the owned set, 6 a listing by time: a sorted set),
--- 3 the cursor, 4 the COUNT, 5 a MATCH pattern ('': all). A live session the listing
--- lacks (one the node wrote) is indexed. Over the unowned listing (6) it leaves the ids
--- in the node's set to the pass over that set, so that none is counted twice. Replies
--- the next cursor and how many ids had no live session.
+-- The sweep of ids the client read from a set (one SSCAN or ZSCAN step): each id still in
+-- the set whose meta is gone is removed from the indexes, checked and removed in one
+-- atomic step, so a session created meanwhile is never touched. arg(1) '1' for a dry run,
+-- 2 the set's place in KEYS (8 the node's set, 9 the owned set, 6 a listing by time: a
+-- sorted set), then the ids; each id's meta and its namespace's listing are declared
+-- (from KEYS[28] on). A live session the listing lacks (one the node wrote) is indexed.
+-- Over the unowned listing (6) it leaves the ids in the node's set to the pass over that
+-- set, so that none is counted twice. Replies how many ids had no live session.
 if op == 'sweep_ids' then
   local set, listing = KEYS[tonumber(arg(2))], arg(2) == '6'
-  local command = {listing and 'ZSCAN' or 'SSCAN', set, arg(3), 'COUNT', arg(4)}
-  if arg(5) ~= '' then
-    command[#command + 1] = 'MATCH'
-    command[#command + 1] = arg(5)
-  end
-  local scanned = redis.call(unpack(command))
-  local removed = 0
-  for j, id in ipairs(scanned[2]) do
+  local removed, i = 0, 3
+  while arg(i) do
+    local id = arg(i)
     local meta = root .. ':' .. id .. ':__meta__'
-    if listing and j % 2 == 0 then
-      -- a score
+    local held
+    if listing then held = redis.call('ZSCORE', set, id) else held = redis.call('SISMEMBER', set, id) == 1 end
+    if not held then
+      -- left the set since the client read it
     elseif listing and not namespace_of(id) and redis.call('SISMEMBER', NODE_SESSIONS, id) == 1 then
       -- read by the pass over the node's set
     elseif redis.call('EXISTS', meta) == 0 then
@@ -38,54 +35,32 @@ if op == 'sweep_ids' then
     elseif arg(1) ~= '1' and not redis.call('ZSCORE', (listing_sets(id)), id) then
       index(id, redis.call('HGET', meta, 'created_at'))
     end
+    i = i + 1
   end
-  return {scanned[1], removed}
+  return removed
 end
 
--- Keys found by a SCAN (declared, from KEYS[26] on): those of sessions whose meta is gone
--- are removed. arg(1) '1' for a dry run. Replies the leftover keys and run bindings.
+-- Keys found by a SCAN, KEYS[28] to KEYS[27 + n], each with its kind (arg(2 + i): 'b' a
+-- run binding, 'i' a session's run index, 'k' another key of a session, '' none of a
+-- session's, such as an idempotency record) and its session's meta at KEYS[27 + n + i]
+-- (the client parses the names: persistent_memory.backends.redis_layout.swept). Keys of
+-- sessions whose meta is gone are removed; a binding's session is the one it names.
+-- arg(1) '1' for a dry run, 2 n. Replies the leftover keys and run bindings.
 if op == 'sweep_keys' then
-  local leftovers, runs = 0, 0
-  for i = 26, #KEYS do
-    local key = KEYS[i]
-    local rest = string.sub(key, #root + 2)
-    -- Only keys of this deployment's layout: "{id}:{key}" (id unowned or owned) or a
-    -- run binding, "~run:{run id}" or "~o:{owner}~:run:{run id}". Anything else (another
-    -- deployment whose prefix starts with ours) is not ours to touch. Idempotency
-    -- records, "~idem:{key}" and "~o:{owner}~:idem:{key}", belong to no session and
-    -- expire on their own: never leftovers. A session's run index, "{id}:~runs", is
-    -- one of its keys too.
-    local idempotency_record = string.match(rest, '^~idem:') or string.match(rest, '^~o:[^~]+~:idem:')
-    local owner, name
-    local run_id = string.match(rest, '^~run:([%w_%-]+)$') or string.match(rest, '^~o:[^~]+~:run:([%w_%-]+)$')
-    if run_id then
-      owner = binding(redis.call('GET', key))
-    elseif not idempotency_record then
-      local id
-      id, name = string.match(rest, '^(.+):([%w_%.%-]+)$')
-      if not id then
-        id, name = string.match(rest, '^(.+):(~runs)$')
-      end
-      if not id then -- a session's checkpoints: '{id}:~cp' and '{id}:~cpi'
-        id, name = string.match(rest, '^(.+):(~cpi?)$')
-      end
-      -- A conversation's keys: '{id}:~convs' and '{id}:~c:{name}' with ':m' and the like.
-      local conversation_of = string.match(rest, '^(~o:[^~]+~[%w_%-]+):~c')
-        or string.match(rest, '^([%w_%-]+):~c')
-      if conversation_of then
-        id, name = conversation_of, '~conversation'
-      end
-      if id and name ~= '__sessions__'
-        and (string.match(id, '^[%w_%-]+$') or string.match(id, '^~o:[^~]+~[%w_%-]+$')) then
-        owner = id
-      end
+  local leftovers, runs, n = 0, 0, tonumber(arg(2))
+  for i = 1, n do
+    local key, kind, meta = KEYS[27 + i], arg(2 + i), KEYS[27 + n + i]
+    if kind == 'b' then
+      -- named from what the binding holds: the documented exception (redis-layout.md)
+      local owner = binding(redis.call('GET', key))
+      meta = owner and root .. ':' .. owner .. ':__meta__'
     end
-    if owner and redis.call('EXISTS', root .. ':' .. owner .. ':__meta__') == 0 then
-      if run_id then runs = runs + 1 else leftovers = leftovers + 1 end
+    if kind ~= '' and meta and redis.call('EXISTS', meta) == 0 then
+      if kind == 'b' then runs = runs + 1 else leftovers = leftovers + 1 end
       if arg(1) ~= '1' then
         redis.call('DEL', key)
       end
-    elseif owner and name == '~runs' and arg(1) ~= '1' then
+    elseif kind == 'i' and arg(1) ~= '1' then
       -- A live session's index: references whose binding has expired go.
       redis.call('ZREMRANGEBYSCORE', key, '-inf', server_ms())
     end

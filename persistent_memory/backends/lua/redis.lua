@@ -12,17 +12,19 @@
 --   node's set of (unowned) session ids, 9 the set of owned ids, 10 the ORM mirror's dirty
 --   set, 11 the summarizers' queue, 12 the summarizers' health, 13 the call's idempotency
 --   record, 14 the run binding it names, 15 the value key it names, 16 the listing's
---   scratch set, 17-25 the conversation it names ('~c:{name}' and its ':m', ':l', ':t',
---   ':s', ':k', ':o', ':y', ':x'), then the keys a maintenance operation is given; a checkpoint
---   operation gives 26 and 27, the session's checkpoints ('~cp' and '~cpi').
--- Every key a call can name from its arguments is declared there and used as declared,
--- but one: in the node layout an answer given only a run id learns its session from the
--- run's binding, here, and names that session's keys (one server: no slot to agree on;
--- the cluster layout finds the session first, see redis_layout).
--- The others are named from what Redis holds (the members of a session's key set, its
--- conversation names, its run index, the ids in a listing), under the root of KEYS[8]:
--- the node's prefix in the node layout, '{prefix}:{bucket tag}' in the cluster layout,
--- whose hash tag puts every key of a bucket's sessions and of its indexes in one slot.
+--   scratch set, 17-18 the session's checkpoints ('~cp' and '~cpi'), then, when the call
+--   names a conversation (or is given keys), 19-27 that conversation ('~c:{name}' and its
+--   ':m', ':l', ':t', ':s', ':k', ':o', ':y', ':x'), then from 28 on the keys an operation
+--   is given (the sweep's, a restore's, the values an answer writes).
+-- Every key a call touches, reads included, is declared there, but those named from what
+-- Redis holds, which no call can know before it runs (docs/reference/redis-layout.md):
+-- the members of a session's key set (its values), of its conversation names, of its
+-- run index (its bindings); the sessions an index holds that a listing page, an owner's
+-- count or cap meets; the session a run binding names (the sweep of bindings, and in the
+-- node layout an answer given only a run id: one server, no slot to agree on; the
+-- cluster layout finds the session first, see redis_layout). All are under the root of
+-- KEYS[8]: the node's prefix in the node layout, '{prefix}:{bucket tag}' in the cluster
+-- layout, whose hash tag puts every key of a bucket's sessions and indexes in one slot.
 --
 -- ARGV: 1 operation, 2 'bound' for an answer whose session came from its run (else ''), 3 storage id of the
 -- session ('' when an answer's session comes from its run binding, or for operations on

@@ -1,8 +1,9 @@
 -- Conversation windows, summaries, snapshots and restores, and the idle expiry of a session.
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
--- Keys used here: 17-25 (the conversation named), 12 the summarizers' health, 1-5 (touch: every key of the
--- session, its value and conversation keys named from 2's and 5's members).
+-- Keys used here: 19-27 (the conversation named), 12 the summarizers' health, 1-5 and 17-18
+-- (touch: every key of the session, its value and conversation keys named from 2's and 5's
+-- members).
 
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
 -- its message ids in order, its tokens, whether older messages were left out, and where
