@@ -364,14 +364,19 @@ class TestSessions:
                 assert not {"cmdstat_scan", "cmdstat_sscan", "cmdstat_zscan", "cmdstat_smembers"} & set(stats)
             return body["count"], [s["session_id"] for s in body["results"]], body["next"], body["previous"]
 
-        assert page("?page_size=3") == (8, ["other", "s6", "s5"], url + "?page=2&page_size=3", None)
-        assert page("?page_size=3&page=2") == (
-            8,
-            ["s4", "s3", "s2"],
-            url + "?page=3&page_size=3",
-            url + "?page_size=3",
-        )
+        def cursor_of(link, rest):  # a cursor link: the page's query with the cursor
+            assert link.startswith(url + "?cursor=") and link.endswith(rest), link
+            return link[len(url) :]
+
+        count, ids, following, previous = page("?page_size=3")
+        assert (count, ids, previous) == (8, ["other", "s6", "s5"], None)
+        count, ids, following, previous = page(cursor_of(following, "&page_size=3"))
+        assert (count, ids, previous) == (8, ["s4", "s3", "s2"], None)  # a cursor reads forward only
+        assert page(cursor_of(following, "&page_size=3")) == (8, ["s1", "s0"], None, None)
+        count, ids, following, previous = page("?page_size=3&page=2")
+        assert (count, ids, previous) == (8, ["s4", "s3", "s2"], url + "?page_size=3")
         last = (8, ["s1", "s0"], None, url + "?page=2&page_size=3")
+        assert page(cursor_of(following, "&page_size=3")) == (*last[:2], None, None)
         assert page("?page_size=3&page=3") == last
         assert page("?search=s&page_size=3&page=3") == (
             7,
@@ -379,6 +384,9 @@ class TestSessions:
             None,
             url + "?page=2&page_size=3&search=s",
         )
+        count, ids, following, _ = page("?search=s&page_size=6")
+        assert (count, ids) == (7, ["s6", "s5", "s4", "s3", "s2", "s1"])
+        assert page(cursor_of(following, "&page_size=6&search=s")) == (7, ["s0"], None, None)
         assert page("?search=s5") == (1, ["s5"], None, None)
         assert page("?search=nothing") == (0, [], None, None)
         for query in ("?page_size=3&page=4", "?page=0", "?page=two", "?page=1.0"):
