@@ -144,6 +144,9 @@ local function rank_after(ordered, at, after)
   if score and tonumber(score) == tonumber(at) then
     return redis.call('ZREVRANK', ordered, after) + 1
   end
+  if redis.call('ZCOUNT', ordered, at, at) == 0 then
+    return rank
+  end
   local first = 0
   while true do
     local ties = redis.call('ZREVRANGEBYSCORE', ordered, at, at, 'LIMIT', first, CHUNK)
