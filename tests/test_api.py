@@ -394,6 +394,31 @@ class TestSessions:
         body = api.get(API + "sessions/?page_size=3&page=last").json()
         assert (body["count"], [s["session_id"] for s in body["results"]]) == last[:2]
 
+    def test_list_cursor_and_page_refusals(self, api, store, configure, pages_only):
+        for i in range(4):
+            store.create_session(f"s{i}")
+        following = api.get(API + "sessions/?page_size=1").json()["next"]
+        cursor = following.split("cursor=")[1].split("&")[0]
+        other = configure().for_owner("user:9")  # another owner's cursor
+        other.create_session("x1")
+        other.create_session("x2")
+        theirs = other.session_page(limit=1).next_cursor
+        for query in (
+            "?cursor=",
+            "?cursor=garbage",
+            f"?cursor={cursor[:-2]}",
+            f"?cursor={cursor}&search=s",  # another search's
+            f"?cursor={theirs}",
+            "?cursor=" + "A" * 5000,
+        ):
+            response = api.get(API + "sessions/" + query)
+            assert error_of(response) == (400, "invalid_cursor"), query
+            assert "x1" not in response.content.decode() and "x2" not in response.content.decode()
+        status, code = error_of(api.get(API + "sessions/?page_size=500&page=22"))  # 10,500 in
+        assert (status, code) == (400, "page_too_deep")
+        assert "cursor" in api.get(API + "sessions/?page_size=500&page=22").json()["detail"]
+        assert error_of(api.get(API + "sessions/?page_size=500&page=21")) == (404, "not_found")  # 10,000 in
+
     def test_list_leaves_out_expired_sessions(self, api, store, pages_only):
         for i in range(4):
             store.create_session(f"s{i}", ttl_seconds=0.2 if i % 2 else None)
