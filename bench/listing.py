@@ -16,10 +16,10 @@ and a deep page by cursor of one matching 10,000. Redis runs in the node and the
 cluster key layout, one after the other on a flushed server. Prints p50 and max in
 ms; writes the figures as JSON only with ``--output``.
 
-``--bulk`` creates the Redis sessions with the store's own 'create' script calls
-pipelined 2,000 at a time (what ``create_session`` sends, one by one), for a million
-sessions; it first checks on a sample that the keys it writes are those of
-``create_session`` (types, members, fields and TTLs; creation times aside).
+``--bulk`` creates the Redis sessions by writing what the 'create' script writes
+(plain commands pipelined 2,000 sessions at a time), for a million sessions; it first
+checks on a sample that the keys it writes are those of ``create_session`` (types,
+members, fields and whether they expire; creation times aside).
 """
 
 from __future__ import annotations
@@ -69,22 +69,35 @@ def numbers_in_creation_order(sessions: int) -> list[int]:
 
 
 def bulk_create(store: Any, session_ids: list[str]) -> None:
-    """Create ``session_ids`` with the store's own 'create' script, pipelined: the calls
-    ``create_session`` makes one at a time (a bench's shortcut to a million sessions)."""
+    """Create ``session_ids`` by writing what the 'create' script writes for a new
+    session (lanes.lua, sessions.lua's create()), pipelined: a bench's shortcut to a
+    million sessions (:func:`check_bulk` compares the keys with ``create_session``'s)."""
     from persistent_memory.backends.redis import _ttl_ms, _ttl_text
-    from persistent_memory.owners import storage_id
+    from persistent_memory.owners import namespace_of, storage_id
 
     backend = store.backend
     ttl, idle = store._ttl(None), backend.idle_ttl_seconds
-    args = (_ttl_text(ttl), _ttl_ms(ttl), _ttl_ms(idle))
+    ttl_text, ttl_ms, idle_ms = _ttl_text(ttl), int(_ttl_ms(ttl)), int(_ttl_ms(idle))
     for first in range(0, len(session_ids), BULK_BATCH):
-        commands = [
-            backend._command("create", storage_id(store.owner, sid), args)
-            for sid in session_ids[first : first + BULK_BATCH]
-        ]
-        for reply in backend._run_many(commands):
-            if isinstance(reply, Exception):
-                raise SystemExit(f"bulk create: {reply}")
+        pipe = backend.client.pipeline(transaction=False)
+        for sid in session_ids[first : first + BULK_BATCH]:
+            stored = storage_id(store.owner, sid)
+            meta, _, _, _, _, by_time, by_name, node_set, owned = backend.layout.session_keys(stored)[:9]
+            now = time.time()
+            pipe.zadd(by_time, {stored: now})
+            pipe.zadd(by_name, {stored: 0})
+            pipe.sadd(owned if namespace_of(stored) else node_set, stored)
+            pipe.hset(meta, mapping={"created_at": repr(now), "ttl_seconds": ttl_text})
+            at = int(now * 1000) + ttl_ms if ttl_ms > 0 else -1
+            if idle_ms > 0:
+                pipe.hset(meta, "idle_ttl_ms", idle_ms)
+                if at > 0:
+                    pipe.hset(meta, "deadline_ms", at)
+                if at < 0 or int(now * 1000) + idle_ms < at:
+                    at = int(now * 1000) + idle_ms
+            if at > 0:
+                pipe.pexpireat(meta, at)
+        pipe.execute()
 
 
 def keyspace(client: Any) -> dict[str, Any]:

@@ -162,3 +162,14 @@ class TestBoundedReads:
             assert sum(asked.values()) <= 3 * (offset + self.LIMIT), asked
         else:  # one index: a range from the offset
             assert sum(asked.values()) == self.LIMIT + 1, asked
+
+
+def test_the_operators_listing_leaves_out_a_damaged_session(layout_store, redis_client):
+    for i in range(3):
+        layout_store.create_session(f"s{i}")
+    meta = session_keys(layout_store, "", "s1")[0]
+    redis_client.delete(meta)
+    redis_client.set(meta, "written over")
+    assert [info["session_id"] for info in layout_store.list_session_infos()] == ["s2", "s0"]
+    layout_store.delete_session("s1")
+    assert redis_client.exists(meta) == 0

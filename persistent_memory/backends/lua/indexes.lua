@@ -21,6 +21,15 @@ local function sets_for(wanted)
   return {{NODE_SESSIONS, false}}
 end
 
+-- The current session's info (its meta a hash); nil when another of its keys is not
+-- of its type.
+local function info_if_sound()
+  local ok, fields = pcall(info)
+  if ok then
+    return fields
+  end
+end
+
 if op == 'list' or op == 'list_info' then
   local wanted = arg(1) or ''
   local sets = sets_for(wanted)
@@ -37,13 +46,17 @@ if op == 'list' or op == 'list_info' then
     for _, id in ipairs(ids) do
       if wanted == '' or string.sub(id, 1, #wanted) == wanted then
         use_session(id)
-        if redis.call('EXISTS', META) == 0 then
+        local kind = redis.call('TYPE', META).ok
+        if kind == 'none' then
           stale[#stale + 1] = id
           mark_dirty(id)
-        else
+        elseif op == 'list' then -- a damaged one too: its id, for an operator to delete it
           live[#live + 1] = id
-          if op == 'list_info' then
-            for _, field in ipairs(info()) do live[#live + 1] = field end
+        elseif op == 'list_info' then
+          local fields = kind == 'hash' and info_if_sound()
+          if fields then -- else damaged (see 'page'): left out
+            live[#live + 1] = id
+            for _, field in ipairs(fields) do live[#live + 1] = field end
           end
         end
       end
@@ -160,15 +173,6 @@ local function rank_after(ordered, at, after)
       return rank
     end
     first = first + CHUNK
-  end
-end
-
--- The current session's info (its meta a hash); nil when another of its keys is not
--- of its type.
-local function info_if_sound()
-  local ok, fields = pcall(info)
-  if ok then
-    return fields
   end
 end
 
