@@ -100,7 +100,7 @@ class Enrichment(NamedTuple):
 
 #: The furthest a listing page may start by ``offset``: deeper pages follow the cursor
 #: (in the cluster layout, an offset reads the ids it skips).
-MAX_PAGE_OFFSET = 10_000
+MAX_PAGE_OFFSET = 1_000
 
 
 class SessionPage(NamedTuple):
