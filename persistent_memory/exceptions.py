@@ -52,6 +52,19 @@ class ValueTooDeep(InvalidValue):
     code = "json_too_deep"
 
 
+class InvalidCursor(InvalidValue):
+    """A listing cursor this listing did not give: malformed, forged, another owner's
+    or another search's, or signed with a former ``SECRET_KEY``."""
+
+    code = "invalid_cursor"
+
+
+class PageTooDeep(InvalidValue):
+    """A listing page asked by an offset past ``MAX_PAGE_OFFSET``: follow the cursor instead."""
+
+    code = "page_too_deep"
+
+
 class InvalidOwner(PersistentMemoryError, ValueError):
     """An owner string the store cannot use as a namespace (see :mod:`persistent_memory.owners`)."""
 

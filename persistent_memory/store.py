@@ -51,10 +51,12 @@ from persistent_memory.conversations.store import (
     window_context,
 )
 from persistent_memory.conversations.worker import SummarizerWorker
+from persistent_memory.cursors import decode_cursor, encode_cursor
 from persistent_memory.exceptions import (
     BackendUnavailable,
     InvalidSessionId,
     InvalidValue,
+    PageTooDeep,
     PersistentMemoryError,
 )
 from persistent_memory.idempotency import Idempotency, validate_idempotency
@@ -96,6 +98,21 @@ class Enrichment(NamedTuple):
     #: The window before the question (None: no question was recorded).
     context: Context | None
     question_id: str | None
+
+
+#: The furthest a listing page may start by ``offset``: deeper pages follow the cursor
+#: (in the cluster layout, an offset reads the ids it skips).
+MAX_PAGE_OFFSET = 1_000
+
+
+class SessionPage(NamedTuple):
+    """What :meth:`MemoryStore.session_page` returns."""
+
+    #: The live sessions of the listing (of its search), all pages together.
+    total: int
+    sessions: list[SessionInfo]
+    #: The cursor of the page after this one; None when this one is the last.
+    next_cursor: str | None
 
 
 class MemoryStore(ConversationMethods, CheckpointMethods):
@@ -302,11 +319,28 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         return sorted(infos, key=lambda info: (-info["created_at"], info["owner"], info["session_id"]))
 
     def list_session_page(
-        self, prefix: str = "", *, offset: int = 0, limit: int = 50
+        self, prefix: str = "", *, offset: int = 0, limit: int = 50, cursor: str | None = None
     ) -> tuple[int, list[SessionInfo]]:
         """How many of this owner's live sessions have an id starting with ``prefix``,
         and ``limit`` of them from ``offset``, newest first (equal creation times: the
-        greater id first), in one backend call.
+        greater id first): :meth:`session_page` without the next page's cursor."""
+        page = self.session_page(prefix, offset=offset, limit=limit, cursor=cursor)
+        return page.total, page.sessions
+
+    def session_page(
+        self, prefix: str = "", *, cursor: str | None = None, offset: int = 0, limit: int = 50
+    ) -> SessionPage:
+        """One page of this owner's live sessions whose id starts with ``prefix``, newest
+        first (equal creation times: the greater id first), with their count and the
+        cursor of the page after (None after the last).
+
+        ``cursor`` (the ``next_cursor`` of the page before, of this owner and search)
+        starts the page after that page's last session, however deep, at the cost of
+        the first page; a session created or deleted meanwhile moves no other one in or
+        out of the pages still to come. ``offset`` (from the cursor, or from the top)
+        skips that many sessions, up to :data:`MAX_PAGE_OFFSET` (``PageTooDeep`` past
+        it): in the cluster layout skipping reads the ids skipped. A malformed, altered
+        or another listing's cursor is ``InvalidCursor``.
 
         Sessions that expired and that no page or sweep has met yet may still be
         counted (see the docs' Redis key layout). On the unscoped store this is the
@@ -316,12 +350,26 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
             raise InvalidValue("The session id prefix must be a string.")
         offset = validate_int(offset, name="offset", minimum=0)
         limit = validate_int(limit, name="limit", minimum=0)
+        if offset > MAX_PAGE_OFFSET:
+            raise PageTooDeep(
+                f"Invalid offset {offset}: a page starts at most {MAX_PAGE_OFFSET} sessions in;"
+                " follow the cursor of the page before (next_cursor) instead."
+            )
+        namespace = owner_namespace(self.owner)
+        after = None if cursor is None else decode_cursor(namespace, prefix, cursor)
         if prefix and not SESSION_ID_PATTERN.fullmatch(prefix):
-            return 0, []  # no session id starts with it (nor can it reach another namespace)
+            return SessionPage(
+                0, [], None
+            )  # no session id starts with it (nor can it reach another namespace)
         if self.mirror.restore_pending:
             self._not_restored()
-        total, infos = self.backend.list_session_page(self._prefix(prefix), offset, limit)
-        return total, [self._info(info) for info in infos]
+        # One more than the page: whether a page follows.
+        total, infos = self.backend.list_session_page(self._prefix(prefix), offset, limit + 1, after=after)
+        following = None
+        if len(infos) > limit > 0:
+            last = infos[limit - 1]
+            following = encode_cursor(namespace, prefix, (last["created_at"], last["session_id"]))
+        return SessionPage(total, [self._info(info) for info in infos[:limit]], following)
 
     def _prefix(self, prefix: str) -> str:
         return owner_namespace(self.owner) + prefix

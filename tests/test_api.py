@@ -369,14 +369,19 @@ class TestSessions:
                 assert not {"cmdstat_scan", "cmdstat_sscan", "cmdstat_zscan", "cmdstat_smembers"} & set(stats)
             return body["count"], [s["session_id"] for s in body["results"]], body["next"], body["previous"]
 
-        assert page("?page_size=3") == (8, ["other", "s6", "s5"], url + "?page=2&page_size=3", None)
-        assert page("?page_size=3&page=2") == (
-            8,
-            ["s4", "s3", "s2"],
-            url + "?page=3&page_size=3",
-            url + "?page_size=3",
-        )
+        def cursor_of(link, rest):  # a cursor link: the page's query with the cursor
+            assert link.startswith(url + "?cursor=") and link.endswith(rest), link
+            return link[len(url) :]
+
+        count, ids, following, previous = page("?page_size=3")
+        assert (count, ids, previous) == (8, ["other", "s6", "s5"], None)
+        count, ids, following, previous = page(cursor_of(following, "&page_size=3"))
+        assert (count, ids, previous) == (8, ["s4", "s3", "s2"], None)  # a cursor reads forward only
+        assert page(cursor_of(following, "&page_size=3")) == (8, ["s1", "s0"], None, None)
+        count, ids, following, previous = page("?page_size=3&page=2")
+        assert (count, ids, previous) == (8, ["s4", "s3", "s2"], url + "?page_size=3")
         last = (8, ["s1", "s0"], None, url + "?page=2&page_size=3")
+        assert page(cursor_of(following, "&page_size=3")) == (*last[:2], None, None)
         assert page("?page_size=3&page=3") == last
         assert page("?search=s&page_size=3&page=3") == (
             7,
@@ -384,12 +389,40 @@ class TestSessions:
             None,
             url + "?page=2&page_size=3&search=s",
         )
+        count, ids, following, _ = page("?search=s&page_size=6")
+        assert (count, ids) == (7, ["s6", "s5", "s4", "s3", "s2", "s1"])
+        assert page(cursor_of(following, "&page_size=6&search=s")) == (7, ["s0"], None, None)
         assert page("?search=s5") == (1, ["s5"], None, None)
         assert page("?search=nothing") == (0, [], None, None)
         for query in ("?page_size=3&page=4", "?page=0", "?page=two", "?page=1.0"):
             assert error_of(api.get(API + "sessions/" + query)) == (404, "not_found")
         body = api.get(API + "sessions/?page_size=3&page=last").json()
         assert (body["count"], [s["session_id"] for s in body["results"]]) == last[:2]
+
+    def test_list_cursor_and_page_refusals(self, api, store, configure, pages_only):
+        for i in range(4):
+            store.create_session(f"s{i}")
+        following = api.get(API + "sessions/?page_size=1").json()["next"]
+        cursor = following.split("cursor=")[1].split("&")[0]
+        other = configure().for_owner("user:9")  # another owner's cursor
+        other.create_session("x1")
+        other.create_session("x2")
+        theirs = other.session_page(limit=1).next_cursor
+        for query in (
+            "?cursor=",
+            "?cursor=garbage",
+            f"?cursor={cursor[:-2]}",
+            f"?cursor={cursor}&search=s",  # another search's
+            f"?cursor={theirs}",
+            "?cursor=" + "A" * 5000,
+        ):
+            response = api.get(API + "sessions/" + query)
+            assert error_of(response) == (400, "invalid_cursor"), query
+            assert "x1" not in response.content.decode() and "x2" not in response.content.decode()
+        status, code = error_of(api.get(API + "sessions/?page_size=500&page=4"))  # 1,500 in
+        assert (status, code) == (400, "page_too_deep")
+        assert "cursor" in api.get(API + "sessions/?page_size=500&page=4").json()["detail"]
+        assert error_of(api.get(API + "sessions/?page_size=500&page=3")) == (404, "not_found")  # 1,000 in
 
     def test_list_leaves_out_expired_sessions(self, api, store, pages_only):
         for i in range(4):

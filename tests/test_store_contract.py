@@ -8,16 +8,19 @@ import pytest
 
 from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
 from persistent_memory.exceptions import (
+    InvalidCursor,
     InvalidKey,
     InvalidSessionId,
     InvalidValue,
     KeyNotFound,
     NotANumber,
+    PageTooDeep,
     SessionExists,
     SessionExpired,
     SessionNotFound,
 )
 from persistent_memory.history import operation_count
+from persistent_memory.store import MAX_PAGE_OFFSET
 from tests.conftest import TOPOLOGIES
 from tests.timing import LIVE_TTL, wait_past
 
@@ -723,6 +726,121 @@ def test_a_page_far_past_the_end_is_empty(store):
     # double arithmetic into a 503.
     store.create_session("s1")
     store.create_session("s2")
-    assert store.list_session_page(offset=2**62, limit=2**62) == (2, [])
+    assert store.list_session_page(offset=MAX_PAGE_OFFSET, limit=2**62) == (2, [])
     total, page = store.list_session_page(offset=1, limit=2**62)
     assert total == 2 and len(page) == 1
+    with pytest.raises(PageTooDeep, match="cursor"):  # deeper: the cursor's business
+        store.list_session_page(offset=MAX_PAGE_OFFSET + 1)
+
+
+def walk_pages(store, prefix="", *, limit, between=None):
+    """Every page of a listing by its cursor: the ids, page by page."""
+    pages, cursor = [], None
+    while True:
+        page = store.session_page(prefix, cursor=cursor, limit=limit)
+        pages.append([info["session_id"] for info in page.sessions])
+        assert len(pages) < 1000
+        if page.next_cursor is None:
+            return pages
+        assert len(page.sessions) == limit  # a cursor only after a full page
+        if between is not None:
+            between(pages)
+        cursor = page.next_cursor
+
+
+class TestCursor:
+    """A page's cursor reads on from its last session, however deep (see session_page)."""
+
+    def test_every_session_once_newest_first(self, store):
+        ids = [f"s{i:02d}" for i in range(23)]
+        for session_id in ids:
+            store.create_session(session_id)
+        newest_first = sorted(ids, key=lambda sid: (store.session_info(sid)["created_at"], sid), reverse=True)
+        for limit in (1, 5, 23):
+            pages = walk_pages(store, limit=limit)
+            assert [sid for page in pages for sid in page] == newest_first, limit
+            assert [len(page) for page in pages[:-1]] == [limit] * (len(pages) - 1)
+        # the count, and the last page's end: no cursor after it
+        page = store.session_page(limit=23)
+        assert (page.total, page.next_cursor) == (23, None)
+        assert store.session_page(limit=22).next_cursor is not None
+        assert store.session_page(limit=0) == (23, [], None)
+
+    def test_a_search_pages_by_cursor(self, store):
+        for i in range(12):
+            store.create_session(f"chat-{i:02d}")
+            store.create_session(f"other-{i:02d}")
+        chats = walk_pages(store, "chat-", limit=5)
+        assert [len(page) for page in chats] == [5, 5, 2]
+        expected = sorted((f"chat-{i:02d}" for i in range(12)), reverse=True)
+        found = [sid for page in chats for sid in page]
+        assert sorted(found, reverse=True) == expected and len(set(found)) == 12
+
+    def test_equal_times_across_pages_and_the_cursors_session_deleted(self, store):
+        for i in range(9):  # nine sessions created at one instant (restored)
+            store.backend.restore_session(snapshot(f"tie-{i}", 1_700_000_000.25), replace=False)
+        store.backend.restore_session(snapshot("older", 1_600_000_000.5), replace=False)
+        store.create_session("newest")
+        expected = ["newest", *(f"tie-{i}" for i in range(8, -1, -1)), "older"]
+        assert sum(walk_pages(store, limit=2), []) == expected
+        # The session a cursor stands at goes before the next page is read: that page
+        # starts just after where it was, equal times included.
+        first = store.session_page(limit=4)
+        assert [i["session_id"] for i in first.sessions] == expected[:4]
+        store.delete_session("tie-6")
+        after = store.session_page(cursor=first.next_cursor, limit=3)
+        assert [i["session_id"] for i in after.sessions] == expected[4:7]
+
+    def test_stable_under_creations_and_deletions(self, store):
+        for i in range(30):
+            store.create_session(f"s{i:02d}")
+        before = sum(walk_pages(store, limit=100), [])
+        deleted = set()
+
+        def meanwhile(pages):
+            # A newer session (it belongs before the cursor: no page still to come shows
+            # it), a deletion further on (nor that one), and every other time the deletion
+            # of the session the cursor stands at.
+            seen = {sid for page in pages for sid in page}
+            store.create_session(f"new-{len(pages)}")
+            ahead = [sid for sid in before if sid not in seen and sid not in deleted]
+            if len(ahead) > 2:
+                store.delete_session(ahead[2])
+                deleted.add(ahead[2])
+            if len(pages) % 2:
+                store.delete_session(pages[-1][-1])
+
+        seen = sum(walk_pages(store, limit=4, between=meanwhile), [])
+        assert deleted and seen == [sid for sid in before if sid not in deleted]
+
+    def test_an_offset_from_a_cursor(self, store):
+        for i in range(10):
+            store.create_session(f"s{i}")
+        everything = sum(walk_pages(store, limit=10), [])
+        first = store.session_page(limit=3)
+        total, later = store.list_session_page(cursor=first.next_cursor, offset=2, limit=3)
+        assert (total, [i["session_id"] for i in later]) == (10, everything[5:8])
+
+    def test_a_cursor_belongs_to_its_owner_and_search(self, store):
+        alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
+        for owner in (alice, bob, store):
+            for i in range(3):
+                owner.create_session(f"a{i}")
+        cursor = alice.session_page(limit=1).next_cursor
+        assert cursor is not None
+        assert [i["session_id"] for i in alice.session_page(cursor=cursor).sessions] == ["a1", "a0"]
+        forged = cursor[:-1] + ("A" if cursor[-1] != "A" else "B")
+        payload, _, signature = cursor.rpartition(":")
+        for refused in (
+            lambda: bob.session_page(cursor=cursor),  # another owner's
+            lambda: store.session_page(cursor=cursor),  # the unowned listing's
+            lambda: alice.session_page("a", cursor=cursor),  # another search's
+            lambda: alice.session_page(cursor=forged),
+            lambda: alice.session_page(cursor=payload + ":" + signature[::-1]),
+            lambda: alice.session_page(cursor="garbage"),
+            lambda: alice.session_page(cursor=""),
+            lambda: alice.session_page(cursor="x" * 10_000),
+            lambda: alice.session_page(cursor=5),
+        ):
+            with pytest.raises(InvalidCursor):
+                refused()

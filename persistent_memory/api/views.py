@@ -46,7 +46,7 @@ from persistent_memory.idempotency import KEY_PATTERN as IDEMPOTENCY_KEY_PATTERN
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.resolvers import resolve_owner
-from persistent_memory.store import MemoryStore, get_store
+from persistent_memory.store import MAX_PAGE_OFFSET, MemoryStore, get_store
 from persistent_memory.validation import validate_run_id
 
 
@@ -302,7 +302,16 @@ class SessionListView(MemoryAPIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("search", str, description="Only sessions whose id starts with this."),
-            OpenApiParameter("page", int),
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="The page after the one whose 'next' link gave it (any page costs the same).",
+            ),
+            OpenApiParameter(
+                "page",
+                int,
+                description=f"A page within the first {MAX_PAGE_OFFSET:,} sessions.",
+            ),
             OpenApiParameter("page_size", int),
         ],
         responses={200: s.SessionPage, **errors(404)},

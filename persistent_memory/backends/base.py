@@ -218,10 +218,18 @@ class BaseBackend(ABC):
         (``~o:{owner}~``) lists only that owner's; any other prefix only unowned ones.
         """
 
-    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
+    def list_session_page(
+        self, prefix: str, offset: int, limit: int, *, after: tuple[float, str] | None = None
+    ) -> tuple[int, list[SessionInfo]]:
         """How many live sessions of ``prefix``'s namespace have an id starting with
         ``prefix``, and the ``limit`` of them from ``offset``, newest first (equal
         creation times: the greater id first).
+
+        ``after`` (a creation time and a session id: the last session of the page
+        before) starts the page at the first session that comes after that position in
+        this order, whether or not that session is still there; ``offset`` then counts
+        from it. A backend reads about ``limit`` ids from ``after`` (per bucket of its
+        listing), however deep the page.
 
         Unlike :meth:`list_session_infos`, ``""`` (or any prefix outside an owner's
         namespace) selects the unowned namespace alone. Ids of sessions gone since they
@@ -234,8 +242,9 @@ class BaseBackend(ABC):
             for info in self.list_session_infos(prefix)
             if namespace_of(info["session_id"]) == namespace and info["session_id"].startswith(prefix)
         ]
-        infos.sort(key=lambda info: (info["created_at"], info["session_id"]), reverse=True)
-        return len(infos), infos[offset : offset + limit]
+        later = [info for info in infos if after is None or (info["created_at"], info["session_id"]) < after]
+        later.sort(key=lambda info: (info["created_at"], info["session_id"]), reverse=True)
+        return len(infos), later[offset : offset + limit]
 
     @abstractmethod
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:

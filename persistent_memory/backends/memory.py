@@ -9,9 +9,10 @@ import os
 import threading
 import time
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
@@ -480,7 +481,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             self._prune(time.time())
             return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
 
-    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
+    def list_session_page(
+        self, prefix: str, offset: int, limit: int, *, after: tuple[float, str] | None = None
+    ) -> tuple[int, list[SessionInfo]]:
         namespace = namespace_of(prefix)
         now = time.time()
         page: list[SessionInfo] = []
@@ -489,20 +492,27 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             names = self._by_name.get(namespace, [])
             first = bisect_left(names, prefix)
             total = bisect_left(names, prefix + "\U0010ffff", first) - first
+            # Newest first from the position after ``after``: indexes below ``top``, down.
+            top = len(ordered) if after is None else bisect_left(ordered, after)
             if total == len(ordered):  # no search, or every id matches: a range of the time order
-                position = offset
-                while len(page) < limit and position < len(ordered):
-                    if self._add_live(page, ordered[-1 - position][1], now):
-                        position += 1
-                    else:  # dropped: the next one moved up to this position
+                position = top - 1 - offset
+                while len(page) < limit and position >= 0:
+                    # A dropped one leaves the ones below it where they were.
+                    if not self._add_live(page, ordered[position][1], now):
                         total -= 1
+                    position -= 1
                 return total, page
+            matches: Iterable[str]
             if total * 8 > len(ordered):  # a wide search: filtering the time order costs less
-                matches = [sid for _, sid in reversed(ordered) if sid.startswith(prefix)]
+                matches = (ordered[i][1] for i in range(top - 1, -1, -1) if ordered[i][1].startswith(prefix))
             else:  # a narrow one: sort the matches
-                matches = names[first : first + total]
-                matches.sort(key=lambda sid: (self._sessions[sid].created_at, sid), reverse=True)
-            for session_id in matches[offset:]:
+                narrow = [
+                    sid
+                    for sid in names[first : first + total]
+                    if after is None or (self._sessions[sid].created_at, sid) < after
+                ]
+                matches = sorted(narrow, key=lambda sid: (self._sessions[sid].created_at, sid), reverse=True)
+            for session_id in islice(matches, offset, None):
                 if len(page) == limit:
                     break
                 if not self._add_live(page, session_id, now):

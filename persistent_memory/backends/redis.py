@@ -28,6 +28,7 @@ sweep, the mirror's and the summarizers' queues) reads every bucket.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import time
@@ -150,8 +151,25 @@ def tail_reply(replies: list[Any]) -> Any:
     return [texts[item] if type(item) is int and item < 0 else item for item in reply]
 
 
+logger = logging.getLogger(__name__)
+
 #: Up to this many sessions, listing them is one script; beyond, batches (see redis.lua).
 ONE_STEP_LIST_LIMIT = 2000
+
+
+#: What the 'delete' script adds to its reply when keys of the session were not of their type.
+_DAMAGED = "~damaged"
+
+
+def _position(after: tuple[float, str] | None) -> tuple[str, str]:
+    """ARGV of a page's start (see indexes.lua): a creation time as the text Redis parses
+    back to the same double (``repr``), and an id; empty for the first page."""
+    return ("", "") if after is None else (repr(after[0]), after[1])
+
+
+def _page_order(info: Any) -> tuple[float, str]:
+    """The listing's order, as the time index sorts it (score, then the id's bytes)."""
+    return info["created_at"], info["session_id"]
 
 
 class _TooMany(Exception):
@@ -871,23 +889,107 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             if cursor == 0:
                 return list({info["session_id"]: info for info in infos}.values())
 
-    def list_session_page(self, prefix: str, offset: int, limit: int) -> tuple[int, list[SessionInfo]]:
-        # In the cluster layout every bucket gives its first offset + limit, merged here.
+    def list_session_page(
+        self, prefix: str, offset: int, limit: int, *, after: tuple[float, str] | None = None
+    ) -> tuple[int, list[SessionInfo]]:
+        namespace = namespace_of(prefix)
         roots = self.layout.roots()
-        first = (str(offset), str(limit)) if len(roots) == 1 else ("0", str(offset + limit))
-        replies = self._each_root("page", prefix, *first, namespace=namespace_of(prefix))
-        infos = [
-            self._info(flat[i].decode(), flat[i + 1 : i + 7])
-            for flat in replies
-            for i in range(1, len(flat), 7)
-        ]
-        if len(roots) > 1:
-            infos.sort(key=lambda info: (info["created_at"], info["session_id"]), reverse=True)
-            infos = infos[offset : offset + limit]
-        return sum(flat[0] for flat in replies), infos
+        if len(roots) == 1:  # one index: the script seeks the page itself
+            position = _position(after)
+            reply = self._run(
+                "page", "", prefix, str(offset), str(limit), *position, "", root=roots[0], namespace=namespace
+            )
+            return self._page_of([reply], ids_only=False)
+        if offset:
+            # The cluster layout: where the page starts, read as ids alone (no info).
+            total, passed = self._merged_page(prefix, offset, after, ids_only=True)
+            if len(passed) < offset:
+                return total, []
+            after = (passed[-1]["created_at"], passed[-1]["session_id"])
+        return self._merged_page(prefix, limit, after, ids_only=False)
+
+    def _merged_page(
+        self, prefix: str, want: int, after: tuple[float, str] | None, *, ids_only: bool
+    ) -> tuple[int, list[SessionInfo]]:
+        """The ``want`` newest sessions after ``after`` over every bucket, and the count.
+
+        Each bucket is asked for a share of the page (twice its even part, and two): the
+        ids of a namespace are spread evenly over the buckets by a hash. A bucket that
+        gave all it was asked for, and whose last one would still be on the page, is
+        asked again from that one (twice as many), until no bucket can hold a session
+        that belongs on the page: a bucket reads about ``want`` ids at most, and a page
+        usually needs one round trip.
+        """
+        namespace = namespace_of(prefix)
+        roots = self.layout.roots()
+        share = min(want, -(-want * 2 // len(roots)) + 2)
+        found: dict[str, list[SessionInfo]] = {root: [] for root in roots}
+        counts: dict[str, int] = {}
+        asked = {root: share for root in roots}
+        pending: dict[str, tuple[float, str] | None] = dict.fromkeys(roots, after)
+        while pending:
+            commands = [
+                self._command(
+                    "page",
+                    "",
+                    (prefix, "0", str(asked[root]), *_position(start), "1" if ids_only else ""),
+                    root=root,
+                    namespace=namespace,
+                )
+                for root, start in pending.items()
+            ]
+            replies = self._run_many(commands)
+            for reply in replies:
+                if isinstance(reply, redis.ResponseError):
+                    raise self._error(reply)
+            full = []
+            for root, reply in zip(pending, replies, strict=True):
+                total, infos = self._page_of([reply], ids_only=ids_only)
+                counts[root] = total
+                found[root].extend(infos)
+                if want and len(infos) == asked[root]:
+                    full.append(root)
+            merged = sorted(
+                (info for infos in found.values() for info in infos), key=_page_order, reverse=True
+            )[:want]
+            end = _page_order(merged[-1]) if len(merged) == want and want else None
+            pending = {}
+            for root in full:
+                last = _page_order(found[root][-1])
+                if end is None or last > end:
+                    pending[root] = last
+                    asked[root] = min(want, asked[root] * 2)
+        return sum(counts.values()), merged
+
+    def _page_of(self, replies: list[Any], *, ids_only: bool) -> tuple[int, list[SessionInfo]]:
+        """The count and the sessions of 'page' replies (logging the damaged ones skipped);
+        ``ids_only``: each session's id and creation time alone."""
+        damaged = sum(reply[1] for reply in replies)
+        if damaged:
+            logger.warning("A listing skipped %d session(s) whose Redis keys are not of their type.", damaged)
+        step = 2 if ids_only else 7
+        infos: list[Any] = []
+        for flat in replies:
+            for i in range(2, len(flat), step):
+                session_id = flat[i].decode()
+                if ids_only:
+                    infos.append({"session_id": session_id, "created_at": float(flat[i + 1])})
+                else:
+                    infos.append(self._info(session_id, flat[i + 1 : i + 7]))
+        return sum(reply[0] for reply in replies), infos
 
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
-        return sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))
+        cleared = sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))
+        if _DAMAGED in cleared:
+            # Keys of the session that were written over by hand named others, which only a
+            # scan of its keys finds now (a rare repair, not a request's usual path).
+            cleared.remove(_DAMAGED)
+            root = self.layout.root_of(session_id)
+            removed = self._unlink_matching([f"{_glob_escape(f'{root}:{session_id}:')}*"])
+            logger.warning(
+                "Deleted session %r, whose keys were not of their type (%d more keys).", session_id, removed
+            )
+        return cleared
 
     # Values -----------------------------------------------------------------
 

@@ -21,6 +21,15 @@ local function sets_for(wanted)
   return {{NODE_SESSIONS, false}}
 end
 
+-- The current session's info (its meta a hash); nil when another of its keys is not
+-- of its type.
+local function info_if_sound()
+  local ok, fields = pcall(info)
+  if ok then
+    return fields
+  end
+end
+
 if op == 'list' or op == 'list_info' then
   local wanted = arg(1) or ''
   local sets = sets_for(wanted)
@@ -37,13 +46,17 @@ if op == 'list' or op == 'list_info' then
     for _, id in ipairs(ids) do
       if wanted == '' or string.sub(id, 1, #wanted) == wanted then
         use_session(id)
-        if redis.call('EXISTS', META) == 0 then
+        local kind = redis.call('TYPE', META).ok
+        if kind == 'none' then
           stale[#stale + 1] = id
           mark_dirty(id)
-        else
+        elseif op == 'list' then -- a damaged one too: its id, for an operator to delete it
           live[#live + 1] = id
-          if op == 'list_info' then
-            for _, field in ipairs(info()) do live[#live + 1] = field end
+        elseif op == 'list_info' then
+          local fields = kind == 'hash' and info_if_sound()
+          if fields then -- else damaged (see 'page'): left out
+            live[#live + 1] = id
+            for _, field in ipairs(fields) do live[#live + 1] = field end
           end
         end
       end
@@ -111,25 +124,61 @@ end
 
 -- One page of one namespace's live sessions, newest first (equal times: greater id
 -- first). arg(1) the storage id prefix (a namespace, then the id prefix searched),
--- arg(2) offset, arg(3) limit. Replies the count, then each session's id and info.
+-- arg(2) offset, arg(3) limit, arg(4) and arg(5) a position to start after (a creation
+-- time, as text, and an id: the last session of the page before; '' for the start),
+-- arg(6) '1' for ids and creation times alone (no info). Replies the count, how many
+-- sessions were skipped as damaged, then each session's id and info (or creation time).
 --
--- Without a search the page is a range of the time index: O(log N + limit). A
--- search counts its matches in the name index (ZLEXCOUNT, O(log N)), then either
--- walks the time index newest first keeping the ids with the prefix, when the page
--- should come within WALK times the matches' number of ids, or orders the matches
--- by time in a sorted set of the script's own, '{prefix}:~search' (ZRANGESTORE of
--- the lex range, then ZINTERSTORE with the time index), deleted before it returns.
--- A walk that reads past its budget (matches bunched far back) turns to the latter,
--- so a search costs O(log N + matches log matches) at most, and a first page of a
--- wide search far less.
+-- Without a search the page is a range of the time index: O(log N + limit), from the
+-- start or from a position (its rank counted with ZCOUNT and ZREVRANK, both O(log N)),
+-- so a page deep in the listing costs what the first one costs. A search counts its
+-- matches in the name index (ZLEXCOUNT, O(log N)), then either walks the time index
+-- newest first keeping the ids with the prefix, when the page should come within WALK
+-- times the matches' number of ids, or orders the matches by time in a sorted set of
+-- the script's own, '{prefix}:~search' (ZRANGESTORE of the lex range, then ZINTERSTORE
+-- with the time index), deleted before it returns. A walk that reads past its budget
+-- (matches bunched far back) turns to the latter, so a search costs O(log N + matches
+-- log matches) at most, and a first page of a wide search far less.
 --
 -- An id whose session has gone (expired, not yet swept) is dropped from the indexes
 -- where the page meets it and the page reads on past it, so it still holds ``limit``
--- sessions; the count leaves out those met.
+-- sessions; the count leaves out those met. A session whose keys are not of their type
+-- (written over by hand: the meta not a hash, ...) is skipped and counted apart, so
+-- that one damaged session does not fail its owner's listing; it stays indexed, and
+-- deleting it removes its keys.
 local WALK = 4
+
+-- How many entries of ``ordered`` (newest first) come before the one after the
+-- position ``at`` (a creation time's text) and ``after`` (an id): O(log N), plus the
+-- ids of equal times when ``after`` has left the set.
+local function rank_after(ordered, at, after)
+  local rank = redis.call('ZCOUNT', ordered, '(' .. at, '+inf')
+  local score = redis.call('ZSCORE', ordered, after)
+  if score and tonumber(score) == tonumber(at) then
+    return redis.call('ZREVRANK', ordered, after) + 1
+  end
+  if redis.call('ZCOUNT', ordered, at, at) == 0 then
+    return rank
+  end
+  local first = 0
+  while true do
+    local ties = redis.call('ZREVRANGEBYSCORE', ordered, at, at, 'LIMIT', first, CHUNK)
+    for _, id in ipairs(ties) do
+      if not bytewise(after, id) then
+        return rank
+      end
+      rank = rank + 1
+    end
+    if #ties < CHUNK then
+      return rank
+    end
+    first = first + CHUNK
+  end
+end
 
 if op == 'page' then
   local wanted, offset, limit = arg(1), tonumber(arg(2)), tonumber(arg(3))
+  local at, after, ids_only = arg(4) or '', arg(5) or '', arg(6) == '1'
   local namespace = namespace_of(wanted) or ''
   local by_time, by_name = listing_sets(wanted)
   if namespace == '' then
@@ -163,10 +212,18 @@ if op == 'page' then
     return redis.call('ZINTERSTORE', search, 2, search, by_time, 'WEIGHTS', 0, 1)
   end
 
+  -- Where a walk of ``ordered`` starts: after the position given, else at the top.
+  local function start_of(ordered)
+    if at == '' then
+      return 0
+    end
+    return rank_after(ordered, at, after)
+  end
+
   -- Read ``ordered`` newest first from ``position``, keeping the ids that start with
   -- ``filter`` (nil: all), skipping ``skip`` of them, up to ``limit`` live ones. With
   -- a ``budget``, false when more ids than that were read before the page was full.
-  local reply, found = {0}, 0
+  local reply, found = {0, 0}, 0
   local function walk(ordered, filter, position, skip, budget)
     local read = 0
     while found < limit do
@@ -174,8 +231,9 @@ if op == 'page' then
       if filter then
         want = math.min(CHUNK, math.ceil((want + skip) * everyone / total) + 16)
       end
-      local ids = redis.call('ZREVRANGE', ordered, position, position + want - 1)
-      for _, id in ipairs(ids) do
+      local ids = redis.call('ZREVRANGE', ordered, position, position + want - 1, 'WITHSCORES')
+      for i = 1, #ids, 2 do
+        local id = ids[i]
         if found == limit then
           return true
         end
@@ -186,10 +244,20 @@ if op == 'page' then
           position = position + 1
         else
           use_session(id)
-          if redis.call('EXISTS', META) == 1 then
+          local kind = redis.call('TYPE', META).ok
+          local fields = kind == 'hash' and (ids_only or info_if_sound())
+          if fields then
             reply[#reply + 1] = id
-            for _, field in ipairs(info()) do reply[#reply + 1] = field end
+            if ids_only then
+              reply[#reply + 1] = ids[i + 1]
+            else
+              for _, field in ipairs(fields) do reply[#reply + 1] = field end
+            end
             found = found + 1
+            position = position + 1
+          elseif kind ~= 'none' then -- damaged: skipped, kept indexed
+            reply[2] = reply[2] + 1
+            total = total - 1
             position = position + 1
           else -- gone: the next id moves up to its place
             unindex(id)
@@ -201,8 +269,8 @@ if op == 'page' then
           end
         end
       end
-      read = read + #ids
-      if #ids < want then
+      read = read + #ids / 2
+      if #ids / 2 < want then
         return true
       end
       if budget and read > budget then
@@ -215,14 +283,14 @@ if op == 'page' then
   if total == 0 then
     return reply
   elseif total == everyone then -- no search, or every id matches
-    walk(by_time, nil, offset, 0)
+    walk(by_time, nil, start_of(by_time) + offset, 0)
   elseif (offset + limit) * everyone / total <= WALK * total
-    and walk(by_time, wanted, 0, offset, WALK * total) then
+    and walk(by_time, wanted, start_of(by_time), offset, WALK * total) then
     -- the page came from the walk
   else
-    reply, found = {0}, 0
+    reply, found = {0, 0}, 0
     total = sorted_matches()
-    walk(search, nil, offset, 0)
+    walk(search, nil, start_of(search) + offset, 0)
     redis.call('DEL', search)
   end
   reply[1] = total

@@ -12,11 +12,24 @@ if err then return err end
 if op == 'info' then
   return info()
 elseif op == 'delete' then
+  -- A key written over by hand (not of its type) goes first, so that the rest can be
+  -- read; what only it named (a key set's value keys) the caller clears ('~damaged').
+  local damaged = false
+  for _, expected in ipairs({{KEYSET, 'set'}, {RUNS, 'zset'}, {base .. '~convs', 'set'}}) do
+    local kind = redis.call('TYPE', expected[1]).ok
+    if kind ~= expected[2] and kind ~= 'none' then
+      redis.call('DEL', expected[1])
+      damaged = true
+    end
+  end
   local keys = redis.call('SMEMBERS', KEYSET)
   purge_leftovers()
   redis.call('DEL', META)
   unindex(sid)
   mark_dirty()
+  if damaged then
+    keys[#keys + 1] = '~damaged'
+  end
   return remember(keys)
 elseif op == 'put' then
   local key = arg(1)
