@@ -39,6 +39,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # JSON errors on the API's paths with DEBUG on too (see docs/install.md).
+    "persistent_memory.error_views.APIErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the API docs' static files, with DEBUG off too.
     "whitenoise.middleware.WhiteNoiseMiddleware",

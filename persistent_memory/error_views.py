@@ -17,18 +17,29 @@ URLconf::
 
 (DRF's ``rest_framework.exceptions.bad_request``/``server_error`` answer JSON on every
 path, with no code and no request id: the admin would then answer JSON too.)
+
+With ``DEBUG`` on, Django calls none of these for an exception raised before a view (a
+bad ``Host``, a body too big, a middleware's exception): it renders its debug page
+itself. :class:`APIErrorsMiddleware`, first in ``MIDDLEWARE``, answers those as JSON on
+the API's paths too, so that the API's errors do not change with ``DEBUG``.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import TemplateDoesNotExist, loader
 from django.urls import Resolver404, resolve
 from django.utils.html import escape
 from django.views import defaults
+from django.views.debug import ExceptionReporter
 from rest_framework import exceptions
+from rest_framework.response import Response
 
 from persistent_memory.api.errors import (
     DATABASE_UNAVAILABLE,
@@ -102,3 +113,57 @@ def server_error(request: HttpRequest) -> HttpResponse:
     except TemplateDoesNotExist:  # a project without APP_DIRS: still a page that says it
         page = f"<h1>Service unavailable (503)</h1><p>{escape(body['detail'])}</p>"
     return HttpResponse(page, status=error.status_code, headers=headers)
+
+
+#: The request attribute where :class:`APIErrorsMiddleware` finds the exception Django's
+#: debug page was rendered for.
+_DEBUG_CAUSE = "_persistent_memory_debug_cause"
+
+
+class _NotingReporter(ExceptionReporter):
+    """Django's exception reporter, noting on the request the exception it reports."""
+
+    def __init__(
+        self,
+        request: HttpRequest | None,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        if request is not None:
+            setattr(request, _DEBUG_CAUSE, exc_value)
+        super().__init__(request, exc_type, exc_value, tb, *args, **kwargs)
+
+
+class APIErrorsMiddleware:
+    """JSON errors on the API's paths with ``DEBUG`` on, as with it off.
+
+    With ``DEBUG`` on, Django answers an exception raised before a view with its debug
+    page (HTML, with the request's headers and the settings), not with the project's
+    handlers. This middleware, first in ``MIDDLEWARE``, replaces such a page on an API
+    path by the handlers' answer: a bad ``Host`` is 400 ``disallowed_host``, a body too
+    big 413, the database down 503, anything else 500, none of them showing a host or an
+    address. It learns which exception the page was for from the exception reporter
+    Django renders the page with (set on API requests here). With ``DEBUG`` off it does
+    nothing: Django calls the handlers then.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not settings.DEBUG or not is_api_request(request):
+            return self.get_response(request)
+        request.exception_reporter_class = _NotingReporter  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        if response.status_code < 400 or isinstance(response, Response | JsonResponse):
+            return response  # the API's own answers, and the handlers'
+        cause = getattr(request, _DEBUG_CAUSE, None)
+        if response.status_code == 404:  # Django's debug 404 page
+            return page_not_found(request, cause)
+        if response.status_code < 500:
+            return _json(request, _as_api_error(cause, BadRequest()), cause)
+        database_down = isinstance(cause, DATABASE_UNAVAILABLE)
+        return _json(request, DatabaseUnavailable() if database_down else ServerError(), cause)

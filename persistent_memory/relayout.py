@@ -71,9 +71,11 @@ def _noop(report: RelayoutReport) -> None:
 
 def same_session(a: SessionSnapshot, b: SessionSnapshot, tolerance: float = EXPIRY_TOLERANCE) -> bool:
     """Whether two snapshots hold the same session: values, history, conversations,
-    checkpoints, creation time, TTLs, and absolute expiries within ``tolerance`` seconds."""
+    checkpoints, creation time, TTLs, what the expiry is from (``expires_by``), and
+    absolute expiries within ``tolerance`` seconds."""
     info_a, info_b = a["info"], b["info"]
-    if any(info_a[name] != info_b[name] for name in ("created_at", "ttl_seconds", "idle_ttl_seconds")):
+    compared = ("created_at", "ttl_seconds", "idle_ttl_seconds", "expires_by")
+    if any(info_a[name] != info_b[name] for name in compared):
         return False
     expires_a, expires_b = info_a["expires_at"], info_b["expires_at"]
     if (expires_a is None) != (expires_b is None):

@@ -30,21 +30,94 @@ def pre(body: str, element_id: str) -> str:
     return html.unescape(re.search(rf'<pre id="{element_id}">(.*?)</pre>', body, re.S).group(1))
 
 
-def test_home_page_shows_the_backend_and_live_counts(client, store):
-    store.create_session("visible")
-    store.put("visible", "topic", "Paris")
-    owned = store.for_owner("user:7")
+def fill(store, owners: int, sessions: int, first: int = 0) -> None:
+    """``sessions`` sessions of each of ``owners`` other owners, with a value each."""
+    for number in range(first, first + owners):
+        owned = store.for_owner(f"user:{9000 + number}")
+        for index in range(sessions):
+            owned.create_session(f"s{index}")
+            owned.put(f"s{index}", "topic", "Paris")
+
+
+def test_home_page_shows_a_visitor_nothing_of_any_owner_nor_where_the_store_is(client, store, db):
+    store.create_session("unowned")
+    store.put("unowned", "topic", "Paris")
+    fill(store, owners=2, sessions=3)
+    body = client.get("/").content.decode()
+    assert f"<strong>{store.backend.name}</strong>" in body and "answers in" in body
+    assert counts(body) == {} and "user:9000" not in body and "unowned" not in body
+    assert 'id="sign-in"' in body
+    location = store.backend.describe()
+    if location != store.backend.name:  # Redis: its address
+        assert location not in body and "127.0.0.1" not in body
+
+
+def test_home_page_shows_a_signed_in_user_their_own_sessions(client, store, db):
+    user = get_user_model().objects.create_user("alice", password="pw-for-tests")
+    owned = store.for_owner(f"user:{user.pk}")
     owned.create_session("mine")
     owned.put("mine", "a", 1)
     owned.increment("mine", "b")
-    response = client.get("/")
-    assert response.status_code == 200
-    body = response.content.decode()
-    assert store.backend.describe() in body and f"<strong>{store.backend.name}</strong>" in body
-    assert "answers in" in body  # the backend's ping
-    assert counts(body) == {"sessions": 2, "owners": 2, "keys": 3, "history": 3}
-    store.delete_session("visible")
-    assert counts(client.get("/").content.decode())["sessions"] == 1  # live, not cached
+    fill(store, owners=2, sessions=3)
+    client.force_login(user)
+    body = client.get("/").content.decode()
+    assert counts(body) == {"sessions": 1} and "<code>mine</code>" in body
+    assert "<td>2</td><td>2</td>" in body  # its keys and history entries
+    assert "user:9000" not in body and "<code>s0</code>" not in body
+    if store.backend.describe() != store.backend.name:
+        assert store.backend.describe() not in body  # staff only
+    owned.delete_session("mine")
+    assert counts(client.get("/").content.decode()) == {"sessions": 0}  # live, not cached
+    staff = get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True)
+    client.force_login(staff)
+    assert store.backend.describe() in client.get("/").content.decode()
+
+
+class SessionsRead:
+    """A spy on the store's backend: how many calls, and how many sessions they read."""
+
+    def __init__(self, backend, monkeypatch) -> None:
+        self.calls = 0
+        self.sessions = 0
+        for name in ("list_session_infos", "list_session_page", "list_sessions", "session_info"):
+            method = getattr(backend, name)
+            monkeypatch.setattr(backend, name, self.counting(method))
+
+    def counting(self, method):
+        def call(*args, **kwargs):
+            self.calls += 1
+            answer = method(*args, **kwargs)
+            found = answer[1] if isinstance(answer, tuple) else answer
+            self.sessions += len(found) if isinstance(found, list) else 1
+            return answer
+
+        return call
+
+
+@pytest.mark.parametrize("signed_in", [False, True])
+def test_home_page_costs_the_same_whatever_the_sessions_stored(client, configure, db, monkeypatch, signed_in):
+    """The page is public: what it reads must not grow with the sessions of all owners
+    (it walked every session of every owner per request before)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    store = configure(MAX_SESSIONS=5000)
+    user = get_user_model().objects.create_user("alice", password="pw-for-tests")
+    owned = store.for_owner(f"user:{user.pk}")
+    for index in range(25):
+        owned.create_session(f"mine-{index}")
+    if signed_in:
+        client.force_login(user)
+    spy = SessionsRead(store.backend, monkeypatch)
+    seen = []
+    for owners, sessions, first in ((1, 10, 0), (10, 99, 1)):  # 10 other sessions, then 1,000
+        fill(store, owners, sessions, first)
+        spy.calls = spy.sessions = 0
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/").status_code == 200
+        seen.append((spy.calls, spy.sessions, len(queries)))
+    assert seen[0] == seen[1]
+    assert seen[0][1] <= 10  # a page of the user's own sessions at most
 
 
 def test_home_page_says_what_to_do_next(client, store, db):
@@ -65,6 +138,7 @@ def test_home_page_says_what_to_do_next(client, store, db):
         "/admin/",
         "/admin/persistent_memory/memorysession/",
         "/api/memory/health/",
+        "/admin/login/?next=/",
     } == links
     for link in links:
         response = client.get(link)
@@ -87,12 +161,16 @@ def test_home_page_curl_works_as_shown(live_server, transactional_db, store):
     assert store.for_owner(f"user:{user.pk}").list_sessions() == ["chat-42"]
 
 
-def test_home_page_reports_unreachable_redis(client, settings):
+def test_home_page_reports_unreachable_redis(client, settings, db):
     settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://:pw@127.0.0.1:1/0"}
     response = client.get("/")
     assert response.status_code == 200
     body = response.content.decode()
-    assert "Unavailable" in body and "127.0.0.1:1" in body and "pw@" not in body
+    assert "unavailable" in body and "127.0.0.1" not in body and "pw@" not in body  # a visitor
+    staff = get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True)
+    client.force_login(staff)
+    body = client.get("/").content.decode()
+    assert "Unavailable" in body and "127.0.0.1:1" in body and "pw@" not in body  # the operator
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])

@@ -86,6 +86,10 @@ def test_the_langgraph_agent_view(store, server, monkeypatch):
     # Another thread of Ada's: a new conversation, the same facts.
     assert said(ada, "t2", "What do I drink?", "Tea.")[0]["content"] == "What do I drink?"
     assert sent()[0]["content"] == "What you know about the user: I drink tea."
+    # A fact told in t2, at the same place in its thread as the first in t1: both are kept.
+    said(ada, "t2", "Remember: I live in Paris", "Noted.")
+    said(ada, "t3", "Where do I live?", "Paris.")
+    assert sent()[0]["content"] == "What you know about the user: I live in Paris; I drink tea."
     # Bob's t1 is not Ada's, and her facts are hers.
     assert len(said(bob, "t1", "Hi", "Hello Bob.")) == 2
     assert sent()[0]["content"] == "What you know about the user: nothing yet."

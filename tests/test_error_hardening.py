@@ -148,6 +148,52 @@ def test_a_500_outside_a_view_on_the_api_is_json_with_a_request_id(db, caplog):
     assert record.exc_info[1].args == ("bug in a middleware at 10.0.0.7",)
 
 
+def failing_middleware(get_response: Any) -> Any:
+    """A project's middleware with a bug, raising before any view runs."""
+
+    def middleware(request: Any) -> Any:
+        raise RuntimeError("bug in a middleware at 10.0.0.7")
+
+    return middleware
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_errors_before_a_view_are_the_same_json_whatever_debug(db, settings, debug):
+    """The REST page's promise: JSON with a code on every API path, DEBUG on or off; with
+    it on, Django renders its debug page for a bad Host itself (the handlers never run),
+    which would show the Host, the caller's address and the settings."""
+    settings.DEBUG = debug
+    client = Client(HTTP_HOST="evil.example", REMOTE_ADDR="10.9.8.7", raise_request_exception=False)
+    for method, path in (("get", "health/"), ("post", "enrich/"), ("get", "sessions/"), ("get", "no/such/")):
+        response = getattr(client, method)(API + path)
+        assert response.status_code == 400, (path, response.content[:300])
+        assert response["Content-Type"] == "application/json"
+        assert response.json() == {
+            "detail": "The request's Host header names no host this site serves.",
+            "code": "disallowed_host",
+        }
+        assert b"evil.example" not in response.content and b"10.9.8.7" not in response.content
+    # Outside the API, the site answers as Django does (its debug page with DEBUG on).
+    page = client.get("/admin/")
+    assert page.status_code == 400 and page["Content-Type"].startswith("text/html")
+    # A middleware's exception: a JSON 500 with a request id, not the debug page.
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_error_hardening.failing_middleware"]
+    response = Client(raise_request_exception=False).get(API + "health/")
+    assert response.status_code == 500 and response["Content-Type"] == "application/json"
+    assert set(response.json()) == {"detail", "code", "request_id"} and b"10.0.0.7" not in response.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_down_in_a_middleware_with_debug_on_is_a_json_503(settings, store, database_down):  # noqa: F811
+    settings.DEBUG = True
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.contrib.auth.middleware.LoginRequiredMiddleware"]
+    client = Client(raise_request_exception=False)
+    client.cookies["sessionid"] = "x" * 32
+    response = client.get(API + "sessions/")
+    assert response.status_code == 503 and response["Content-Type"] == "application/json"
+    assert response.json()["code"] == "database_unavailable"
+
+
 # The database down: authentication before a view, the schema, the admin ----------
 
 

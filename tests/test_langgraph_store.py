@@ -19,9 +19,13 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from langgraph.store.base import (
     GetOp,
     InvalidNamespaceError,
@@ -32,6 +36,8 @@ from langgraph.store.base import (
     SearchItem,
     SearchOp,
 )
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from persistent_memory.exceptions import InvalidMemory
 from persistent_memory.integrations.langgraph import PersistentMemoryStore, memory_key
@@ -40,6 +46,7 @@ from persistent_memory.memories.forget import forget_owner
 from persistent_memory.models import LongTermMemory
 from persistent_memory.store import get_store
 from tests.conftest import memory_settings_for
+from tests.storable_json import JSON
 
 pytestmark = pytest.mark.django_db
 
@@ -788,3 +795,78 @@ def test_similar_keys_are_distinct_items(lg: PersistentMemoryStore) -> None:
         lg.put(namespace, key, {"i": i})
     assert [lg.get(namespace, key).value for namespace, key in pairs] == [{"i": i} for i in range(len(pairs))]
     assert len({memory_key(namespace, key) for namespace, key in pairs}) == len(pairs)
+
+
+# --- What an owner wrote by other means (the REST API) ------------------------------------
+
+#: Marks close to an item's: the fields right and one of them wrong, and anything at all.
+MARKS = st.one_of(
+    JSON,
+    st.fixed_dictionaries(
+        {"namespace": st.just(["notes"]) | JSON, "key": st.just("k") | JSON, "ttl": st.none() | JSON}
+    ),
+)
+
+
+def test_memories_written_through_the_rest_api_are_passed_over(lg: PersistentMemoryStore) -> None:
+    """A memory an owner wrote through the REST API with a ``langgraph`` field of its own
+    (a number, an empty object, null, a mark of another key or of a bad TTL) is no item:
+    search, list_namespaces and get pass it over instead of raising."""
+    user = get_user_model().objects.create_user("rest-writer", password="pw-for-tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    owner = PersistentMemoryStore.for_owner(f"user:{user.pk}")
+    owner.put(("notes",), "kept", {"text": "an item"})
+    good = {"namespace": ["notes"], "key": "k", "ttl": None}
+    written = [
+        ({"langgraph": 1}, None),
+        ({"langgraph": {}}, None),
+        ({"langgraph": None}, "lg.notes.k"),
+        ({"langgraph": "notes"}, "lg.notes.k"),
+        ({"langgraph": {**good, "namespace": [1, 2]}}, None),
+        ({"langgraph": {**good, "namespace": []}}, None),
+        ({"langgraph": good, "value": 7}, "lg.notes.k"),
+        ({"langgraph": {**good, "ttl": "soon"}}, "lg.notes.k"),
+        ({"langgraph": {**good, "ttl": 1e300}}, "lg.notes.k"),
+        ({"langgraph": good}, "not-the-item-key"),
+    ]
+    for metadata, key in written:
+        body = {"content": f"written through the API {metadata}", "metadata": metadata}
+        answer = client.post(
+            "/api/memory/memories/", {**body, **({"key": key} if key else {})}, format="json"
+        )
+        assert answer.status_code in (200, 201), answer.content
+        assert [item.key for item in owner.search(())] == ["kept"], metadata
+        assert [item.key for item in owner.search(("notes",), query="written API")] == []
+        assert [item.key for item in owner.search((), filter={"text": "an item"})] == ["kept"]
+        assert owner.list_namespaces() == [("notes",)]
+        assert owner.get(("notes",), "k") is None
+        assert owner.get(("notes",), "kept").value == {"text": "an item"}
+    # A page of items is the same page whatever lies between them.
+    assert [item.key for item in owner.search((), limit=1, offset=0)] == ["kept"]
+    assert owner.search((), limit=1, offset=1) == []
+
+
+@hypothesis_settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(mark=MARKS, value=JSON, keyed=st.booleans())
+def test_any_metadata_leaves_every_read_working(
+    lg: PersistentMemoryStore, mark: Any, value: Any, keyed: bool
+) -> None:
+    """Whatever JSON a memory's ``langgraph`` and ``value`` fields hold, every read of the
+    store answers (a mark that is exactly an item's reads as that item)."""
+    LongTermMemory.objects.filter(owner=OWNER).delete()
+    memories_for(OWNER).add(
+        "any metadata", key="lg.notes.k" if keyed else None, metadata={"langgraph": mark, "value": value}
+    )
+    found = lg.search(())
+    assert lg.search((), query="any metadata") == found
+    assert lg.search(("notes",), filter={"text": "any"}) == []
+    namespaces = lg.list_namespaces()
+    item = lg.get(("notes",), "k")
+    assert [i.key for i in found] == ([item.key] if item else [])
+    assert namespaces == ([("notes",)] if item else [])
+    assert lg.batch([ListNamespacesOp(match_conditions=(MatchCondition("prefix", ("notes",)),))]) == [
+        namespaces
+    ]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 
 from persistent_memory.idempotency import Idempotency
@@ -353,3 +353,14 @@ def test_api_forget_on_the_memory_backend_clears_the_journal(settings: Any, tmp_
     assert database_rows_of(gone) == []
     assert any(kept in path.read_text(errors="replace") for path in journal.glob("*") if path.is_file())
     assert MemorySession.objects.filter(owner=kept).count() == 2
+
+
+def test_forget_help_says_the_owner_is_required() -> None:
+    """The base commands' --owner is a filter whose default is every owner; forget's is
+    whom to forget, and it has no default."""
+    command = load_command_class("persistent_memory", "memory_forget")
+    parser = command.create_parser("manage.py", "memory_forget")
+    text = " ".join(parser.format_help().split())
+    assert "every owner" not in text
+    assert "--owner OWNER The owner to forget (e.g. user:42); required." in text
+    assert " --owner OWNER " in parser.format_usage() and "[--owner" not in parser.format_usage()

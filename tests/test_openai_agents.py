@@ -23,14 +23,18 @@ import redis
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from agents.items import TResponseInputItem
 from agents.memory import Session, SessionSettings
+from django.contrib.auth import get_user_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from persistent_memory.backends.redis import RedisBackend
-from persistent_memory.integrations.openai_agents import PersistentMemorySession, items_of, messages_of
+from persistent_memory.integrations.openai_agents import KEY, PersistentMemorySession, items_of, messages_of
 from persistent_memory.store import MemoryStore
 from tests.conftest import TOPOLOGIES, AsyncSends, CountingConnection
 from tests.responses_server import call, reasoning, responses_server, text
+from tests.storable_json import JSON
 
 
 @pytest.fixture(params=TOPOLOGIES)
@@ -537,3 +541,62 @@ def test_each_event_loop_closes_its_connections(redis_url, redis_client):
     finally:
         gc.enable()
     store.close()
+
+
+# What an owner wrote through the REST API -------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+def test_metadata_written_through_the_rest_api_is_passed_over(store):
+    """A message whose ``openai_agents`` metadata is not the entries of that message reads
+    as the items of a message recorded without a session, and pops as one."""
+    writer = get_user_model().objects.create_user("rest-writer", password="pw-for-tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=writer).key}")
+    session = PersistentMemorySession("s1", owner=f"user:{writer.pk}")
+    run(session.add_items([user("kept")]))
+    malformed = [
+        *(1, {}, None, "m", [1], [{}], [{"m": 1}], [{"x": {}}], [{"m": {}, "c": {}}]),
+        *([{"m": {"content": 3}}], [{"c": {}}], [{"o": {}}], [{"m": {"content": [{"a": 1}, None]}}]),
+    ]
+    for entries in malformed:
+        posted = client.post(
+            "/api/memory/sessions/s1/messages/",
+            {"messages": [{"role": "user", "content": "from REST", "metadata": {KEY: entries}}]},
+            format="json",
+        )
+        assert posted.status_code in (200, 201), posted.content
+        assert run(session.get_items()) == [user("kept"), user("from REST")], entries
+        assert run(session.pop_item()) == user("from REST")
+    assert run(session.get_items()) == [user("kept")]
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+@settings(max_examples=40, suppress_health_check=list(HealthCheck), deadline=None)
+@given(
+    entries=JSON
+    | st.lists(st.dictionaries(st.sampled_from(["m", "c", "o", "v"]), JSON, max_size=2), max_size=3)
+)
+def test_any_metadata_leaves_every_method_working(store, entries):
+    """Whatever JSON a message's ``openai_agents`` metadata holds, get_items and pop_item
+    answer, and a message recorded otherwise reads as one."""
+    session = PersistentMemorySession("any")
+    run(session.clear_session())
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "find", "arguments": "{}"}}
+    store.add_messages(
+        "any",
+        [
+            {
+                "role": "assistant",
+                "content": "Looking.",
+                "tool_calls": [tool_call],
+                "metadata": {KEY: entries},
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "found", "metadata": {KEY: entries}},
+        ],
+    )
+    items = run(session.get_items())
+    assert isinstance(items, list) and all(isinstance(item, dict) for item in items)
+    assert run(session.pop_item()) == items[-1]
+    assert run(session.get_items()) == items[:-1]

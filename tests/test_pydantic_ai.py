@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 import redis
+from django.contrib.auth import get_user_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic_ai import Agent
 from pydantic_ai.conversation import Conversation
 from pydantic_ai.conversation_store import (
@@ -41,12 +44,20 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import InvalidSessionId
-from persistent_memory.integrations.pydantic_ai import KEY, PersistentMemoryConversationStore, entry_of
+from persistent_memory.integrations.pydantic_ai import (
+    KEY,
+    RECORDS,
+    PersistentMemoryConversationStore,
+    entry_of,
+)
 from persistent_memory.store import MemoryStore
 from tests.conftest import TOPOLOGIES, AsyncSends
+from tests.storable_json import JSON
 from tests.timing import LIVE_TTL, wait_past
 
 
@@ -532,3 +543,84 @@ def test_round_trips_on_redis(redis_url, redis_client, monkeypatch):
             trips[name] = counted.sends
     assert trips == {"save (new)": 2, "load": 2, "save (a turn)": 2, "read_record": 1, "delete": 2}
     store.close()
+
+
+# What an owner wrote through the REST API -------------------------------------------------
+
+
+def rest_client(username: str) -> tuple[str, APIClient]:
+    """An API client of a new user, and the owner its writes belong to."""
+    user = get_user_model().objects.create_user(username, password="pw-for-tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return f"user:{user.pk}", client
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+def test_values_and_metadata_written_through_the_rest_api_are_passed_over(store):
+    """A value under ``pydantic_ai`` that is no record, or a message whose ``pydantic_ai``
+    metadata is no message, never makes a method raise: the session holds no conversation
+    of the store, the message reads as one recorded otherwise."""
+    owner, client = rest_client("rest-writer")
+    memory = PersistentMemoryConversationStore(owner=owner)
+    run(turn(memory, "mine", "kept"))
+    record = run(memory.read_record("mine"))
+    for number, value in enumerate(
+        [1, {}, None, "x", {"conversation_id": 5}, {**record_json(record), "head_id": 7}]
+    ):
+        client.post("/api/memory/sessions/", {"session_id": f"s{number}"}, format="json")
+        answer = client.put(f"/api/memory/sessions/s{number}/memory/{KEY}/", {"value": value}, format="json")
+        assert answer.status_code == 200, answer.content
+        assert [r.conversation_id for r in run(memory.list_conversations())] == ["mine"], value
+        assert run(memory.load(f"s{number}")) is None
+    # A record copied into another session is not that session's conversation.
+    client.post("/api/memory/sessions/", {"session_id": "copy"}, format="json")
+    client.put(f"/api/memory/sessions/copy/memory/{KEY}/", {"value": record_json(record)}, format="json")
+    assert run(memory.load("copy")) is None
+    assert [r.conversation_id for r in run(memory.list_conversations())] == ["mine"]
+    # A message whose metadata claims to keep a Pydantic AI message reads as a prompt.
+    for number, kept in enumerate([1, {}, {"kind": "request", "parts": 3}, ["x"]]):
+        posted = client.post(
+            f"/api/memory/sessions/m{number}/messages/",
+            {"messages": [{"role": "user", "content": "from REST", "metadata": {KEY: kept}}]},
+            format="json",
+        )
+        assert posted.status_code in (200, 201), posted.content
+        (stored,) = store.for_owner(owner).get_messages(f"m{number}")["messages"]
+        (part,) = entry_of(stored).message.parts
+        assert isinstance(part, UserPromptPart) and part.content == "from REST"
+    assert prompts(run(memory.load("mine"))) == ["kept"]
+
+
+def record_json(record: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(RECORDS.dump_python(record, mode="json")))
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+@settings(max_examples=40, suppress_health_check=list(HealthCheck), deadline=None)
+@given(value=JSON, field=st.sampled_from(["usage", "scope", "head_id", "branches", "revision", "updated_at"]))
+def test_any_value_under_the_key_leaves_every_method_working(store, value, field):
+    """Any JSON under ``pydantic_ai``, or a record with one field replaced by any JSON:
+    listing, loading and saving answer (the protocol's ConversationConflict included)."""
+    owned = store.for_owner("alice")
+    for session_id in owned.list_sessions():
+        owned.delete_session(session_id)
+    memory = PersistentMemoryConversationStore(owner="alice")
+    run(turn(memory, "mine", "kept"))
+    near = {**record_json(run(memory.read_record("mine"))), "conversation_id": "near", field: value}
+    for session_id, stored in (("any", value), ("near", near)):
+        owned.create_session(session_id)
+        owned.put(session_id, KEY, stored)
+    owned.add_messages("talk", [{"role": "user", "content": "hi", "metadata": {KEY: value}}])
+    listed = {r.conversation_id for r in run(memory.list_conversations())}
+    assert {"mine"} <= listed <= {"mine", "near"}
+    assert run(memory.load("any")) is None
+    near_loaded = run(memory.load("near")) is not None
+    assert near_loaded <= ("near" in listed)
+    assert ("near" in {r.conversation_id for r in run(memory.list_conversations())}) == near_loaded
+    (stored,) = owned.get_messages("talk")["messages"]
+    assert entry_of(stored).id == stored["id"]
+    with pytest.raises(ConversationConflict):  # the owner's value is not overwritten
+        run(turn(memory, "any", "hello"))
+    assert owned.get("any", KEY) == value

@@ -283,3 +283,40 @@ def test_refused_on_the_memory_backend(settings):
     settings.PERSISTENT_MEMORY = memory_settings_for("memory")
     with pytest.raises(CommandError, match="not redis"):
         run("--to", "cluster")
+
+
+def test_expires_by_survives_a_relayout_both_ways(settings, redis_client, redis_url):
+    """Fixed-TTL sessions (the deadline first) stay ``expires_by: "ttl"`` and idle ones
+    ``"idle"``, node -> cluster -> node, when the application's clock (``created_at``) is a
+    few milliseconds off the server's (its fixed deadline): the copy's deadline came from
+    ``created_at``, a millisecond past its expiry made a fixed-TTL session read "idle"."""
+    settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url)
+    store = get_store()
+    kinds = {
+        "fixed": {"ttl_seconds": 600, "idle_ttl_seconds": 3600},  # the deadline first: "ttl"
+        "idle": {"ttl_seconds": 7200, "idle_ttl_seconds": 900},  # the idle TTL first: "idle"
+        "idle-only": {"ttl_seconds": 0, "idle_ttl_seconds": 900},
+        "plain": {"ttl_seconds": 600},
+    }
+    for skew in (-0.005, 0.005):
+        for name, ttls in kinds.items():
+            sid = f"{name}-{'ahead' if skew > 0 else 'behind'}"
+            store.create_session(sid, **ttls)
+            meta = f"{PREFIX}:{sid}:__meta__"
+            created_at = float(redis_client.hget(meta, "created_at"))
+            redis_client.hset(meta, "created_at", repr(created_at + skew))
+    expected = {
+        sid: snap["info"]["expires_by"] for sid, snap in every_session(backend(redis_url, "node")).items()
+    }
+    assert sorted(set(expected.values())) == ["idle", "ttl"]
+    assert expected["fixed-ahead"] == "ttl" and expected["idle-behind"] == "idle"
+
+    run("--to", "cluster", "--delete-source")
+    moved = every_session(backend(redis_url, "cluster"))
+    assert {sid: snap["info"]["expires_by"] for sid, snap in moved.items()} == expected
+    run("--to", "node", "--delete-source")
+    back = every_session(backend(redis_url, "node"))
+    assert {sid: snap["info"]["expires_by"] for sid, snap in back.items()} == expected
+    # A copy reads back equal to its source, expires_by included: a second run skips it.
+    assert counts(run("--to", "cluster")) == (len(expected), 0, 0)
+    assert counts(run("--to", "cluster")) == (0, len(expected), 0)

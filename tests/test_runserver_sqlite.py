@@ -18,6 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,8 +62,115 @@ def admin_opener(base: str) -> urllib.request.OpenerDirector:
     return opener
 
 
+#: Runs the command after it (argv[2:]) in place of this process, made to be killed when
+#: the process whose pid is argv[1] (the test's) dies, whatever kills it: SIGKILL, a
+#: timeout's SIGTERM, an exception no finalizer saw. prctl(PR_SET_PDEATHSIG) lasts across
+#: exec; set here, not in a preexec_fn, which is unsafe in a process with threads.
+DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the test process died before its server started')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def start_server(env: dict[str, str], port: int, output: Any = subprocess.PIPE) -> subprocess.Popen:
+    """``runserver`` on ``port``, in a process group of its own, killed if this process
+    dies; its output to ``output`` (a pipe: see :func:`stop_server`)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), sys.executable, "manage.py"]
+        + ["runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop_server(server: subprocess.Popen, grace: float = 60) -> str:
+    """Ctrl-C (the mirror worker flushes at exit), then SIGKILL to the server's whole
+    process group if it has not exited within ``grace`` seconds; its output."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)
+    try:
+        output, _ = server.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        output, _ = server.communicate()
+    return output
+
+
+@pytest.fixture
+def runserver():
+    """Start servers with ``runserver(env, port)``; each is stopped when the test ends,
+    however it ends (a failed assertion, a timeout's exception)."""
+    started: list[subprocess.Popen] = []
+
+    def start(env: dict[str, str], port: int) -> subprocess.Popen:
+        started.append(start_server(env, port))
+        return started[-1]
+
+    yield start
+    for server in started:
+        stop_server(server, grace=10)
+
+
+def gone(pid: int, seconds: float = 120) -> bool:
+    """Whether process ``pid`` (not a child of this one) ends within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_server_dies_with_the_test_process_that_started_it(tmp_path):
+    """A test process killed outright (no finalizer runs) takes its runserver with it."""
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MEMORY_BACKEND": "memory"}
+    script = (
+        "import sys, time\n"
+        "from tests.test_runserver_sqlite import start_server\n"
+        # Its output to a file: a pipe to a dead process would end it at its next line.
+        f"log = open({str(tmp_path / 'server.log')!r}, 'w')\n"
+        f"print(start_server(dict(__import__('os').environ), {_free_port()}, log).pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    test = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid = int(test.stdout.readline())
+        assert not gone(pid, seconds=0.5)  # serving, or starting
+    finally:
+        test.kill()
+        test.wait()
+    assert gone(pid), "the server outlived the test process that started it"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses process groups")
+def test_a_server_that_ignores_ctrl_c_is_killed_with_its_group():
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert server.stdout.readline() == "ready\n"
+    stop_server(server, grace=1)
+    assert server.returncode == -signal.SIGKILL
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGINT")
-def test_threaded_runserver_on_sqlite(tmp_path):
+def test_threaded_runserver_on_sqlite(tmp_path, runserver):
     env = {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
@@ -75,14 +183,7 @@ def test_threaded_runserver_on_sqlite(tmp_path):
     token = manage(env, "drf_create_token", "admin").split()[2]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    server = runserver(env, port)
     errors: list[BaseException] = []
     try:
         deadline = time.monotonic() + 120  # a loaded machine starts it later, not never
@@ -135,8 +236,7 @@ def test_threaded_runserver_on_sqlite(tmp_path):
             for i in range(THREADS)
         }
     finally:
-        server.send_signal(signal.SIGINT)  # Ctrl-C: the mirror worker flushes at exit
-        output, _ = server.communicate(timeout=60)
+        output = stop_server(server)
     assert "database is locked" not in output
     assert "Traceback" not in output, output[-3000:]
     assert not re.search(r'" 5\d\d ', output), output[-3000:]

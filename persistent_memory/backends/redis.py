@@ -267,15 +267,23 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
-def _idle_args(info: SessionInfo) -> str:
-    """The restore op's idle TTL: "{idle ms} {ms left to the fixed deadline}" ('' for none)."""
+def _idle_args(info: SessionInfo, remaining: float | None) -> str:
+    """The restore op's idle TTL: "{idle ms} {ms left to the fixed deadline}" ('' for none).
+
+    ``remaining``: the time left that the restore sets. A session whose fixed deadline is
+    its expiry gets that same time left as its deadline, and one whose idle TTL ends first
+    a deadline at least 2 ms later, so that ``expires_by`` reads the same on the copy (the
+    deadline from ``created_at`` is off by the create call's latency)."""
     idle = info.get("idle_ttl_seconds")
     if not idle:
         return ""
     if info["ttl_seconds"] is None:
         return _ttl_ms(idle)
-    left = info["created_at"] + info["ttl_seconds"] - time.time()
-    return f"{_ttl_ms(idle)} {max(1, round(left * 1000))}"
+    expiry = _ttl_ms(remaining)
+    if info["expires_by"] == "ttl":
+        return f"{_ttl_ms(idle)} {expiry}"
+    left = max(1, round((info["created_at"] + info["ttl_seconds"] - time.time()) * 1000))
+    return f"{_ttl_ms(idle)} {max(left, int(expiry) + 2)}"
 
 
 class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBackend):
@@ -1153,7 +1161,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             _ttl_text(info["ttl_seconds"]),
             _ttl_ms(remaining),
             restore_blob(conversations),
-            _idle_args(info),
+            _idle_args(info, remaining),
             json.dumps(checkpoints) if checkpoints else "",
             str(len(values)),
             *[part for key, value_json in values.items() for part in (key, value_json)],

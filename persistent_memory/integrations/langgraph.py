@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
+import math
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
@@ -66,6 +68,9 @@ MARK = "langgraph"
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 #: Candidates ranked for a search with a query, before the filter and the page.
 SEARCH_CANDIDATES = 1000
+#: The longest TTL a stored item may carry (about 1,900 years): beyond it an expiry
+#: would not fit in a date, so a mark carrying one is no item's.
+MAX_TTL_MINUTES = 10**9
 
 
 def memory_key(namespace: tuple[str, ...], key: str) -> str:
@@ -226,9 +231,9 @@ class PersistentMemoryStore(BaseStore):
 
     def _row(self, namespace: tuple[str, ...], key: str) -> LongTermMemory | None:
         row = self._items().filter(key=memory_key(namespace, key)).first()
-        mark = row.metadata.get(MARK, {}) if row is not None else {}
+        mark = _mark(row) if row is not None else None
         # A memory written under this key by other means is not an item of this namespace.
-        if row is None or tuple(mark.get("namespace", ())) != namespace or mark.get("key") != key:
+        if mark is None or tuple(mark["namespace"]) != namespace or mark["key"] != key:
             return None
         return row
 
@@ -246,6 +251,8 @@ class PersistentMemoryStore(BaseStore):
             if row is not None:
                 self.memories.delete(row.pk)
             return
+        if op.ttl is not None and abs(op.ttl) > MAX_TTL_MINUTES:
+            raise ValueError(f"ttl must be at most {MAX_TTL_MINUTES} minutes.")
         # index=False: not searchable by its value; a list: those fields (none for []);
         # None: the store's.
         fields = None if op.index is False else self.index_fields if op.index is None else list(op.index)
@@ -275,21 +282,25 @@ class PersistentMemoryStore(BaseStore):
             by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])}
             scored = [(by_id[hit.id], hit.score) for hit in ranked if hit.id in by_id]
         else:
-            newest = rows.order_by("-updated_at", "-id")
-            if not op.filter:  # the database gives the page alone, not every item under the prefix
-                newest = newest[op.offset : op.offset + op.limit]
-            scored = [(row, None) for row in newest]
-        if op.filter:
-            scored = [(row, score) for row, score in scored if _matches(row, op.filter)]
-        page = scored if not (op.query or op.filter) else scored[op.offset : op.offset + op.limit]
+            newest = _pages(rows.order_by("-updated_at", "-id"), op.offset + op.limit)
+            scored = ((row, None) for row in newest)
+        kept = (
+            (row, score)
+            for row, score in scored
+            if _mark(row) is not None and (not op.filter or _matches(row, op.filter))
+        )
+        page = list(itertools.islice(kept, op.offset, op.offset + op.limit))
         if op.refresh_ttl:
             self._refresh([row for row, _ in page])
         return [SearchItem(**_fields(row), score=score) for row, score in page]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         found: set[tuple[str, ...]] = set()
-        for metadata in self._items().values_list("metadata", flat=True).iterator():
-            namespace = tuple(metadata[MARK]["namespace"])
+        for row in self._items().only("key", "metadata").iterator():
+            mark = _mark(row)
+            if mark is None:
+                continue
+            namespace = tuple(mark["namespace"])
             if op.match_conditions and not all(_namespace_matches(c, namespace) for c in op.match_conditions):
                 continue
             found.add(namespace[: op.max_depth] if op.max_depth is not None else namespace)
@@ -302,6 +313,43 @@ class PersistentMemoryStore(BaseStore):
             if ttl:
                 row.expires_at = _expiry(ttl)
                 self._items().filter(pk=row.pk).update(expires_at=row.expires_at)
+
+
+def _mark(row: LongTermMemory) -> dict[str, Any] | None:
+    """The ``langgraph`` mark of a memory that is an item, None for any other memory.
+
+    An owner may write any metadata through the REST API, ``{"langgraph": 1}`` included:
+    a memory is an item only when its mark is the one ``put`` writes (labels, key, TTL, an
+    object as value) and its key is the item's key, so that what else an owner stored is
+    passed over, as ``get`` does, instead of failing a search or a listing.
+    """
+    metadata = row.metadata
+    mark = metadata.get(MARK) if isinstance(metadata, dict) else None
+    if not isinstance(mark, dict) or not isinstance(metadata.get("value", {}), dict):
+        return None
+    namespace, key, ttl = mark.get("namespace"), mark.get("key"), mark.get("ttl")
+    if not (
+        isinstance(namespace, list)
+        and namespace
+        and all(isinstance(label, str) and label and "." not in label for label in namespace)
+        and isinstance(key, str)
+        and row.key == memory_key(tuple(namespace), key)
+    ):
+        return None
+    if ttl is not None and (_number(ttl) is None or not math.isfinite(ttl) or abs(ttl) > MAX_TTL_MINUTES):
+        return None
+    return mark
+
+
+def _pages(rows: QuerySet[LongTermMemory], size: int) -> Iterator[LongTermMemory]:
+    """``rows`` in order, read ``size`` at a time: a page of items costs one query unless
+    memories that are no items come between them."""
+    size = max(size, 1)
+    for start in itertools.count(0, size):
+        chunk = list(rows[start : start + size])
+        yield from chunk
+        if len(chunk) < size:
+            return
 
 
 def _check_labels(op: Op) -> None:

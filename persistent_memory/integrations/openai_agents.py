@@ -153,13 +153,29 @@ def messages_of(items: list[dict[str, Any]], *, outputs: bool = True) -> list[di
 
 def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The items a stored message holds, in order."""
-    entries = (message.get("metadata") or {}).get(KEY)
+    metadata = message.get("metadata")
+    entries = metadata.get(KEY) if isinstance(metadata, dict) else None
     if not isinstance(entries, list):
         return _plain_items(message)
+    # Any metadata can be written through the REST API: entries that do not rebuild this
+    # message (not this module's shape, or another message's) are passed over, and the
+    # message reads as one recorded without a session.
+    try:
+        return _kept_items(message, entries)
+    except (KeyError, TypeError, ValueError, AttributeError, StopIteration):
+        return _plain_items(message)
+
+
+def _kept_items(message: dict[str, Any], entries: list[Any]) -> list[dict[str, Any]]:
+    """The items ``entries`` rebuild from ``message`` (see :data:`KEY`)."""
+    if not entries:  # every message this module writes holds an item
+        raise ValueError("No entries.")
     calls = iter(message.get("tool_calls") or ())
     items = []
     for entry in entries:
         ((kind, rest),) = entry.items()
+        if kind not in ("m", "c", "o", "v") or not isinstance(rest, dict):
+            raise ValueError(f"Not an entry: {entry!r}")
         item = dict(rest)
         if kind == "m":
             content = message["content"]
@@ -178,6 +194,8 @@ def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
             if "output" in rest and rest["output"] is None:
                 item["output"] = message["content"]
         items.append(item)
+    if next(calls, None) is not None:
+        raise ValueError("A tool call without its entry.")
     return items
 
 

@@ -65,7 +65,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from persistent_memory.conversations.messages import CHAT_FIELDS, DEFAULT_CONVERSATION
+from persistent_memory.conversations.messages import CHAT_FIELDS, DEFAULT_CONVERSATION, MESSAGE_ID_PATTERN
 from persistent_memory.exceptions import (
     KeyNotFound,
     MessageNotFound,
@@ -122,14 +122,25 @@ def chat_of(entry: ConversationEntry) -> dict[str, Any]:
     return {"id": entry.id, "role": role, "content": text, "metadata": {KEY: dumped}}
 
 
+def _kept_message(metadata: Any) -> ModelMessage | None:
+    """The Pydantic AI message a stored message's metadata keeps; None when it keeps none,
+    or something else under ``pydantic_ai`` (any metadata can be written through the REST
+    API): such a message reads as one recorded otherwise."""
+    kept = metadata.get(KEY) if isinstance(metadata, dict) else None
+    if kept is None:
+        return None
+    try:
+        (message,) = ModelMessagesTypeAdapter.validate_python([kept])
+    except ValueError:  # pydantic's ValidationError
+        return None
+    return message
+
+
 def entry_of(stored: dict[str, Any]) -> ConversationEntry:
     """The entry a stored message holds; a message recorded otherwise (the lanes, the REST
     API) reads as a user prompt or a text response."""
-    kept = (stored.get("metadata") or {}).get(KEY)
-    message: ModelMessage
-    if kept is not None:
-        (message,) = ModelMessagesTypeAdapter.validate_python([kept])
-    else:
+    message: ModelMessage | None = _kept_message(stored.get("metadata"))
+    if message is None:
         content = stored.get("content")
         text = content if isinstance(content, str) else ""
         if isinstance(content, list):
@@ -163,6 +174,9 @@ class PersistentMemoryConversationStore(ConversationStore):
         self.conversation = conversation
         self._store = store
         self._where: OrderedDict[str, str] = OrderedDict()
+        # Records found to name a head their session does not hold (written through the
+        # REST API): read as no record, so that load answers None instead of failing.
+        self._headless: OrderedDict[tuple[str, str | None], None] = OrderedDict()
 
     @property
     def store(self) -> MemoryStore:
@@ -177,8 +191,23 @@ class PersistentMemoryConversationStore(ConversationStore):
         while len(self._where) > REMEMBERED:
             self._where.popitem(last=False)
 
-    def _record(self, session_id: str, value: Any) -> ConversationRecord:
-        record = RECORDS.validate_python(value)
+    def _record(self, session_id: str, value: Any) -> ConversationRecord | None:
+        """The record a session's ``pydantic_ai`` value holds; None when the value is
+        anything else (any value can be written under any key through the REST API): such
+        a session has no conversation of this store, as one without the value."""
+        try:
+            record = RECORDS.validate_python(value)
+        except ValueError:  # pydantic's ValidationError
+            return None
+        ids = [record.head_id, *record.branches] if record.head_id is not None else record.branches
+        if (
+            record.conversation_id != session_id
+            or not all(
+                isinstance(entry_id, str) and MESSAGE_ID_PATTERN.fullmatch(entry_id) for entry_id in ids
+            )
+            or (session_id, record.head_id) in self._headless
+        ):
+            return None
         self._remember(session_id, [record.head_id, *record.branches])
         return record
 
@@ -196,7 +225,8 @@ class PersistentMemoryConversationStore(ConversationStore):
         """The records (of ``scope``), newest ``updated_at`` first, at most ``limit``."""
         store = self.store
         values = store.get_many(store.list_sessions(), KEY)
-        records = [self._record(session_id, value) for session_id, value in values.items()]
+        read = (self._record(session_id, value) for session_id, value in values.items())
+        records = [record for record in read if record is not None]
         if scope is not None:
             records = [record for record in records if record.scope == scope]
         records.sort(key=lambda record: record.updated_at, reverse=True)
@@ -279,6 +309,9 @@ class PersistentMemoryConversationStore(ConversationStore):
                 session_id, conversation=self.conversation, leaf=head_id, limit=limit
             )
         except (SessionNotFound, MessageNotFound):
+            self._headless[(session_id, head_id)] = None
+            while len(self._headless) > REMEMBERED:
+                self._headless.popitem(last=False)
             raise KeyError(head_id) from None
         entries = [entry_of(message) for message in read["messages"]]
         self._remember(session_id, [entry.id for entry in entries])  # where a fork or a branch may start

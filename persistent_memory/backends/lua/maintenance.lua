@@ -84,7 +84,10 @@ if op == 'restore' then
   if arg(6) ~= '' then
     local idle, left = string.match(arg(6), '^(%d+) ?(%d*)$')
     redis.call('HSET', META, 'idle_ttl_ms', idle)
-    if left ~= '' then redis.call('HSET', META, 'deadline_ms', server_ms() + tonumber(left)) end
+    -- From the clock the expiry was set from (not a later TIME): a deadline given as the
+    -- same time left is the same instant, so expires_by reads as on the source.
+    local clock = expires > 0 and expires - tonumber(arg(4)) or server_ms()
+    if left ~= '' then redis.call('HSET', META, 'deadline_ms', clock + tonumber(left)) end
   end
   local n = tonumber(arg(8))
   local keys = restore_conversations(arg(5))

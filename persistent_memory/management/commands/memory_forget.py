@@ -21,6 +21,10 @@ class Command(MemoryCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         super().add_arguments(parser)
+        # The base's --owner is a filter (default: every owner); here it names whom to forget.
+        (owner,) = [action for action in parser._actions if action.dest == "owner"]
+        owner.required = True
+        owner.help = "The owner to forget (e.g. user:42); required."
         parser.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
 
     def run(self, *, owner: str | None, yes: bool, **options: Any) -> dict[str, Any]:
