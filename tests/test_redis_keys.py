@@ -280,24 +280,23 @@ class WriteRecorder:
         return spy
 
     def _send(self, send: Callable[..., Any]) -> Callable[..., Any]:
-        def spy(command: tuple[Any, ...], wait: int) -> tuple[Any, Any]:
+        def spy(command: tuple[Any, ...], wait: int) -> tuple[Any, Any, Any]:
             self._between()
-            pool, connection = send(command, wait)
+            pool, connection, packet = send(command, wait)
             try:
-                self.replies[id(connection)] = connection.read_response()
+                self.replies[id(connection)] = [connection.read_response() for _ in packet]
             except redis.ResponseError as exc:
                 self.replies[id(connection)] = exc
             self.others.append((command, self.written()))
-            return pool, connection
+            return pool, connection, packet
 
         return spy
 
-    def _receive(self, command: tuple[Any, ...], wait: int, pool: Any, connection: redis.Connection) -> Any:
+    def _receive(self, command: tuple[Any, ...], pool: Any, connection: redis.Connection, packet: Any) -> None:
         pool.release(connection)
         reply = self.replies.pop(id(connection))
         if isinstance(reply, Exception):
             raise reply
-        return reply
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The pipelined EVALSHAs one by one, so that each one's writes are its own."""
