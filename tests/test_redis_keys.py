@@ -292,7 +292,9 @@ class WriteRecorder:
 
         return spy
 
-    def _receive(self, command: tuple[Any, ...], pool: Any, connection: redis.Connection, packet: Any) -> None:
+    def _receive(
+        self, command: tuple[Any, ...], pool: Any, connection: redis.Connection, packet: Any
+    ) -> None:
         pool.release(connection)
         reply = self.replies.pop(id(connection))
         if isinstance(reply, Exception):
