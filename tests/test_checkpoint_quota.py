@@ -6,6 +6,7 @@ back. A thread id has a length limit. ``copy_thread`` replaces its target whole.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import uuid4
 
@@ -320,4 +321,26 @@ def test_a_replayed_journal_holds_the_same_checkpoints_and_count(tmp_path):
     assert replica.checkpoint_entries(SESSION) == entries and replica._sessions[SESSION].size == size
     with pytest.raises(QuotaExceeded):
         replica.put_checkpoint(SESSION, "", "c3", "r" * 2000, "", {}, None)
+    replica.close()
+
+
+def test_a_replay_keeps_what_was_admitted_under_a_higher_cap(tmp_path):
+    """A write journalled under a higher cap (or before checkpoints counted) is replayed
+    whole under a lower one: the cap refuses new writes, never acknowledged ones."""
+
+    def backend(cap: int) -> MemoryBackend:
+        made = MemoryBackend(max_sessions=10, max_history=100, auto_summarize=True, max_session_bytes=cap)
+        made.open_journal(tmp_path)
+        return made
+
+    first = backend(10 * CAP)
+    first.put_checkpoint(SESSION, "", "c1", "r" * (2 * CAP), "", {}, None)
+    first.put(SESSION, "key", json.dumps("v" * CAP))
+    entries, values = first.checkpoint_entries(SESSION), first.get_all(SESSION)
+    first.close()
+    replica = backend(CAP)
+    assert replica.replay({}) == [SESSION]
+    assert replica.checkpoint_entries(SESSION) == entries and replica.get_all(SESSION) == values
+    with pytest.raises(QuotaExceeded):  # new writes still meet the lower cap
+        replica.put_checkpoint(SESSION, "", "c2", "r", "", {}, None)
     replica.close()

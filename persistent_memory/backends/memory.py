@@ -360,13 +360,19 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             size += len(key) + len(text) if old is None else len(text) - len(old)
         return size
 
+    def _within_cap(self, size: int) -> None:
+        """QuotaExceeded when a session would hold ``size`` bytes, over ``max_session_bytes``.
+        Not while restoring: a replay takes what was admitted once, whatever the cap is now
+        (a lowered cap, or checkpoints journalled before they counted)."""
+        cap = self.max_session_bytes
+        if cap is not None and size > cap and not self._restoring:
+            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+
     def _write(self, session: _Session, changes: dict[str, str]) -> None:
         """Write values (key -> JSON text) unless the session would go over
         ``max_session_bytes`` (``QuotaExceeded``; nothing is written then)."""
         size = self._size_after(session, changes)
-        cap = self.max_session_bytes
-        if cap is not None and size > cap:
-            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+        self._within_cap(size)
         session.size = size
         session.values.update(changes)
 

@@ -26,7 +26,7 @@ from persistent_memory.backends.checkpoints import (
     has_id,
     merge_writes,
 )
-from persistent_memory.exceptions import CheckpointBaseMissing, QuotaExceeded
+from persistent_memory.exceptions import CheckpointBaseMissing
 
 if TYPE_CHECKING:
     from persistent_memory.backends.memory import MemoryBackend, _Session
@@ -190,10 +190,7 @@ class MemoryCheckpoints(CheckpointBackend):
     def _cp_room(self: MemoryBackend, session: _Session | None, grown: int) -> None:
         """QuotaExceeded when ``grown`` more bytes would take the session (None: a new one)
         over ``max_session_bytes``: its checkpoints count with its values and messages."""
-        cap = self.max_session_bytes
-        size = (session.size if session is not None else 0) + grown
-        if cap is not None and size > cap:
-            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+        self._within_cap((session.size if session is not None else 0) + grown)
 
     def _written(self: MemoryBackend, session_id: str, session: _Session, now: float, before: int) -> None:
         """After a write that took the session's checkpoints from ``before`` bytes."""

@@ -30,7 +30,6 @@ from persistent_memory.exceptions import (
     MessageConflict,
     MessageNotFound,
     PersistentMemoryError,
-    QuotaExceeded,
     RevisionConflict,
 )
 
@@ -70,13 +69,9 @@ class MemoryConversations(ConversationBackend):
     def _check_room(self: MemoryBackend, session: _Session | None, plan: Plan, values: int = 0) -> None:
         """QuotaExceeded when the new messages (and ``values`` more bytes of values) would
         take the session over MAX_SESSION_BYTES."""
-        cap = self.max_session_bytes
-        if cap is None:
-            return
-        size = (session.size if session is not None else 0) + values
-        size += sum(len(message.text) for message, new in plan if new)
-        if size > cap:
-            raise QuotaExceeded(f"The session would hold {size} bytes, over MAX_SESSION_BYTES ({cap}).")
+        if self.max_session_bytes is not None:
+            size = (session.size if session is not None else 0) + values
+            self._within_cap(size + sum(len(message.text) for message, new in plan if new))
 
     def _commit(
         self: MemoryBackend,
