@@ -356,11 +356,13 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
                 " follow the cursor of the page before (next_cursor) instead."
             )
         namespace = owner_namespace(self.owner)
-        after = None if cursor is None else decode_cursor(namespace, prefix, cursor)
+        after = None
+        if cursor is not None:  # it holds the caller's own session id, not the stored one
+            created_at, session_id = decode_cursor(namespace, prefix, cursor)
+            after = (created_at, namespace + session_id)
         if prefix and not SESSION_ID_PATTERN.fullmatch(prefix):
-            return SessionPage(
-                0, [], None
-            )  # no session id starts with it (nor can it reach another namespace)
+            # No session id starts with it (nor can it reach another namespace).
+            return SessionPage(0, [], None)
         if self.mirror.restore_pending:
             self._not_restored()
         # One more than the page: whether a page follows.
@@ -368,7 +370,8 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         following = None
         if len(infos) > limit > 0:
             last = infos[limit - 1]
-            following = encode_cursor(namespace, prefix, (last["created_at"], last["session_id"]))
+            position = (last["created_at"], last["session_id"][len(namespace) :])
+            following = encode_cursor(namespace, prefix, position)
         return SessionPage(total, [self._info(info) for info in infos[:limit]], following)
 
     def _prefix(self, prefix: str) -> str:

@@ -173,3 +173,18 @@ def test_the_operators_listing_leaves_out_a_damaged_session(layout_store, redis_
     assert [info["session_id"] for info in layout_store.list_session_infos()] == ["s2", "s0"]
     layout_store.delete_session("s1")
     assert redis_client.exists(meta) == 0
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+def test_a_cursor_holds_the_callers_own_id_and_fits_the_longest_owner(store, backend_name):
+    """The cursor names the session as its owner does (no storage id): with the longest
+    owner and session ids the listing's own cursors are still read on, not refused."""
+    owner = "o" * 200
+    scoped = store.for_owner(owner)
+    ids = ["s" * 127 + str(index) for index in range(3)]
+    for session_id in ids:
+        scoped.create_session(session_id)
+    first = scoped.session_page(limit=2)
+    assert first.next_cursor is not None and owner not in first.next_cursor
+    rest = scoped.session_page(cursor=first.next_cursor, limit=2)
+    assert [info["session_id"] for info in first.sessions + rest.sessions] == ids[::-1]
