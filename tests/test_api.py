@@ -419,10 +419,17 @@ class TestSessions:
             response = api.get(API + "sessions/" + query)
             assert error_of(response) == (400, "invalid_cursor"), query
             assert "x1" not in response.content.decode() and "x2" not in response.content.decode()
-        status, code = error_of(api.get(API + "sessions/?page_size=500&page=4"))  # 1,500 in
+        # Past the last page is DRF's 404 however deep; a page that exists past the first
+        # 1,000 sessions is refused with the way to reach it.
+        assert error_of(api.get(API + "sessions/?page_size=500&page=4")) == (404, "not_found")  # 1,500 in
+        deep = configure(MAX_SESSIONS=5_000)  # the memory backend's default holds 1,000
+        for i in range(1_600):
+            deep.create_session(f"d{i}")
+        status, code = error_of(api.get(API + "sessions/?page_size=500&page=4"))
         assert (status, code) == (400, "page_too_deep")
         assert "cursor" in api.get(API + "sessions/?page_size=500&page=4").json()["detail"]
-        assert error_of(api.get(API + "sessions/?page_size=500&page=3")) == (404, "not_found")  # 1,000 in
+        assert error_of(api.get(API + "sessions/?page_size=500&page=5")) == (404, "not_found")  # 2,000 in
+        assert len(api.get(API + "sessions/?page_size=500&page=3").json()["results"]) == 500  # 1,000 in
 
     def test_list_leaves_out_expired_sessions(self, api, store, pages_only):
         for i in range(4):

@@ -67,9 +67,14 @@ class SessionPagination(PageNumberPagination):
             total, _ = store.list_session_page(search, limit=0)
             number = max(1, -(-total // page_size))
         try:
-            offset = min(max(0, (int(number) - 1) * page_size), _FURTHEST_OFFSET)
+            offset = max(0, (int(number) - 1) * page_size)
         except ValueError:
             offset = 0  # not a page number: the paginator answers 404 below
+        if offset > MAX_PAGE_OFFSET:
+            total, _ = store.list_session_page(search, limit=0)
+            if offset >= total:  # past the last page, however short the listing: DRF's 404
+                return self.paginate_queryset(_FetchedPage(total, offset, []), request, view) or []
+            offset = _FURTHEST_OFFSET  # the store answers page_too_deep
         self.fetched = store.session_page(search, offset=offset, limit=page_size)
         page = _FetchedPage(self.fetched.total, offset, self.fetched.sessions)
         return self.paginate_queryset(page, request, view) or []
