@@ -683,8 +683,11 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         online = None
         if role:
             answer = yield _READ
-            if isinstance(answer, redis.ResponseError):  # an ACL without @admin, a managed service
-                self._ask_role = False  # WAIT alone decides from now on
+            if isinstance(answer, redis.ResponseError):
+                # An ACL without @admin, a managed service that renames ROLE: WAIT alone
+                # decides from now on. A passing error (LOADING, BUSY) changes nothing.
+                if isinstance(answer, redis.exceptions.NoPermissionError) or "unknown command" in str(answer):
+                    self._ask_role = False
             else:
                 online = _online(answer)
         reply: Any = None
