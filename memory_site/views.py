@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from persistent_memory import get_store
-from persistent_memory.exceptions import BackendUnavailable
+from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.health import backend_health
 from persistent_memory.reporting import caller_detail
 from persistent_memory.resolvers import resolve_owner
@@ -58,6 +58,6 @@ def home(request: HttpRequest) -> HttpResponse:
     }
     try:
         context["mine"] = own_sessions(request)
-    except BackendUnavailable as exc:
+    except PersistentMemoryError as exc:  # the backend down, an owner the resolver refuses, ...
         context["error"] = str(exc) if staff else caller_detail(exc)
     return render(request, "home.html", context)

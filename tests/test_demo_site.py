@@ -15,6 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
+from persistent_memory.exceptions import InvalidOwner
 from tests import readme_blocks
 from tests.servers import demo_env, serve
 
@@ -212,3 +213,21 @@ def test_runserver_with_debug_off_serves_the_static_files(tmp_path):
             assert len(response.body) > 100, path
         missing = server.request("GET", "/no-such-page/")
         assert missing.status == 404 and b"URLconf" not in missing.body  # not the debug 404
+
+
+def refuse_every_owner(request):
+    raise InvalidOwner("Invalid owner: this resolver names no one.")
+
+
+def test_home_page_answers_when_the_resolver_refuses_the_owner(client, store, db, settings):
+    """An error of the store's other than an outage (here an owner the project's resolver
+    refuses) is shown on the page, not a 500."""
+    settings.PERSISTENT_MEMORY = {
+        **settings.PERSISTENT_MEMORY,
+        "OWNER_RESOLVER": f"{__name__}.refuse_every_owner",
+    }
+    user = get_user_model().objects.create_user("alice", password="pw-for-tests")
+    client.force_login(user)
+    response = client.get("/")
+    assert response.status_code == 200
+    assert "this resolver names no one" in response.content.decode()
