@@ -396,6 +396,10 @@ class TestExportImport:
             assert new_info["ttl_seconds"] == info["ttl_seconds"]
             if info["expires_at"] is None:
                 assert new_info["expires_at"] is None
+            elif info["expires_by"] == "idle":  # an import is activity: the idle deadline moves on
+                assert (
+                    info["expires_at"] - 2 <= new_info["expires_at"] <= time.time() + info["idle_ttl_seconds"]
+                )
             else:
                 assert new_info["expires_at"] == pytest.approx(info["expires_at"], abs=2)
 
