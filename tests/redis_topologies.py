@@ -303,6 +303,54 @@ class ClusterServers:
         self.wait_ok(timeout)
         return self.primary_for_slot(slots[0])
 
+    def manual_failover(self, port: int, *, timeout: float = TIMEOUT) -> None:
+        """``CLUSTER FAILOVER`` on the replica on ``port``; wait until its master has become
+        its replica (the cluster took the new configuration, not only the replica).
+
+        The command is asked again whenever the replica's log says an attempt came to
+        nothing, as Redis does not retry it: the replica has 5 s (``CLUSTER_MF_TIMEOUT``) to
+        catch up with its paused master and win the election, which a loaded machine can
+        miss ("Manual failover timed out"); and a replica that won an election less than
+        4 node timeouts ago (a failover back and forth) reuses that election's votes and
+        epoch, now too old: the cluster overrules it at once ("Reconfiguring myself as a
+        replica"), and the next attempt, once that election is over, holds a new one."""
+        log = self.dir / f"node-{port}.log"
+
+        def attempts_ended() -> tuple[int, int]:
+            text = log.read_text(errors="replace")
+            return text.count("Manual failover timed out"), text.count("Reconfiguring myself as a replica")
+
+        deadline = time.monotonic() + timeout
+        with self.node(port) as node, self.node(node.execute_command("ROLE")[2]) as master:
+
+            def taken_over() -> bool:
+                role = master.execute_command("ROLE")
+                return role[0] == "slave" and int(role[2]) == port
+
+            def ready() -> bool:
+                return taken_over() or node.info("replication").get("master_link_status") == "up"
+
+            while not taken_over():
+                poll(ready, f"the replica on {port} to be linked to its master", deadline - time.monotonic())
+                before = attempts_ended()
+                try:
+                    node.execute_command("CLUSTER FAILOVER")
+                except redis.ResponseError as exc:  # promoted meanwhile, or its master not reachable yet
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"waited {timeout:.0f} s for the replica on {port} to take over"
+                        ) from exc
+                    time.sleep(0.05)
+                    continue
+                try:
+                    poll(
+                        lambda before=before: taken_over() or attempts_ended() != before,
+                        f"the replica on {port} to take over",
+                        deadline - time.monotonic(),
+                    )
+                except TimeoutError as exc:
+                    raise TimeoutError(f"{exc}; its log ends:\n{_tail(log, 40)}") from None
+
     # -- data ----------------------------------------------------------------------------
 
     def flush(self) -> None:

@@ -216,9 +216,9 @@ def test_resharding_under_load_loses_no_acknowledged_write(settings, request, re
     redirected = Counter()
     follow = store.backend._redirected
 
-    def counting(command: tuple[Any, ...], wait: int) -> Any:
+    def counting(command: tuple[Any, ...], wait: int, redirect: Exception) -> Any:
         redirected[key_slot(command[3].encode())] += 1
-        return follow(command, wait)
+        return follow(command, wait, redirect)
 
     store.backend._redirected = counting
     slots = sorted({key_slot(layout.root_of(sid).encode()) for sid in moving})

@@ -128,8 +128,7 @@ def fail_over(primary: Primary, how: str) -> float:
     else:
         replica = primary.replica()
         port = next(port for port, process in cluster.processes.items() if process is replica)
-        with cluster.node(port) as node:
-            node.execute_command("CLUSTER FAILOVER")
+        cluster.manual_failover(port)
         poll(lambda: cluster.primary_for_slot(slot)[1] == port, "the replica to take over")
         promoted = time.monotonic()
         cluster.wait_ok()

@@ -129,12 +129,11 @@ class Primary:
         """The process of the primary's replica."""
         if self.name == "redis-sentinel":
             return self.servers.processes[self.servers.replica_port]
-        node_id = self.servers.node_id(self.port)
-        (port,) = [
-            int(address.rsplit(":", 1)[1])
-            for address, node in self.servers.nodes().items()
-            if node["master_id"] == node_id
-        ]
+        # The primary's own word (ROLE): another node's CLUSTER NODES can still show the
+        # replicas as they were before a failover (gossip), though the cluster is ok.
+        with self.client() as client:
+            replicas = poll(lambda: client.execute_command("ROLE")[2], f"a replica of {self.port}")
+        (port,) = {int(replica[1]) for replica in replicas}
         return self.servers.processes[port]
 
 
