@@ -12,7 +12,8 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.text import capfirst
 
-from persistent_memory.admin import MemorySessionAdmin
+from persistent_memory.admin import MemorySessionAdmin, duration
+from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
 from persistent_memory.models import HistoryEntry, MemorySession
 from tests.timing import LIVE_TTL, wait_past
 
@@ -73,7 +74,10 @@ def test_changelist_syncs_and_lists(admin_client, store):
     assert "late" in admin_client.get(CHANGELIST).content.decode()
 
 
-def test_search_filters_and_date_hierarchy(admin_client, store):
+def test_search_filters_and_date_hierarchy(admin_client, configure):
+    # No idle expiry, so that sessions without a TTL "never expire" on both backends (the
+    # memory backend's default idle expiry under these filters: test_idle_expiry_shows_and_filters).
+    store = configure(MIRROR_MODE="deferred", MAX_HISTORY=8, SESSION_IDLE_TTL_SECONDS=0)
     fill(store)
     # Long enough to be mirrored live on a loaded machine, then expired.
     short = store.create_session("short", ttl_seconds=LIVE_TTL)
@@ -282,7 +286,13 @@ def test_export_action(admin_client, store):
     assert records["chat-1"]["values"] == {"topic": {"city": "Paris"}, "turns": 3}
     assert records["chat-1"]["history"] == store.get_history("chat-1", 0)
     assert 3500 < records["chat-1"]["ttl_remaining_seconds"] <= 3600
-    assert records["chat-2"]["ttl_remaining_seconds"] is None
+    # No TTL of its own: the backend's default idle expiry (memory: 30 days; Redis: none).
+    idle = MEMORY_IDLE_TTL_SECONDS if store.backend.name == "memory" else None
+    assert records["chat-2"]["idle_ttl_seconds"] == idle
+    if idle is None:
+        assert records["chat-2"]["ttl_remaining_seconds"] is None
+    else:
+        assert idle - 100 < records["chat-2"]["ttl_remaining_seconds"] <= idle
 
 
 def test_permissions(viewer_client, store, db):
@@ -307,7 +317,9 @@ def test_permissions(viewer_client, store, db):
     assert client.get(CHANGELIST).status_code == 403
 
 
-def test_changelist_queries_stay_bounded(admin_client, store, django_assert_max_num_queries):
+def test_changelist_queries_stay_bounded(admin_client, configure, django_assert_max_num_queries):
+    # No idle expiry, so that "never expires" holds every session on both backends.
+    store = configure(MIRROR_MODE="deferred", MAX_HISTORY=8, SESSION_IDLE_TTL_SECONDS=0)
     for i in range(500):
         store.create_session(f"s{i:03d}")
         store.put(f"s{i:03d}", "k", i)
@@ -330,14 +342,25 @@ def test_no_redis_password_anywhere(admin_client, db, settings):
 
 
 def test_idle_expiry_shows_and_filters(store, admin_client):
+    on_memory = store.backend.name == "memory"  # its default idle expiry: 30 days; Redis: none
     store.create_session("idle", ttl_seconds=3600, idle_ttl_seconds=600)
     store.put("idle", "k", 1)
+    # The default idle expiry: on memory longer than this fixed TTL, so it never ends it.
     store.create_session("fixed", ttl_seconds=3600)
+    store.create_session("plain")  # no TTL: only the default idle expiry ends it
     listing = admin_client.get(CHANGELIST, {"ttl": "idle"}).content.decode()  # the page load syncs
     assert ">idle<" in listing and ">fixed<" not in listing
-    assert "if idle" in listing  # its idle TTL ends it before the fixed one
+    assert (">plain<" in listing) is on_memory
+    assert listing.count(">if idle</span>") == (2 if on_memory else 1)  # idle ends "idle" before its TTL
     page = admin_client.get(f"{CHANGELIST}{session_pk('idle')}/change/").content.decode()
     assert "10\xa0minutes after the last write" in page or "10 minutes after the last write" in page
     assert "idle for" in page
     fixed = admin_client.get(f"{CHANGELIST}{session_pk('fixed')}/change/").content.decode()
-    assert "after the last write" not in fixed
+    month = duration(MEMORY_IDLE_TTL_SECONDS)  # "1 month" or "4 weeks, 2 days", by the calendar
+    if on_memory:
+        assert f"{month} after the last write; the fixed time to live ends it first" in fixed
+    else:
+        assert "after the last write" not in fixed
+    everything = admin_client.get(CHANGELIST).content.decode()
+    assert ">in 59\xa0minutes</span></td>" in everything  # "fixed": no "if idle"
+    assert (f'title="{month} after its last write">if idle</span>' in everything) is on_memory

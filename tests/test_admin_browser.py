@@ -230,6 +230,9 @@ def test_admin_lists_shows_and_summarizes_sessions(live_server, transactional_db
         delta_row = driver.find_element(By.XPATH, "//tr[.//a[normalize-space()='browser-delta']]")
         assert delta_row.find_element(By.CSS_SELECTOR, "td.field-owner_display").text == "user:42"
         assert delta_row.find_element(By.CSS_SELECTOR, "td.field-expires").text == "in 23 hours"
+        # No TTL of their own: the memory backend's default idle expiry (30 days).
+        alpha_expires = alpha_row.find_element(By.CSS_SELECTOR, "td.field-expires").text
+        assert alpha_expires in ("in 4 weeks if idle", "in 1 month if idle"), alpha_expires  # by the calendar
 
         # At 1,280 pixels the whole table fits, State included: no scrolling sideways.
         layout = driver.execute_script(COLUMNS_IN_VIEW)

@@ -21,6 +21,7 @@ from django.test import Client
 from django.utils import timezone
 
 from persistent_memory.admin import OwnerFilter
+from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
 from persistent_memory.history import operation_count
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
@@ -209,7 +210,13 @@ class TestAdmin:
             assert record["values"] == scoped.get_all("chat-1")
             assert record["history"] == scoped.get_history("chat-1", 0)
         assert records[("user:2", "chat-1")]["ttl_seconds"] == 7200
-        assert records[("", "chat-1")]["ttl_remaining_seconds"] is None
+        # No TTL of its own: the backend's default idle expiry (memory: 30 days; Redis: none).
+        unowned = records[("", "chat-1")]
+        if store.backend.name == "memory":
+            assert unowned["idle_ttl_seconds"] == MEMORY_IDLE_TTL_SECONDS
+            assert MEMORY_IDLE_TTL_SECONDS - 100 < unowned["ttl_remaining_seconds"] <= MEMORY_IDLE_TTL_SECONDS
+        else:
+            assert unowned["idle_ttl_seconds"] is None and unowned["ttl_remaining_seconds"] is None
 
 
 # The mirror -----------------------------------------------------------------------
