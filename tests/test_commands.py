@@ -401,7 +401,7 @@ class TestExportImport:
                     info["expires_at"] - 2 <= new_info["expires_at"] <= time.time() + info["idle_ttl_seconds"]
                 )
             else:
-                assert new_info["expires_at"] == pytest.approx(info["expires_at"], abs=10)  # TTL left, re-anchored at import
+                assert new_info["expires_at"] == pytest.approx(info["expires_at"], abs=10)
 
     def test_round_trip_1000_sessions_memory_redis_memory(
         self, db, settings, redis_client, redis_url, tmp_path
