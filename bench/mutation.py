@@ -1,0 +1,205 @@
+"""Mutation testing: mutate the modules that keep data durable and in place, and see which
+faults the tests miss.
+
+    python bench/mutation.py                 # every group, then write docs/mutation.md
+    python bench/mutation.py journal layout  # the named groups only
+    python bench/mutation.py --ci            # the groups marked ci; fail on a new survivor
+
+The groups, their modules and their tests are in pyproject.toml
+(``[tool.persistent_memory.mutation.*]``); mutmut's own options in ``[tool.mutmut]``.
+mutmut reads one configuration per directory, so each group runs in a copy of the checkout
+of its own (``.mutation/<group>``, kept between runs: mutmut then re-runs only the
+functions that changed). A mutant that survives must be explained in
+``bench/mutation_survivors.toml`` (why it cannot change behaviour, or why no test can tell);
+``--ci`` fails on any other survivor and on a group under ``KILL_RATE_FLOOR``.
+
+mutmut changes code inside functions and methods only: module constants (``BUCKETS``, the
+layout's tags) are pinned by tests of their values instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+SURVIVORS = ROOT / "bench" / "mutation_survivors.toml"
+REPORT = ROOT / "docs" / "mutation.md"
+KILL_RATE_FLOOR = 0.90
+# Statuses that mean a test noticed the mutant (a timeout: the mutant hung a test).
+DETECTED = {"killed", "timeout", "caught by type check"}
+_COPY_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".mutation",
+    "mutants",
+    "site",
+    "__pycache__",
+    "*.pyc",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+    "test-artifacts",
+    "*.sqlite3",
+    "*.memory-journal",
+    "local",
+)
+
+
+def _toml_value(value: object) -> str:
+    # The options are strings, numbers, booleans and lists of those: JSON spells them as TOML does.
+    return json.dumps(value)
+
+
+def _groups() -> tuple[dict, dict[str, dict]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return config["tool"]["mutmut"], config["tool"]["persistent_memory"]["mutation"]
+
+
+def _workspace(name: str, group: dict, mutmut: dict) -> Path:
+    """A copy of the checkout whose ``[tool.mutmut]`` names only this group's modules and tests."""
+    work = WORK / name
+    work.mkdir(parents=True, exist_ok=True)
+    for entry in ROOT.iterdir():
+        if entry.name in {".git", ".mutation", "mutants", "site"} or entry.name.endswith(".egg-info"):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, work / entry.name, ignore=_COPY_IGNORE, dirs_exist_ok=True)
+        else:
+            shutil.copy2(entry, work / entry.name)
+    text = (ROOT / "pyproject.toml").read_text()
+    # [tool.mutmut] is followed by this project's group tables: cut from it to the end.
+    text = text[: text.index("[tool.mutmut]")]
+    options = dict(mutmut, only_mutate=group["modules"], pytest_add_cli_args_test_selection=group["tests"])
+    text += "[tool.mutmut]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in options.items())
+    (work / "pyproject.toml").write_text(text)
+    return work
+
+
+def _results(work: Path) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(re.findall(r"^\s+(\S+): (.+)$", out, flags=re.M))
+
+
+def _change(work: Path, mutant: str) -> str:
+    """The mutant's changed lines, shortened, for the report."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "show", mutant], cwd=work, capture_output=True, text=True
+    ).stdout
+    diff = [line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+    lines = [line[1:].strip() for line in diff]
+    return " → ".join(f"`{line[:90]}`" for line in lines[:2])
+
+
+def run_group(name: str, group: dict, mutmut: dict, children: int) -> dict:
+    work = _workspace(name, group, mutmut)
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"mutmut failed on group {name}:\n{done.stderr[-4000:]}")
+    statuses = _results(work)
+    by_module: dict[str, dict] = {}
+    for mutant, status in statuses.items():
+        module = mutant.split(".x_")[0].split(".xǁ")[0]
+        entry = by_module.setdefault(module, {"total": 0, "detected": 0, "survivors": {}})
+        entry["total"] += 1
+        if status in DETECTED:
+            entry["detected"] += 1
+        else:
+            entry["survivors"][mutant] = {"status": status, "change": _change(work, mutant)}
+    return {"seconds": round(time.monotonic() - started), "modules": by_module}
+
+
+def _report(results: dict[str, dict], explained: dict[str, str]) -> str:
+    lines = [
+        "# Mutation testing",
+        "",
+        "What the tests catch of small deliberate faults in the code that keeps data durable and",
+        "in place, measured with [mutmut](https://mutmut.readthedocs.io/) by",
+        "`python bench/mutation.py` (see [Contributing](contributing.md#mutation-testing)).",
+        "A mutant is one fault (an operator, a constant, a dropped argument) in one function;",
+        "it is *killed* when a test of its group fails (or hangs) with it.",
+        "",
+        "| Group | Module | Mutants | Killed | Kill rate | Survivors | Minutes |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, result in results.items():
+        for module, entry in sorted(result["modules"].items()):
+            rate = entry["detected"] / entry["total"]
+            lines.append(
+                f"| {name} | `{module}` | {entry['total']} | {entry['detected']} | {rate:.1%} "
+                f"| {len(entry['survivors'])} | {result['seconds'] / 60:.1f} |"
+            )
+    lines += ["", "## Every survivor, and why", ""]
+    for result in results.values():
+        for _module, entry in sorted(result["modules"].items()):
+            for mutant, survivor in sorted(entry["survivors"].items()):
+                why = explained.get(mutant, "**not explained**")
+                lines.append(f"- `{mutant}` ({survivor['status']}): {survivor['change']}. {why}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", help="groups to run (default: all, or the ci ones with --ci)")
+    parser.add_argument("--ci", action="store_true", help="the ci groups; fail on an unexplained survivor")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-report", action="store_true", help="do not rewrite docs/mutation.md")
+    args = parser.parse_args()
+    mutmut, groups = _groups()
+    names = args.groups or [n for n, g in groups.items() if g.get("ci") or not args.ci]
+    unknown = set(names) - set(groups)
+    if unknown:
+        parser.error(f"unknown groups: {', '.join(sorted(unknown))} (known: {', '.join(groups)})")
+    explained = tomllib.loads(SURVIVORS.read_text()) if SURVIVORS.exists() else {}
+    results = {}
+    failed = []
+    for name in names:
+        results[name] = result = run_group(name, groups[name], mutmut, args.children)
+        for module, entry in sorted(result["modules"].items()):
+            rate = entry["detected"] / entry["total"]
+            new = [m for m in entry["survivors"] if m not in explained]
+            print(
+                f"{name:18} {module:55} {entry['detected']:4}/{entry['total']:<4} {rate:6.1%}"
+                f"  {len(entry['survivors'])} survived, {len(new)} unexplained  ({result['seconds']} s)"
+            )
+            for mutant in new:
+                print(f"    unexplained survivor: {mutant} {entry['survivors'][mutant]['change']}")
+            if new or rate < KILL_RATE_FLOOR:
+                failed.append(module)
+    if not args.no_report and not args.ci and not args.groups:
+        REPORT.write_text(_report(results, explained))
+    if args.ci and failed:
+        print(
+            f"Mutation check failed for: {', '.join(failed)}. Add a test that kills each unexplained "
+            f"survivor, or explain it in {SURVIVORS.relative_to(ROOT)}.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
