@@ -59,13 +59,23 @@ def _toml_value(value: object) -> str:
     return json.dumps(value)
 
 
-def _groups() -> tuple[dict, dict[str, dict]]:
+def groups() -> tuple[dict, dict[str, dict]]:
+    """mutmut's shared options, and the groups by name."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     return config["tool"]["mutmut"], config["tool"]["persistent_memory"]["mutation"]
 
 
+def group_pyproject(group: dict, mutmut: dict) -> str:
+    """pyproject.toml with a ``[tool.mutmut]`` that names only ``group``'s modules and tests."""
+    text = (ROOT / "pyproject.toml").read_text()
+    # [tool.mutmut] is followed only by this project's group tables: cut from it to the end.
+    text = text[: text.index("[tool.mutmut]")]
+    options = dict(mutmut, only_mutate=group["modules"], pytest_add_cli_args_test_selection=group["tests"])
+    return text + "[tool.mutmut]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in options.items())
+
+
 def _workspace(name: str, group: dict, mutmut: dict) -> Path:
-    """A copy of the checkout whose ``[tool.mutmut]`` names only this group's modules and tests."""
+    """A copy of the checkout of the group's own (mutmut reads the configuration in its cwd)."""
     work = WORK / name
     work.mkdir(parents=True, exist_ok=True)
     for entry in ROOT.iterdir():
@@ -75,12 +85,7 @@ def _workspace(name: str, group: dict, mutmut: dict) -> Path:
             shutil.copytree(entry, work / entry.name, ignore=_COPY_IGNORE, dirs_exist_ok=True)
         else:
             shutil.copy2(entry, work / entry.name)
-    text = (ROOT / "pyproject.toml").read_text()
-    # [tool.mutmut] is followed by this project's group tables: cut from it to the end.
-    text = text[: text.index("[tool.mutmut]")]
-    options = dict(mutmut, only_mutate=group["modules"], pytest_add_cli_args_test_selection=group["tests"])
-    text += "[tool.mutmut]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in options.items())
-    (work / "pyproject.toml").write_text(text)
+    (work / "pyproject.toml").write_text(group_pyproject(group, mutmut))
     return work
 
 
@@ -168,16 +173,16 @@ def main() -> int:
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-report", action="store_true", help="do not rewrite docs/mutation.md")
     args = parser.parse_args()
-    mutmut, groups = _groups()
-    names = args.groups or [n for n, g in groups.items() if g.get("ci") or not args.ci]
-    unknown = set(names) - set(groups)
+    mutmut, configured = groups()
+    names = args.groups or [n for n, g in configured.items() if g.get("ci") or not args.ci]
+    unknown = set(names) - set(configured)
     if unknown:
-        parser.error(f"unknown groups: {', '.join(sorted(unknown))} (known: {', '.join(groups)})")
+        parser.error(f"unknown groups: {', '.join(sorted(unknown))} (known: {', '.join(configured)})")
     explained = tomllib.loads(SURVIVORS.read_text()) if SURVIVORS.exists() else {}
     results = {}
     failed = []
     for name in names:
-        results[name] = result = run_group(name, groups[name], mutmut, args.children)
+        results[name] = result = run_group(name, configured[name], mutmut, args.children)
         for module, entry in sorted(result["modules"].items()):
             rate = entry["detected"] / entry["total"]
             new = [m for m in entry["survivors"] if m not in explained]
