@@ -338,9 +338,10 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         starts the page after that page's last session, however deep, at the cost of
         the first page; a session created or deleted meanwhile moves no other one in or
         out of the pages still to come. ``offset`` (from the cursor, or from the top)
-        skips that many sessions, up to :data:`MAX_PAGE_OFFSET` (``PageTooDeep`` past
-        it): in the cluster layout skipping reads the ids skipped. A malformed, altered
-        or another listing's cursor is ``InvalidCursor``.
+        skips that many places of the listing's index, up to :data:`MAX_PAGE_OFFSET`
+        (``PageTooDeep`` past it): a session skipped as damaged, or gone and not yet
+        met, still takes its place; in the cluster layout skipping reads the ids
+        skipped. A malformed, altered or another listing's cursor is ``InvalidCursor``.
 
         Sessions that expired and that no page or sweep has met yet may still be
         counted (see the docs' Redis key layout). On the unscoped store this is the

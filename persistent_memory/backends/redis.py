@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
@@ -172,6 +173,18 @@ def _page_order(info: Any) -> tuple[float, str]:
     return info["created_at"], info["session_id"]
 
 
+def _scored(reply: list[Any]) -> list[tuple[bytes, Any]]:
+    """The (member, score) pairs of a WITHSCORES reply: flat in RESP2, pairs in RESP3 (and
+    from the cluster client, which parses it)."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(pair[0], pair[1]) for pair in reply]
+    return list(zip(reply[::2], reply[1::2], strict=True))
+
+
+def _log_damaged(count: int) -> None:
+    logger.warning("A listing skipped %d session(s) whose Redis keys are not of their type.", count)
+
+
 class _TooMany(Exception):
     """redis.lua declined to list every session in one step."""
 
@@ -211,7 +224,7 @@ ANSWER_KEYS = ("last_answer", "answer_count")
 
 #: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
 _READS = frozenset(
-    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "snapshot"}
+    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "bucket_page", "snapshot"}
     | {"read_messages", "context", "conversations", "summary_source"}
 )
 
@@ -763,7 +776,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
                 for pool, indexes in groups.values():
                     connection = pool.get_connection()
                     sent.append((pool, connection, indexes))
-                    connection.send_packed_command(connection.pack_commands([commands[i] for i in indexes]))
+                    connection.send_packed_command(_pack_all(connection, [commands[i] for i in indexes]))
                 for _, connection, indexes in sent:
                     for i in indexes:
                         try:
@@ -801,6 +814,11 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
                 unloaded, self._batch([commands[i] for i in unloaded], key_at=3), strict=True
             ):
                 replies[i] = reply
+        return self._redirected_again(commands, replies)
+
+    def _redirected_again(self, commands: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:
+        """``replies`` of :meth:`_batch`, those a server did not run (the slot moved) replaced by
+        the command's reply through the cluster client, which follows redirects."""
         for i, reply in enumerate(replies):
             if isinstance(reply, _REDIRECTS):
                 with self._errors():
@@ -910,84 +928,129 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             reply = self._run(
                 "page", "", prefix, str(offset), str(limit), *position, "", root=roots[0], namespace=namespace
             )
-            return self._page_of([reply], ids_only=False)
+            if reply[1]:
+                _log_damaged(reply[1])
+            return self._page_of(reply, ids_only=False)
         if offset:
-            # The cluster layout: where the page starts, read as ids alone (no info).
-            total, passed = self._merged_page(prefix, offset, after, ids_only=True)
-            if len(passed) < offset:
-                return total, []
-            after = (passed[-1]["created_at"], passed[-1]["session_id"])
-        return self._merged_page(prefix, limit, after, ids_only=False)
+            # The cluster layout: where the page starts (an offset counts index positions,
+            # as in the node layout), read as ids alone; then the page from there.
+            passed = self._passed(prefix, offset, after)
+            if len(passed) < offset:  # past the end: the count alone
+                return self._merged(0, after, self._bucket_pages(prefix, ids_only=False))[0], []
+            after = _page_order(passed[-1])
+        return self._merged(limit, after, self._bucket_pages(prefix, ids_only=False))
 
-    def _merged_page(
-        self, prefix: str, want: int, after: tuple[float, str] | None, *, ids_only: bool
-    ) -> tuple[int, list[SessionInfo]]:
-        """The ``want`` newest sessions after ``after`` over every bucket, and the count.
-
-        Each bucket is asked for a share of the page (twice its even part, and two): the
-        ids of a namespace are spread evenly over the buckets by a hash. A bucket that
-        gave all it was asked for, and whose last one would still be on the page, is
-        asked again from that one (twice as many), until no bucket can hold a session
-        that belongs on the page: a bucket reads about ``want`` ids at most, and a page
-        usually needs one round trip.
-        """
+    def _passed(self, prefix: str, offset: int, after: tuple[float, str] | None) -> list[Any]:
+        """The first ``offset`` entries of the listing's indexes after ``after`` (ids and
+        creation times). From the top without a search, plain rank ranges of the time
+        indexes (a script costs several times their reading); else 'bucket_page'."""
         namespace = namespace_of(prefix)
-        roots = self.layout.roots()
-        share = min(want, -(-want * 2 // len(roots)) + 2)
-        found: dict[str, list[SessionInfo]] = {root: [] for root in roots}
-        counts: dict[str, int] = {}
-        asked = {root: share for root in roots}
-        pending: dict[str, tuple[float, str] | None] = dict.fromkeys(roots, after)
-        while pending:
+        if after is not None or prefix != namespace:
+            return self._merged(offset, after, self._bucket_pages(prefix, ids_only=True))[1]
+        by_time = {root: self.layout.bucket_keys(root, namespace)[5] for root in self.layout.roots()}
+
+        def read(asked: dict[str, tuple[Any, float, int]]) -> dict[str, Any]:
+            ranges = {root: (start or 0, keep) for root, (start, _, keep) in asked.items()}
+            commands = [
+                ("ZREVRANGE", by_time[root], str(first), str(first + keep - 1), "WITHSCORES")
+                for root, (first, keep) in ranges.items()
+            ]
+            replies = self._checked(self._redirected_again(commands, self._batch(commands)))
+            answers = {}
+            for (root, (first, keep)), reply in zip(ranges.items(), replies, strict=True):
+                entries = [{"session_id": i.decode(), "created_at": float(t)} for i, t in _scored(reply)]
+                more = (first + keep, _page_order(entries[-1])) if len(entries) == keep else None
+                answers[root] = (0, 0, entries, more)  # the count of the page is its own
+            return answers
+
+        return self._merged(offset, None, read)[1]
+
+    def _bucket_pages(self, prefix: str, *, ids_only: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """A reader for :meth:`_merged`: each bucket's 'bucket_page' (indexes.lua) from its
+        position, the damaged sessions skipped logged."""
+        namespace = namespace_of(prefix)
+
+        def read(asked: dict[str, tuple[Any, float, int]]) -> dict[str, Any]:
             commands = [
                 self._command(
-                    "page",
+                    "bucket_page",
                     "",
-                    (prefix, "0", str(asked[root]), *_position(start), "1" if ids_only else ""),
+                    (prefix, repr(part), str(keep), *_position(start), "1" if ids_only else ""),
                     root=root,
                     namespace=namespace,
                 )
-                for root, start in pending.items()
+                for root, (start, part, keep) in asked.items()
             ]
-            replies = self._run_many(commands)
-            for reply in replies:
-                if isinstance(reply, redis.ResponseError):
-                    raise self._error(reply)
-            full = []
-            for root, reply in zip(pending, replies, strict=True):
-                total, infos = self._page_of([reply], ids_only=ids_only)
-                counts[root] = total
-                found[root].extend(infos)
-                if want and len(infos) == asked[root]:
-                    full.append(root)
+            replies = self._checked(self._run_many(commands))
+            damaged = sum(reply[1] for reply in replies)
+            if damaged:
+                _log_damaged(damaged)
+            answers = {}
+            for root, reply in zip(asked, replies, strict=True):
+                count, infos = self._page_of(reply, ids_only=ids_only, first=5)
+                last = (float(reply[3]), reply[4].decode()) if reply[4] else None
+                answers[root] = (count, reply[1] + reply[2], infos, last and (last, last))
+            return answers
+
+        return read
+
+    def _merged(
+        self, want: int, after: tuple[float, str] | None, read: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[int, list[Any]]:
+        """The ``want`` first sessions (or entries) after ``after`` over every bucket, and
+        the count (of a ``read`` of index ranges: how far they reached).
+
+        Each bucket is asked for its part of the page, twice its even part (the ids of a
+        namespace are spread evenly over the buckets by a hash), and for at most two
+        sessions more; ``read`` answers, for each bucket asked, its count, how many of it
+        it found gone or damaged, what it found and, unless it holds nothing more, where
+        to read on and the position (time, id) of the last id it examined. A bucket whose
+        position would still be on the merged page may hold more of it, and is asked
+        again from there for twice as much, until none can: a bucket reads about ``want``
+        ids (of a search's matches) at most, and a page usually needs one round trip.
+        """
+        roots = self.layout.roots()
+        found: dict[str, list[Any]] = {root: [] for root in roots}
+        counts: dict[str, int] = {}
+        parts = dict.fromkeys(roots, 2 * want / len(roots))
+        pending: dict[str, Any] = dict.fromkeys(roots, after)
+        while pending:
+            answers = read(
+                {
+                    root: (start, parts[root], min(want, math.ceil(parts[root]) + 2))
+                    for root, start in pending.items()
+                }
+            )
+            reached = {}
+            for root, (count, dropped, entries, more) in answers.items():
+                # a bucket asked again counts on from its first count
+                counts[root] = counts.get(root, count) - dropped
+                found[root].extend(entries)
+                if more is not None:
+                    reached[root] = more
             merged = sorted(
-                (info for infos in found.values() for info in infos), key=_page_order, reverse=True
+                (entry for entries in found.values() for entry in entries), key=_page_order, reverse=True
             )[:want]
             end = _page_order(merged[-1]) if len(merged) == want and want else None
             pending = {}
-            for root in full:
-                last = _page_order(found[root][-1])
+            for root, (start, last) in reached.items():
                 if end is None or last > end:
-                    pending[root] = last
-                    asked[root] = min(want, asked[root] * 2)
+                    pending[root] = start
+                    parts[root] = min(want, parts[root] * 2)
         return sum(counts.values()), merged
 
-    def _page_of(self, replies: list[Any], *, ids_only: bool) -> tuple[int, list[SessionInfo]]:
-        """The count and the sessions of 'page' replies (logging the damaged ones skipped);
-        ``ids_only``: each session's id and creation time alone."""
-        damaged = sum(reply[1] for reply in replies)
-        if damaged:
-            logger.warning("A listing skipped %d session(s) whose Redis keys are not of their type.", damaged)
+    def _page_of(self, reply: list[Any], *, ids_only: bool, first: int = 2) -> tuple[int, list[SessionInfo]]:
+        """The count and the sessions of a 'page' reply (of a 'bucket_page' reply: its
+        sessions start at ``first``); ``ids_only``: each one's id and creation time alone."""
         step = 2 if ids_only else 7
         infos: list[Any] = []
-        for flat in replies:
-            for i in range(2, len(flat), step):
-                session_id = flat[i].decode()
-                if ids_only:
-                    infos.append({"session_id": session_id, "created_at": float(flat[i + 1])})
-                else:
-                    infos.append(self._info(session_id, flat[i + 1 : i + 7]))
-        return sum(reply[0] for reply in replies), infos
+        for i in range(first, len(reply), step):
+            session_id = reply[i].decode()
+            if ids_only:
+                infos.append({"session_id": session_id, "created_at": float(reply[i + 1])})
+            else:
+                infos.append(self._info(session_id, reply[i + 1 : i + 7]))
+        return reply[0], infos
 
     def delete_session(self, session_id: str, *, idempotency: IdempotencyRecord | None = None) -> list[str]:
         cleared = sorted(item.decode() for item in self._run("delete", session_id, idempotency=idempotency))

@@ -1,5 +1,5 @@
 -- Listing: the operations on no one session that read a bucket's indexes (list, list_info,
--- page).
+-- page, bucket_page).
 --
 -- Part of the backend's one script (redis.lua includes it); KEYS as listed there.
 -- Keys used here: 6-7 the listing of the namespace searched, 8 node set, 9 owned set, 10 dirty set, 16 the
@@ -294,5 +294,132 @@ if op == 'page' then
     redis.call('DEL', search)
   end
   reply[1] = total
+  return reply
+end
+
+-- One bucket's part of a page in the cluster layout, whose 64 buckets
+-- RedisBackend._merged_page asks at once and merges. arg(1) the storage id prefix,
+-- arg(2) the part of the page this bucket should hold, with a margin (a number of
+-- sessions, not always whole), arg(3) the most sessions it returns, arg(4) and arg(5) a
+-- position to start after (as for 'page'; '' for the top), arg(6) '1' for ids and
+-- creation times alone, as index positions (an offset counts those, as in the node
+-- layout: no session is checked). Replies the count (before this call met any session
+-- gone or damaged), how many sessions were skipped as damaged, how many were dropped as
+-- gone, the position (time, id) of the last id examined, or '' '' when the bucket holds
+-- nothing after it, then the sessions as 'page' gives them.
+--
+-- A bucket examines as many ids as should hold its part (the part times its ids per
+-- match: the time index walked newest first from the position, ids without the prefix
+-- passed over), or, when it holds far fewer matches than that, every match
+-- (ZRANGEBYLEX, then their times) ordered in Lua, which costs about LEX_COST times as
+-- much a match as the walk an id. The client asks again, from the position returned,
+-- only a bucket whose position is still above the merged page's end: a search of
+-- 10,000 among a million sessions examines ~160 ids a bucket.
+local LEX_COST = 4
+
+if op == 'bucket_page' then
+  local wanted, part, at, after = arg(1), tonumber(arg(2)), arg(4), arg(5)
+  local ids_only = arg(6) == '1'
+  local by_time, by_name = listing_sets(wanted)
+  local namespace = namespace_of(wanted) or ''
+  if namespace == '' then
+    catch_up_unowned()
+  end
+  local searching = #wanted > #namespace
+  local from, to = '[' .. wanted, '(' .. wanted .. '\255'
+  local everyone = redis.call('ZCARD', by_time)
+  local total = searching and redis.call('ZLEXCOUNT', by_name, from, to) or everyone
+  local reply = {total, 0, 0, '', ''}
+  local keep, found, last_at, last_id = math.min(tonumber(arg(3)), total), 0, nil, nil
+
+  -- Whether the session ``id`` (at ``score``, false when not read) went on the page or
+  -- was passed as damaged; false when it has gone (dropped from the indexes: the next id
+  -- moves up to its place).
+  local function take(id, score)
+    last_at, last_id = score, id
+    if ids_only then
+      reply[#reply + 1], reply[#reply + 2] = id, score
+      found = found + 1
+      return true
+    end
+    use_session(id)
+    local kind = redis.call('TYPE', META).ok
+    local fields = kind == 'hash' and info_if_sound()
+    if fields then
+      reply[#reply + 1] = id
+      for _, field in ipairs(fields) do reply[#reply + 1] = field end
+      found = found + 1
+    elseif kind ~= 'none' then -- damaged: skipped, kept indexed (see 'page')
+      reply[2] = reply[2] + 1
+    else
+      last_at = last_at or redis.call('ZSCORE', by_time, id) -- the position, before it goes
+      unindex(id)
+      mark_dirty(id)
+      reply[3] = reply[3] + 1
+      return false
+    end
+    return true
+  end
+
+  local reach = math.min(everyone, math.max(keep, math.ceil(part * everyone / math.max(total, 1))))
+  local exhausted = false
+  if keep == 0 then
+    exhausted = true
+  elseif searching and total * LEX_COST <= reach then -- every match, ordered by time here
+    local matches = redis.call('ZRANGEBYLEX', by_name, from, to)
+    local ok, scores = pcall(call_chunked, 'ZMSCORE', by_time, matches) -- Redis 6.2
+    local start, entries = tonumber(at), {}
+    for i, id in ipairs(matches) do
+      local text = ok and scores[i]
+      if not ok then
+        text = redis.call('ZSCORE', by_time, id)
+      end
+      local score = text and tonumber(text)
+      if score and (not start or score < start or (score == start and bytewise(id, after))) then
+        entries[#entries + 1] = {score, id, text}
+      end
+    end
+    table.sort(entries, function(a, b)
+      if a[1] ~= b[1] then return a[1] > b[1] end
+      return bytewise(b[2], a[2])
+    end)
+    exhausted = true
+    for _, entry in ipairs(entries) do
+      if found == keep then
+        exhausted = false
+        break
+      end
+      take(entry[2], entry[3])
+    end
+  else -- the time index from the position, as many ids as should hold the part
+    -- Times only where the reply needs them: reading them costs as much as the ids.
+    local position, budget, step = at == '' and 0 or rank_after(by_time, at, after), reach, ids_only and 2 or 1
+    while budget > 0 and found < keep do
+      local asked = budget
+      local range = {'ZREVRANGE', by_time, position, position + asked - 1, ids_only and 'WITHSCORES' or nil}
+      local ids = redis.call(unpack(range))
+      for i = 1, #ids, step do
+        if found == keep then
+          break
+        end
+        local id, score = ids[i], ids_only and ids[i + 1]
+        budget = budget - 1
+        if searching and string.sub(id, 1, #wanted) ~= wanted then
+          last_at, last_id, position = score, id, position + 1
+        elseif take(id, score) then
+          position = position + 1
+        else
+          budget = budget + 1 -- a gone id is not examined: its place is read again
+        end
+      end
+      if #ids / step < asked and found < keep then -- every id up to the index's end examined
+        exhausted = true
+        break
+      end
+    end
+  end
+  if not exhausted and last_id then
+    reply[4], reply[5] = last_at or redis.call('ZSCORE', by_time, last_id), last_id
+  end
   return reply
 end

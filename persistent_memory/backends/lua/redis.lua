@@ -302,12 +302,14 @@ if (op == 'get_all' or (op == 'enrich' and arg(5) == '')) and not refresh_reads
   return remember(values_object())
 end
 
+-- The listing right after what it uses: a listing call (64 of them a page in the cluster
+-- layout) then returns before the closures of the files below are built.
 -- @include sessions.lua
+-- @include indexes.lua
 -- @include conversations.lua
 -- @include windows.lua
 -- @include checkpoints.lua
 -- @include conversation_ops.lua
--- @include indexes.lua
 -- @include maintenance.lua
 -- @include lanes.lua
 -- @include values.lua
