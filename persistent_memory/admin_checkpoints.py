@@ -22,9 +22,6 @@ if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
 
 SHOWN = 50
-#: The channel LangGraph's ``MessagesState`` and ``add_messages`` keep the chat in; any
-#: other channel holding chat messages is shown when a graph has none of this name.
-MESSAGES_CHANNEL = "messages"
 
 
 def is_thread(row: MemorySession) -> bool:
@@ -77,41 +74,20 @@ def checkpoints_html(row: MemorySession) -> str:
     )
 
 
-def _chat_channel(values: dict[str, Any]) -> str | None:
-    """The channel holding the thread's chat: ``messages`` first, else the first (by
-    name) whose value is a non-empty list of LangChain messages."""
-    from langchain_core.messages import BaseMessage
-
-    def is_chat(value: Any) -> bool:
-        return (
-            isinstance(value, list) and bool(value) and all(isinstance(item, BaseMessage) for item in value)
+def _rows(messages: list[dict[str, Any]]) -> list[MemoryMessage]:
+    """Chat messages (see ``chat_messages``) as unsaved message rows, for the transcript."""
+    return [
+        MemoryMessage(
+            message_id=message["id"],
+            seq=seq,
+            role=message["role"],
+            content_text=content_text(message.get("content")),
+            name=message.get("name") or "",
+            tool_call_id=message.get("tool_call_id") or "",
+            tool_calls=message.get("tool_calls"),
         )
-
-    names = [MESSAGES_CHANNEL, *sorted(name for name in values if name != MESSAGES_CHANNEL)]
-    return next((name for name in names if is_chat(values.get(name))), None)
-
-
-def _rows(messages: list[Any]) -> list[MemoryMessage]:
-    """LangChain messages as unsaved message rows, in the OpenAI chat format the
-    conversations keep (tool calls as ``tool_calls``, results as ``tool`` messages)."""
-    from langchain_core.messages import convert_to_openai_messages
-
-    rows = []
-    for seq, (message, chat) in enumerate(
-        zip(messages, convert_to_openai_messages(messages), strict=True), 1
-    ):
-        rows.append(
-            MemoryMessage(
-                message_id=message.id or f"#{seq}",
-                seq=seq,
-                role=chat["role"] if chat["role"] != "developer" else "system",
-                content_text=content_text(chat.get("content")),
-                name=chat.get("name") or "",
-                tool_call_id=chat.get("tool_call_id") or "",
-                tool_calls=chat.get("tool_calls"),
-            )
-        )
-    return rows
+        for seq, message in enumerate(messages, 1)
+    ]
 
 
 def messages_html(row: MemorySession) -> str:
@@ -125,18 +101,15 @@ def messages_html(row: MemorySession) -> str:
     if not latest:
         return "No checkpoint saved."
     try:
-        from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver
+        from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, chat_messages
     except ImportError:
         return "Install the langgraph extra to read them."
-    values = (
-        PersistentMemorySaver(store=store)
-        .checkpoint_tuple(None, latest[0], row.session_id)
-        .checkpoint["channel_values"]
-    )
-    channel = _chat_channel(values)
-    if channel is None:
+    checkpoint = PersistentMemorySaver(store=store).checkpoint_tuple(None, latest[0], row.session_id)
+    found = chat_messages(checkpoint.checkpoint["channel_values"])
+    if found is None:
         return "The latest checkpoint holds no chat messages (no channel of LangChain messages)."
-    rows = _rows(values[channel])
+    channel, messages = found
+    rows = _rows(messages)
     context = {"channel": channel, "checkpoint_id": latest[0].checkpoint_id, "count": len(rows)}
     return render_to_string(
         "admin/persistent_memory/graph_messages.html",
