@@ -1,7 +1,10 @@
-"""MkDocs hooks: the settings reference, made at build time from ``persistent_memory.conf``.
+"""MkDocs hooks: the settings reference, made from ``persistent_memory.conf``.
 
 The values come from ``DEFAULTS`` and ``PROFILES`` themselves and each description from
-the comment written above the key in ``conf.py``, so the page cannot drift from the code.
+the comment written above the key in ``conf.py``. The table is written into
+``docs/settings.md`` (so the page reads on GitHub too) by ``python docs/hooks.py``; a
+build whose page is not current fails (``mkdocs build --strict``), and so does
+tests/test_docs.py. Not part of the site: ``exclude_docs`` in mkdocs.yml.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import logging
 import re
 import sys
 import tokenize
@@ -17,7 +21,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "persistent_memory" / "conf.py"
-MARKER = "<!-- settings-reference -->"
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
+#: The lines around the generated table in the page.
+BEGIN = (
+    "<!-- settings-reference: made from persistent_memory/conf.py; `python docs/hooks.py` writes it again -->"
+)
+END = "<!-- /settings-reference -->"
+log = logging.getLogger("mkdocs.hooks.settings_reference")
 #: A Sphinx role of the code's docstrings (``:meth:`x```), as Markdown renders it.
 SPHINX_ROLE = re.compile(r":(?:meth|class|mod|func|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
 
@@ -126,10 +136,29 @@ def settings_reference() -> str:
     return "\n\n".join(sections) + "\n"
 
 
+def with_reference(page: str) -> str:
+    """The settings page ``page`` with the current reference between its markers."""
+    head, begin, rest = page.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not (begin and end):
+        raise ValueError(f"docs/settings.md needs the lines {BEGIN!r} and {END!r}")
+    return f"{head}{BEGIN}\n\n{settings_reference()}\n{END}{tail}"
+
+
+def write_settings_page() -> bool:
+    """Write the current reference into docs/settings.md; whether it changed."""
+    page = SETTINGS_PAGE.read_text()
+    current = with_reference(page)
+    if current != page:
+        SETTINGS_PAGE.write_text(current)
+    return current != page
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001
-    """MkDocs' hook: the settings page gets its table."""
-    if MARKER in markdown:
-        return markdown.replace(MARKER, settings_reference())
+    """MkDocs' hook: the settings page must hold the current reference (a warning, which
+    fails ``--strict``, says how to write it)."""
+    if BEGIN in markdown and with_reference(markdown) != markdown:
+        log.warning("docs/settings.md: the settings reference is not current: run `python docs/hooks.py`")
     return markdown
 
 
@@ -142,3 +171,13 @@ def _role(match: re.Match[str]) -> str:
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001
     """MkDocs' hook: the docstrings' Sphinx roles read as plain code on the Python API page."""
     return SPHINX_ROLE.sub(_role, html)
+
+
+if __name__ == "__main__":
+    # `python docs/hooks.py` writes the page; with --check, exits 1 when it is not current.
+    if "--check" in sys.argv[1:]:
+        page = SETTINGS_PAGE.read_text()
+        sys.exit(
+            0 if with_reference(page) == page else "docs/settings.md is not current: run python docs/hooks.py"
+        )
+    print("docs/settings.md " + ("rewritten" if write_settings_page() else "already current"))

@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from persistent_memory import maintenance
-from persistent_memory.admin_checkpoints import checkpoints_html, is_thread
+from persistent_memory.admin_checkpoints import checkpoints_html, is_thread, messages_html
 from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
@@ -256,6 +256,7 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
         "last_activity_display",
         "keys",
         "history_entries",
+        "graph_messages",
         "checkpoints",
         "mirror_sync",
     )
@@ -300,12 +301,20 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
     def checkpoints(self, obj: MemorySession) -> str:
         return checkpoints_html(obj)
 
+    @admin.display(description="messages")
+    def graph_messages(self, obj: MemorySession) -> str:
+        return messages_html(obj)
+
     def get_fieldsets(self, request: HttpRequest, obj: MemorySession | None = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
         if obj is None or not is_thread(obj):
             return fieldsets
-        # A LangGraph thread's session: its checkpoints, before the mirror's bookkeeping.
-        return [*fieldsets[:-1], ("Graph checkpoints", {"fields": ("checkpoints",)}), fieldsets[-1]]
+        # A LangGraph thread's session: its chat and its checkpoints, before the mirror's bookkeeping.
+        graph = [
+            ("Graph messages (the latest checkpoint's)", {"fields": ("graph_messages",)}),
+            ("Graph checkpoints", {"fields": ("checkpoints",)}),
+        ]
+        return [*fieldsets[:-1], *graph, fieldsets[-1]]
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: MemorySession) -> str:

@@ -1,16 +1,22 @@
-"""The admin's read-only view of a graph thread's checkpoints (LangGraph's checkpointer,
+"""The admin's read-only view of a graph thread (LangGraph's checkpointer,
 :mod:`persistent_memory.integrations.langgraph_saver`), read from the store as it holds
-them now: the newest :data:`SHOWN` of every namespace, newest first."""
+it now: the conversation in its latest checkpoint (its message channel, as the
+conversations' transcripts show theirs) and the newest :data:`SHOWN` checkpoints of
+every namespace, newest first."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django.template.loader import render_to_string
 from django.utils.html import format_html, format_html_join
 
 from persistent_memory.checkpoints import THREAD_PREFIXES
 from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.mirror_conversations import content_text
+from persistent_memory.models import MemoryMessage
 from persistent_memory.store import get_store
+from persistent_memory.transcript import Transcript, fold_calls
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
@@ -65,4 +71,47 @@ def checkpoints_html(row: MemorySession) -> str:
         "<th>source</th><th>parent</th><th>channels</th><th>pending writes</th></tr></thead>"
         "<tbody>{}</tbody></table>",
         body,
+    )
+
+
+def _rows(messages: list[dict[str, Any]]) -> list[MemoryMessage]:
+    """Chat messages (see ``chat_messages``) as unsaved message rows, for the transcript."""
+    return [
+        MemoryMessage(
+            message_id=message["id"],
+            seq=seq,
+            role=message["role"],
+            content_text=content_text(message.get("content")),
+            name=message.get("name") or "",
+            tool_call_id=message.get("tool_call_id") or "",
+            tool_calls=message.get("tool_calls"),
+        )
+        for seq, message in enumerate(messages, 1)
+    ]
+
+
+def messages_html(row: MemorySession) -> str:
+    """The chat of the thread's latest root checkpoint as a transcript; a line saying why
+    there is none."""
+    store = get_store().for_owner(row.owner)
+    try:
+        latest = store.list_checkpoints(row.session_id, "", limit=1)
+    except PersistentMemoryError as exc:
+        return f"Not read: {exc}"
+    if not latest:
+        return "No checkpoint saved."
+    try:
+        from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, chat_messages
+    except ImportError:
+        return "Install the langgraph extra to read them."
+    checkpoint = PersistentMemorySaver(store=store).checkpoint_tuple(None, latest[0], row.session_id)
+    found = chat_messages(checkpoint.checkpoint["channel_values"])
+    if found is None:
+        return "The latest checkpoint holds no chat messages (no channel of LangChain messages)."
+    channel, messages = found
+    rows = _rows(messages)
+    context = {"channel": channel, "checkpoint_id": latest[0].checkpoint_id, "count": len(rows)}
+    return render_to_string(
+        "admin/persistent_memory/graph_messages.html",
+        {**context, "transcript": Transcript(None, None, fold_calls(rows), [])},
     )

@@ -6,6 +6,7 @@ everything about the owners of the selected long-term memories" is in admin_forg
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -13,9 +14,11 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
+from persistent_memory.admin import short_when, when
 from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories import memories_for, records
@@ -24,6 +27,8 @@ from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 
 EDITED = ("session_id", "type", "key", "content", "metadata", "expires_at")
+#: After each separator of a key: where the list may break it.
+KEY_BREAKS = re.compile(r"(?<=[._:/-])")
 
 
 class LongTermMemoryForm(forms.ModelForm):
@@ -58,7 +63,9 @@ class LongTermMemoryForm(forms.ModelForm):
 @admin.register(LongTermMemory)
 class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
     form = LongTermMemoryForm
-    list_display = ("key", "short_content", "owner", "type", "source", "updated_at", "access_count", "tokens")
+    # What a reader scans for; uses and tokens are on each memory's page. With the
+    # navigation and the filters open, these fit 1,280 px.
+    list_display = ("key_display", "short_content", "owner", "type_and_source", "updated")
     list_filter = ("type", "source", "owner")
     search_fields = ("content", "key", "owner")
     date_hierarchy = "updated_at"
@@ -76,6 +83,23 @@ class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
         "similar_memories",
     )
     actions = ("export_jsonl", "forget_owners")
+
+    class Media:
+        css = {"all": ("persistent_memory/admin.css",)}
+
+    @admin.display(description="key", ordering="key")
+    def key_display(self, obj: LongTermMemory) -> str:
+        """The key, breaking after its separators (``travel.`` ``seat``) rather than mid-word."""
+        return mark_safe("<wbr>".join(escape(part) for part in KEY_BREAKS.split(obj.key)))  # noqa: S308 - escaped
+
+    @admin.display(description="type, source", ordering="type")
+    def type_and_source(self, obj: LongTermMemory) -> str:
+        return format_html('{}<br><span class="quiet">{}</span>', obj.type, obj.source)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: LongTermMemory) -> str:
+        # Short, as the sessions list's times: the column stays narrow (the full time on hover).
+        return format_html('<span title="{}">{}</span>', when(obj.updated_at), short_when(obj.updated_at))
 
     @admin.display(description="content")
     def short_content(self, obj: LongTermMemory) -> str:

@@ -71,7 +71,9 @@ class Thread:
 
 @dataclass
 class Transcript:
-    conversation: MemoryConversation
+    #: None: messages that are no conversation's rows (a graph thread's, see
+    #: :mod:`persistent_memory.admin_checkpoints`), shown without links to their rows.
+    conversation: MemoryConversation | None
     leaf: str | None
     entries: list[Entry]
     threads: list[Thread]
@@ -103,6 +105,30 @@ def _pretty_arguments(arguments: str) -> str:
         return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except ValueError:
         return arguments
+
+
+def fold_calls(messages: list[MemoryMessage]) -> list[Entry]:
+    """``messages`` as entries, each tool result folded under the call it answers (a
+    result whose call is not right before it stays an entry of its own)."""
+    entries: list[Entry] = []
+    open_calls: dict[str, Call] = {}
+    for message in messages:
+        if message.role == "tool" and message.tool_call_id in open_calls:
+            open_calls.pop(message.tool_call_id).result = message
+            continue
+        entry = Entry(message)
+        if message.role != "tool":
+            open_calls = {}
+        for call in message.tool_calls or ():
+            function = call.get("function") or {}
+            arguments = function.get("arguments", "")
+            folded = Call(
+                call.get("id", ""), function.get("name", ""), arguments, _pretty_arguments(arguments)
+            )
+            entry.calls.append(folded)
+            open_calls[folded.call_id] = folded
+        entries.append(entry)
+    return entries
 
 
 def build(
@@ -153,30 +179,15 @@ def build(
             start -= 1
     on_path = {row.message_id for row in path}
 
-    entries: list[Entry] = []
-    open_calls: dict[str, Call] = {}
-    for message in path[start:]:
-        if message.role == "tool" and message.tool_call_id in open_calls:
-            open_calls.pop(message.tool_call_id).result = message
-            continue
-        entry = Entry(message)
-        if message.role != "tool":
-            open_calls = {}
-        for call in message.tool_calls or ():
-            function = call.get("function") or {}
-            arguments = function.get("arguments", "")
-            folded = Call(
-                call.get("id", ""), function.get("name", ""), arguments, _pretty_arguments(arguments)
-            )
-            entry.calls.append(folded)
-            open_calls[folded.call_id] = folded
+    entries = fold_calls(path[start:])
+    for entry in entries:
+        message = entry.message
         siblings = children.get(message.parent_id, []) if message.parent_id in by_id else []
         if len(siblings) > 1:
             entry.versions = [
                 Version(sibling, newest_leaf[sibling.message_id], sibling.message_id in on_path)
                 for sibling in siblings
             ]
-        entries.append(entry)
 
     ends = [row for row in reversed(rows) if row.message_id not in children]
     if head in by_id and head in children:

@@ -12,7 +12,6 @@ import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -85,8 +84,14 @@ def test_the_settings_reference_has_every_setting_with_its_default_and_comment()
     assert table.count("### ") == len(hooks.GROUPS) - 1
     assert "`redis`: `24`" in by_name["SESSION_TTL_HOURS"]  # what a profile sets
     assert all(f"`{profile}`" in table for profile in PROFILES)
+    # Written into the page, so that it reads on GitHub, and current: checked in a process
+    # of its own (this suite's conftest changes a default).
     page = (ROOT / "docs" / "settings.md").read_text()
-    assert hooks.MARKER in page
+    assert hooks.BEGIN in page and by_name["MAX_VALUE_BYTES"] in page
+    check = subprocess.run(
+        [sys.executable, "docs/hooks.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert check.returncode == 0, check.stderr
 
 
 def test_the_site_builds_strictly(tmp_path):
@@ -101,12 +106,70 @@ def test_the_site_builds_strictly(tmp_path):
         timeout=300,
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    settings_page = (tmp_path / "site" / "settings" / "index.html").read_text()
-    assert "MAX_SESSION_BYTES" in settings_page and "settings-reference" not in settings_page
-    # Offline: no page asks a CDN for fonts or scripts.
-    for page in (tmp_path / "site").rglob("*.html"):
-        assert "fonts.googleapis.com" not in page.read_text(), page
-    assert Path(tmp_path / "site" / "reference" / "python" / "index.html").exists()
+    site = tmp_path / "site"
+    settings_page = (site / "settings.html").read_text()  # the offline plugin's file names
+    assert "<code>MAX_SESSION_BYTES</code>" in settings_page and "id='max_session_bytes'" in settings_page
+    # Offline: no page asks a CDN for fonts or scripts; search's index ships as a script
+    # (tests/test_docs_site_browser.py searches from disk).
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        assert "fonts.googleapis.com" not in text and "unpkg.com" not in text, page
+    assert (site / "search" / "search_index.js").exists()
+    assert (site / "reference" / "python.html").exists()
+    # The hooks run the build; they are no page of the site.
+    assert not list(site.rglob("*.py"))
+
+
+def test_the_settings_reference_fails_the_build_when_stale(tmp_path):
+    """A page whose table is not current is a warning, which fails ``--strict``."""
+    hooks = settings_hooks()
+    page = (ROOT / "docs" / "settings.md").read_text()
+    stale = page.replace(hooks.settings_reference().splitlines()[0], "### Renamed", 1)
+    current = hooks.with_reference(page)
+    assert stale != page and hooks.with_reference(stale) == current
+    with pytest.MonkeyPatch.context() as patch:
+        warnings: list[str] = []
+        patch.setattr(hooks.log, "warning", warnings.append)
+        assert hooks.on_page_markdown(current, None, None, None) == current and warnings == []
+        hooks.on_page_markdown(stale, None, None, None)
+    assert warnings and "python docs/hooks.py" in warnings[0]
+
+
+def extras_table() -> dict[str, str]:
+    """docs/install.md's table of extras: each extra's name and what it says it adds."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    rows = re.findall(
+        r"^\| `([\w-]+)` \| (.+) \|$", text.split("| Extra | What it adds |", 1)[1].split("\n\n")[0], re.M
+    )
+    return dict(rows)
+
+
+def test_the_extras_table_lists_every_extra_of_pyproject():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = extras_table()
+    assert sorted(table) == sorted(extras)
+    assert "store" in table["langgraph"] and "checkpointer" in table["langgraph"]
+
+
+def test_the_sites_header_links_no_placeholder():
+    """The header's repository link is the package's own address, or there is none."""
+    import tomllib
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("urls", {})
+    repo = config.get("repo_url")
+    assert repo is None or (repo in urls.values() and "example" not in repo), repo
+
+
+def test_the_python_api_page_says_how_to_read_it_on_github():
+    """Its ``:::`` lines are mkdocstrings' directives: the page says so before the first."""
+    page = (ROOT / "docs" / "reference" / "python.md").read_text()
+    before = page.split("\n::: ", 1)[0]
+    assert "`:::`" in before and "mkdocstrings" in before, before
 
 
 def test_the_small_settings_example_overrides_its_profile(settings):

@@ -408,6 +408,8 @@ def test_the_admin_shows_a_threads_checkpoints(configure):
     assert body.count("<tr><td><code>") == len(list(PersistentMemorySaver.for_owner("alice").list(None)))
     assert 'name="_save"' not in body
     assert "Graph checkpoints" in body and "Graph checkpoints" not in page("plain")
+    # Its `messages` channel holds strings, no chat messages: no transcript, and it says why.
+    assert "holds no chat messages" in body and "pm-transcript" not in body
 
 
 # Lists stored as deltas: linear storage, cold reads, forks, prunes ---------------------

@@ -187,6 +187,22 @@ def test_keyword_search_ranks_by_relevance_with_stemming_and_uses_the_index() ->
         assert "pm_memory_search_tsv" in plan
 
 
+def test_keyword_scores_are_relative_to_the_best_match() -> None:
+    """A reader sees 1 for the best match and fractions below it, not the database's raw
+    rank (SQLite's BM25 is ``2e-06`` when every word is in half of a few memories)."""
+    svc = memories_for("user:a")
+    svc.add("I drink tea every morning", key="tea")
+    svc.add("Green tea, never coffee, and tea again after lunch", key="green")
+    svc.add("Tea or coffee: tea", key="both")
+    found = svc.search("tea", strategy="keyword")
+    scores = [m["score"] for m in found]
+    assert len(found) == 3 and scores[0] == 1.0, scores
+    assert all(0 < score <= 1 for score in scores) and scores == sorted(scores, reverse=True), scores
+    assert [m["score_parts"]["keyword"] for m in found] == scores
+    hybrid = svc.search("tea coffee")  # no embedder: keyword fused with recency
+    assert max(m["score_parts"]["keyword"] for m in hybrid) == 1.0
+
+
 @pytest.mark.parametrize("fulltext", [True, False], ids=["fulltext", "icontains"])
 def test_keyword_search_reads_the_key_split_on_its_separators(fulltext: bool, monkeypatch) -> None:
     """``ui.theme`` is found by "theme" (it was not: only the content was read), by every

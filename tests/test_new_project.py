@@ -41,6 +41,7 @@ BLOCKS = {
     "redis-cache": "new-project-redis-cache",
     "deploy": "new-project-deploy",
     "commands": "new-project-commands",
+    "swagger-offline": "new-project-swagger-offline",
 }
 
 
@@ -188,3 +189,22 @@ def test_a_new_project_set_up_as_the_readmes_short_form(app_path, tmp_path):
     assert enriched["memory"] == {"status": "unchanged", "session_id": "chat-42", "keys": []}
     assert stored["memory"] == {"status": "stored", "session_id": "chat-42", "answer_count": 1}
     assert again["question"]["metadata"]["memory_context"] == {"answer_count": 1, "last_answer": "In Paris."}
+
+
+def test_a_new_projects_swagger_ui_is_served_offline(app_path, tmp_path):
+    """docs/install.md's "Swagger UI offline" lines: the docs page names no other host,
+    and each script, stylesheet and icon it names is served by the project itself."""
+    env = project_env(app_path)
+    folder = tmp_path / "project"
+    blocks = [readme_block(name) for name in ("settings", "embedded", "swagger-offline")]
+    new_project(folder, env, blocks, readme_block("urls"))
+    run_readme_commands(folder, env, readme_block("commands"))  # DEBUG on: runserver serves static files
+    with serve("runserver", env, tmp_path / "runserver.log", cwd=folder) as server:
+        page = server.request("GET", "/api/docs/")
+        assert page.status == 200, page.body
+        html = page.body.decode()
+        assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css|png))"', html)
+        assert len(assets) >= 3, html  # the bundle, the preset, the stylesheet
+        assert not [url for url in assets if "//" in url], assets  # no CDN
+        for url in assets:
+            assert server.request("GET", url).status == 200, url

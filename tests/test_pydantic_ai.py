@@ -51,8 +51,10 @@ from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import InvalidSessionId
 from persistent_memory.integrations.pydantic_ai import (
     KEY,
+    PART_OF,
     RECORDS,
     PersistentMemoryConversationStore,
+    entries_of,
     entry_of,
 )
 from persistent_memory.store import MemoryStore
@@ -431,15 +433,93 @@ def test_every_message_part_reads_back_equal(store):
     loaded = run(memory.load("c")).messages
     # Stored as Pydantic AI serializes them, and read back as it reads that (which moves a
     # legacy retry part and a binary image to their current classes).
-    kept = [message["metadata"][KEY] for message in store.get_messages("c")["messages"]]
+    thread = store.get_messages("c")["messages"]
+    kept = [message["metadata"][KEY] for message in thread if KEY in message["metadata"]]
     assert kept == ModelMessagesTypeAdapter.dump_python(MESSAGES, mode="json")
     assert loaded == ModelMessagesTypeAdapter.validate_python(kept)
-    # The chat form the app keeps: roles and the text a model reads.
-    thread = store.get_messages("c")["messages"]
-    assert [m["role"] for m in thread] == ["system", "user", "assistant", "user", "assistant"]
+    # The chat form the app keeps: roles, the text a model reads, the tool calls as
+    # `tool_calls` and each result as a `tool` message (as the Agents SDK's are).
+    assert [m["role"] for m in thread] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert thread[1]["content"] == "Look at this:"
-    assert thread[2]["content"] == 'Calling a tool\nlookup({"q":"weather"})\nlookup({"q":"time"})'
-    assert thread[3]["content"].startswith("lookup: ")
+    assert thread[2]["content"] == "Calling a tool"
+    assert thread[2]["tool_calls"] == [
+        {"id": "call-1", "type": "function", "function": {"name": "lookup", "arguments": '{"q":"weather"}'}},
+        {"id": "call-2", "type": "function", "function": {"name": "lookup", "arguments": '{"q":"time"}'}},
+    ]
+    results = [(m["tool_call_id"], m["name"], m["content"]) for m in thread[3:5]]
+    assert results == [
+        ("call-1", "lookup", '{"sunny":true,"celsius":21.5}'),
+        ("call-2", "lookup", "bad arguments\n\nFix the errors and try again."),
+    ]
+    # The entry's id on its last result; the one before it is part of it.
+    entry_id = thread[4]["id"]
+    assert thread[3]["id"] == f"{entry_id}.1" and thread[3]["metadata"] == {PART_OF: entry_id}
+    window = store.get_context("c", max_messages=10)["messages"]
+    assert [m["role"] for m in window] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    # Read an entry at a time, from the end: the results' entry is one entry.
+    history = memory.get_history(thread[-1]["id"], limit=2)
+    assert [entry.id for entry in history] == [entry_id, thread[-1]["id"]]
+    assert history[0].parent_id == thread[2]["id"]
+    assert [entry.id for entry in memory.get_history(entry_id, limit=1)] == [entry_id]
+
+
+def test_an_agents_tool_call_is_stored_as_tool_calls(store):
+    """Pydantic AI's own Agent and TestModel: the call and its result are real chat
+    messages of the conversation, and the conversation loads back as Pydantic AI wrote it."""
+    memory = PersistentMemoryConversationStore()
+    result = run(turn(memory, "c", "add them", agent()))
+    thread = store.get_messages("c")["messages"]
+    roles = [m["role"] for m in thread]
+    assert roles == ["user", "assistant", "tool", "assistant"], roles  # the system prompt: in the first
+    (call,) = thread[1]["tool_calls"]
+    assert call["function"]["name"] == "add" and thread[1]["content"] is None
+    assert thread[2]["tool_call_id"] == call["id"] and thread[2]["name"] == "add"
+    assert run(memory.load("c")).messages == result.all_messages()
+
+
+def test_a_resumed_run_stores_its_results_as_tool_messages(store):
+    """A save whose first entry returns results (deferred tools' results, after a save that
+    ended on the calls) still answers the stored call with `tool` messages."""
+    memory = PersistentMemoryConversationStore()
+    asked = ModelResponse(parts=[ToolCallPart("approve", {"id": 7}, tool_call_id="call-7")], timestamp=STAMP)
+    first = [ModelRequest(parts=[UserPromptPart("refund order 7", timestamp=STAMP)], timestamp=STAMP), asked]
+    run(memory.save(Conversation(conversation_id="c", messages=first)))
+    conversation = run(memory.load("c"))
+    results = ModelRequest(parts=[ToolReturnPart("approve", "yes", tool_call_id="call-7", timestamp=STAMP)])
+    done = ModelResponse(parts=[TextPart("Refunded.")], timestamp=STAMP)
+    resumed = Conversation(
+        conversation_id="c",
+        messages=[*conversation.messages, results, done],
+        revision=conversation.revision,
+        new_message_index=len(conversation.messages),
+    )
+    run(memory.save(resumed))
+    thread = store.get_messages("c")["messages"]
+    assert [m["role"] for m in thread] == ["user", "assistant", "tool", "assistant"]
+    assert thread[2]["tool_call_id"] == "call-7"
+    assert run(memory.load("c")).messages == [*first, results, done]
+
+
+def test_rows_stored_as_text_before_still_read_back(store, monkeypatch):
+    """Conversations saved before tool calls were stored as such (every entry one message,
+    tool calls and results as text) load as they were saved."""
+    import persistent_memory.integrations.pydantic_ai as integration
+
+    def as_text(entry, open_calls):  # what the previous version stored
+        (dumped,) = ModelMessagesTypeAdapter.dump_python([entry.message], mode="json")
+        role = "assistant" if isinstance(entry.message, ModelResponse) else "user"
+        text = "\n".join(filter(None, map(integration._part_text, entry.message.parts))) or "-"
+        return [{"id": entry.id, "role": role, "content": text, "metadata": {KEY: dumped}}], set()
+
+    monkeypatch.setattr(integration, "chats_of", as_text)
+    memory = PersistentMemoryConversationStore()
+    run(memory.save(Conversation(conversation_id="old", messages=list(MESSAGES[1:]))))
+    assert "tool" not in [m["role"] for m in store.get_messages("old")["messages"]]
+    monkeypatch.undo()
+    loaded = run(PersistentMemoryConversationStore().load("old")).messages
+    kept = ModelMessagesTypeAdapter.dump_python(MESSAGES[1:], mode="json")
+    assert loaded == ModelMessagesTypeAdapter.validate_python(kept)
+    run(turn(PersistentMemoryConversationStore(), "old", "and now?"))  # it goes on
 
 
 def test_messages_the_app_recorded_read_as_prompts_and_answers():
@@ -455,6 +535,32 @@ def test_messages_the_app_recorded_read_as_prompts_and_answers():
     )
     assert entries[1].message.parts[0].content == "hi"
     assert entries[2].message.parts == [TextPart("hello")]
+
+
+def test_tool_calls_the_app_recorded_read_as_tool_parts():
+    """Messages in the chat format (the REST API's, the Agents SDK's) read as Pydantic AI's
+    tool call and tool return parts, the tool named from its call."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "weather", "arguments": '{"city":"Paris"}'},
+    }
+    stored = [
+        {"id": "u", "parent_id": None, "role": "user", "content": "weather?"},
+        {"id": "a", "parent_id": "u", "role": "assistant", "content": None, "tool_calls": [call]},
+        {"id": "t", "parent_id": "a", "role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"id": "b", "parent_id": "t", "role": "assistant", "content": "Sunny."},
+    ]
+    entries = entries_of(stored)
+    assert entries[1].message.parts == [ToolCallPart("weather", '{"city":"Paris"}', tool_call_id="call_1")]
+    (result,) = entries[2].message.parts
+    assert (type(result), result.tool_name, result.content, result.tool_call_id) == (
+        ToolReturnPart,
+        "weather",
+        "sunny",
+        "call_1",
+    )
+    assert [entry.parent_id for entry in entries] == [None, "u", "a", "t"]
 
 
 # What the app does with any conversation ------------------------------------------------

@@ -78,6 +78,39 @@ def thread_session(thread_id: Any) -> str:
     return THREAD_PREFIXES[1] + hashlib.sha256(text.encode()).hexdigest()[:48]
 
 
+#: The channel LangGraph's ``MessagesState`` and ``add_messages`` keep the chat in; any
+#: other channel holding chat messages is read when a graph has none of this name.
+MESSAGES_CHANNEL = "messages"
+
+
+def chat_messages(values: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The chat in a checkpoint's channel values: the channel (``messages`` first, else the
+    first by name whose value is a non-empty list of LangChain messages) and its messages
+    in the OpenAI chat format the conversations keep (tool calls as ``tool_calls``,
+    results as ``tool`` messages), each with its ``id`` (``#<n>`` when it has none).
+    None: no channel holds chat messages."""
+    from langchain_core.messages import BaseMessage, convert_to_openai_messages
+
+    def is_chat(value: Any) -> bool:
+        return (
+            isinstance(value, list) and bool(value) and all(isinstance(item, BaseMessage) for item in value)
+        )
+
+    names = [MESSAGES_CHANNEL, *sorted(name for name in values if name != MESSAGES_CHANNEL)]
+    channel = next((name for name in names if is_chat(values.get(name))), None)
+    if channel is None:
+        return None
+    chats = convert_to_openai_messages(values[channel])
+    return channel, [
+        {
+            **chat,
+            "id": message.id or f"#{number}",
+            "role": "system" if chat["role"] == "developer" else chat["role"],
+        }
+        for number, (message, chat) in enumerate(zip(values[channel], chats, strict=True), 1)
+    ]
+
+
 def _writes_order(item: list[Any]) -> tuple[str, str, int]:
     task_id, idx, _, _, task_path = item
     return task_path, task_id, idx  # LangGraph's own order (writes_sort_key's)

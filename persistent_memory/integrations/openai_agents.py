@@ -7,7 +7,7 @@ extraction, the admin's transcript, the sweep, export and forget-an-owner see it
 conversation::
 
     agent = Agent(name="Assistant", instructions="Reply briefly.")
-    session = PersistentMemorySession("chat-42", owner=str(request.user.pk))
+    session = PersistentMemorySession("chat-42", owner=f"user:{request.user.pk}")
     result = await Runner.run(agent, "Hello", session=session)
 
 How items are stored (every item reads back equal):

@@ -7,7 +7,7 @@ session ``conversation_id`` of that owner, its messages in the session's convers
 summaries, extraction, the admin's transcript, the sweep, export and forget-an-owner see
 it as any conversation::
 
-    store = PersistentMemoryConversationStore(owner=str(request.user.pk))
+    store = PersistentMemoryConversationStore(owner=f"user:{request.user.pk}")
     conversation = await store.load(conversation_id) or Conversation(conversation_id=conversation_id)
     result = await agent.run(prompt, conversation=conversation)
     await store.save(result)
@@ -15,10 +15,15 @@ it as any conversation::
 How it maps:
 
 - Each entry is a message of the conversation under the entry's id, after its parent: a
-  ``ModelResponse`` an ``assistant`` message, a ``ModelRequest`` a ``user`` message (a
-  ``system`` one when it holds only system prompts), with the text of its parts as content
-  and the exact message, as Pydantic AI serializes it, in the ``metadata``. So the thread
-  Pydantic AI reads is the thread stored; branches it leaves are branches of the tree.
+  ``ModelResponse`` an ``assistant`` message (its tool calls as ``tool_calls``), a
+  ``ModelRequest`` a ``user`` message (a ``system`` one when it holds only system prompts),
+  with the text of its parts as content and the exact message, as Pydantic AI serializes
+  it, in the ``metadata``. A request that only returns the results of the calls before it
+  is ``tool`` messages, one per result, as the Agents SDK's are (the entry's id on the last,
+  which keeps the message; ``<id>.<n>`` on the others). So the thread Pydantic AI reads is
+  the thread stored, a model sent the window reads real tool calls, and branches it leaves
+  are branches of the tree. Messages recorded otherwise (the REST API, the Agents SDK) read
+  back as Pydantic AI's parts: tool calls as ``ToolCallPart``, results as ``ToolReturnPart``.
 - The record (usage, deferred tool requests, scope, branches, revision) is the session's
   value ``"pydantic_ai"``. A save checks the revision, appends the new entries, moves the
   head and stores the new record in one atomic step (one round trip on Redis): a stale
@@ -65,7 +70,13 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from persistent_memory.conversations.messages import CHAT_FIELDS, DEFAULT_CONVERSATION, MESSAGE_ID_PATTERN
+from persistent_memory.conversations.messages import (
+    CHAT_FIELDS,
+    DEFAULT_CONVERSATION,
+    MESSAGE_ID_PATTERN,
+    NAME_PATTERN,
+    TOOL_CALL_ID_PATTERN,
+)
 from persistent_memory.exceptions import (
     KeyNotFound,
     MessageNotFound,
@@ -108,18 +119,82 @@ def _part_text(part: Any) -> str:
     return ""
 
 
-def chat_of(entry: ConversationEntry) -> dict[str, Any]:
-    """The chat message that stores ``entry`` (see the module's docstring)."""
+#: Metadata of the ``tool`` messages before an entry's last: the entry they belong to (read
+#: back as part of it, not as entries of their own); and of that last message, the entry's
+#: parent (its stored parent is the part before it).
+PART_OF = "pydantic_ai_part_of"
+PARENT = "pydantic_ai_parent"
+
+
+def _call(part: ToolCallPart) -> dict[str, Any]:
+    return {
+        "id": part.tool_call_id,
+        "type": "function",
+        "function": {"name": part.tool_name, "arguments": part.args_as_json_str()},
+    }
+
+
+def _valid_calls(calls: list[ToolCallPart]) -> bool:
+    ids = [part.tool_call_id for part in calls]
+    return len(set(ids)) == len(ids) and all(
+        TOOL_CALL_ID_PATTERN.fullmatch(call_id) and part.tool_name
+        for call_id, part in zip(ids, calls, strict=True)
+    )
+
+
+def _answers(part: Any) -> str | None:
+    """The call a request part returns the result of (None: it is no tool result)."""
+    if isinstance(part, ToolReturnPart) or (isinstance(part, RetryPromptPart) and part.tool_name):
+        return part.tool_call_id
+    return None
+
+
+def chats_of(entry: ConversationEntry, open_calls: set[str]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The chat messages that store ``entry``, after a thread whose ``open_calls`` wait for
+    results; and the calls open after them (see the module's docstring)."""
     message = entry.message
-    if isinstance(message, ModelResponse):
-        role = "assistant"
-    elif all(isinstance(part, SystemPromptPart) for part in message.parts) and message.parts:
-        role = "system"
-    else:
-        role = "user"
-    text = "\n".join(filter(None, map(_part_text, message.parts)))
     (dumped,) = ModelMessagesTypeAdapter.dump_python([message], mode="json")
-    return {"id": entry.id, "role": role, "content": text, "metadata": {KEY: dumped}}
+    kept = {KEY: dumped}
+    text = "\n".join(filter(None, map(_part_text, message.parts)))
+    if isinstance(message, ModelResponse):
+        calls = [part for part in message.parts if isinstance(part, ToolCallPart)]
+        if not calls or not _valid_calls(calls):
+            return [{"id": entry.id, "role": "assistant", "content": text, "metadata": kept}], set()
+        said = "\n".join(
+            filter(None, (_part_text(p) for p in message.parts if not isinstance(p, ToolCallPart)))
+        )
+        chat = {
+            "id": entry.id,
+            "role": "assistant",
+            "content": said or None,
+            "tool_calls": list(map(_call, calls)),
+        }
+        return [{**chat, "metadata": kept}], {part.tool_call_id for part in calls}
+    answered = [_answers(part) for part in message.parts]
+    results = len(answered) <= 100 and len(entry.id) <= 120 and bool(answered)
+    if results and all(call in open_calls for call in answered) and len(set(answered)) == len(answered):
+        chats = []
+        for number, part in enumerate(message.parts, start=1):
+            last = number == len(message.parts)
+            chat = {
+                "id": entry.id if last else f"{entry.id}.{number}",
+                "role": "tool",
+                "tool_call_id": part.tool_call_id,
+                "content": part.model_response()
+                if isinstance(part, RetryPromptPart)
+                else part.model_response_str(),
+                "metadata": {**kept, PARENT: entry.parent_id} if last else {PART_OF: entry.id},
+            }
+            if NAME_PATTERN.fullmatch(part.tool_name):
+                chat["name"] = part.tool_name
+            chats.append(chat)
+        return chats, open_calls - set(answered)
+    role = (
+        "system"
+        if message.parts and all(isinstance(part, SystemPromptPart) for part in message.parts)
+        else "user"
+    )
+    return [{"id": entry.id, "role": role, "content": text, "metadata": kept}], set()
 
 
 def _kept_message(metadata: Any) -> ModelMessage | None:
@@ -136,22 +211,54 @@ def _kept_message(metadata: Any) -> ModelMessage | None:
     return message
 
 
-def entry_of(stored: dict[str, Any]) -> ConversationEntry:
-    """The entry a stored message holds; a message recorded otherwise (the lanes, the REST
-    API) reads as a user prompt or a text response."""
-    message: ModelMessage | None = _kept_message(stored.get("metadata"))
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if part.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
+def entry_of(stored: dict[str, Any], call_names: dict[str, str] | None = None) -> ConversationEntry:
+    """The entry a stored message holds. A message recorded otherwise (the lanes, the REST
+    API, the Agents SDK) reads as a user prompt, a response (with its ``tool_calls`` as
+    tool call parts) or a tool's result (the tool named from ``call_names``, call id to
+    name, when the message names none)."""
+    metadata = stored.get("metadata")
+    message: ModelMessage | None = _kept_message(metadata)
+    parent = stored["parent_id"]
+    if message is not None and isinstance(metadata, dict) and PARENT in metadata:
+        parent = metadata[PARENT] if isinstance(metadata[PARENT], str) else None
     if message is None:
-        content = stored.get("content")
-        text = content if isinstance(content, str) else ""
-        if isinstance(content, list):
-            text = "\n".join(part["text"] for part in content if part.get("type") == "text")
+        text = _text(stored.get("content"))
         if stored["role"] == "assistant":
-            message = ModelResponse(parts=[TextPart(text)])
+            parts: list[Any] = [TextPart(text)] if text or not stored.get("tool_calls") else []
+            for call in stored.get("tool_calls") or ():
+                function = call["function"]
+                parts.append(ToolCallPart(function["name"], function["arguments"], tool_call_id=call["id"]))
+            message = ModelResponse(parts=parts)
         elif stored["role"] == "system":
             message = ModelRequest(parts=[SystemPromptPart(text)])
+        elif stored["role"] == "tool":
+            call_id = stored["tool_call_id"]
+            name = stored.get("name") or (call_names or {}).get(call_id, "")
+            message = ModelRequest(parts=[ToolReturnPart(name, text, tool_call_id=call_id)])
         else:
             message = ModelRequest(parts=[UserPromptPart(text)])
-    return ConversationEntry(id=stored["id"], parent_id=stored["parent_id"], message=message)
+    return ConversationEntry(id=stored["id"], parent_id=parent, message=message)
+
+
+def entries_of(messages: list[dict[str, Any]]) -> list[ConversationEntry]:
+    """The entries of a thread's stored messages, oldest first: the ``tool`` messages of an
+    entry before its last (``PART_OF``) are read as part of it."""
+    names: dict[str, str] = {}
+    entries = []
+    for stored in messages:
+        for call in stored.get("tool_calls") or ():
+            names[call["id"]] = call["function"]["name"]
+        metadata = stored.get("metadata")
+        if stored["role"] == "tool" and isinstance(metadata, dict) and PART_OF in metadata:
+            continue
+        entries.append(entry_of(stored, names))
+    return entries
 
 
 # The store ---------------------------------------------------------------------------------
@@ -245,13 +352,17 @@ class PersistentMemoryConversationStore(ConversationStore):
             record = dataclasses.replace(record, scope=self.owner)
         session_id, new_ids = record.conversation_id, {entry.id for entry in new_entries}
         parent = new_entries[0].parent_id if new_entries else None
-        messages = [chat_of(entry) for entry in new_entries]
         for before, entry in zip(new_entries, new_entries[1:], strict=False):
             if entry.parent_id != before.id:
                 raise UserError("new_entries must be a chain, each after the one before it.")
         copied = []
         if expected_revision is None:  # a new conversation: a fork's history is elsewhere
             copied = self._kept_elsewhere(record, parent if new_entries else record.head_id, new_ids)
+        open_calls = self._open_calls(session_id, parent, copied, new_entries)
+        messages: list[dict[str, Any]] = []
+        for entry in new_entries:
+            chats, open_calls = chats_of(entry, open_calls)
+            messages.extend(chats)
         if copied:  # its history first, then what comes after it
             parent = None
             messages = [*copied, *messages]
@@ -269,6 +380,34 @@ class PersistentMemoryConversationStore(ConversationStore):
         except (RevisionConflict, MessageNotFound, SessionNotFound):
             raise ConversationConflict(session_id) from None
         self._remember(session_id, [record.head_id, *record.branches, *new_ids])
+
+    def _open_calls(
+        self,
+        session_id: str,
+        parent: str | None,
+        copied: list[dict[str, Any]],
+        new_entries: Sequence[ConversationEntry],
+    ) -> set[str]:
+        """The tool calls of the message the new entries follow, when the first returns
+        results (a run resumed with deferred tools' results): read from the store then only."""
+        first = new_entries[0].message if new_entries else None
+        if not isinstance(first, ModelRequest) or not any(map(_answers, first.parts)) or parent is None:
+            return set()
+        if copied:
+            before = copied[-1]
+        else:
+            try:
+                read = self.store.get_messages(
+                    session_id, conversation=self.conversation, leaf=parent, limit=1
+                )
+            except (SessionNotFound, MessageNotFound):
+                return set()  # the write says why
+            before = read["messages"][-1] if read["messages"] else {}
+        return (
+            {call["id"] for call in before.get("tool_calls") or ()}
+            if before.get("role") == "assistant"
+            else set()
+        )
 
     def _kept_elsewhere(
         self, record: ConversationRecord, last: str | None, new_ids: set[str]
@@ -304,16 +443,22 @@ class PersistentMemoryConversationStore(ConversationStore):
         session_id = self._where.get(head_id)
         if session_id is None:
             raise KeyError(head_id)
-        try:
-            read = self.store.get_messages(
-                session_id, conversation=self.conversation, leaf=head_id, limit=limit
-            )
-        except (SessionNotFound, MessageNotFound):
-            self._headless[(session_id, head_id)] = None
-            while len(self._headless) > REMEMBERED:
-                self._headless.popitem(last=False)
-            raise KeyError(head_id) from None
-        entries = [entry_of(message) for message in read["messages"]]
+        wanted = limit
+        while True:  # an entry of tool results is a message per result: read on until ``limit``
+            try:
+                read = self.store.get_messages(
+                    session_id, conversation=self.conversation, leaf=head_id, limit=wanted
+                )
+            except (SessionNotFound, MessageNotFound):
+                self._headless[(session_id, head_id)] = None
+                while len(self._headless) > REMEMBERED:
+                    self._headless.popitem(last=False)
+                raise KeyError(head_id) from None
+            entries = entries_of(read["messages"])
+            if limit is None or wanted is None or len(entries) >= limit or len(read["messages"]) < wanted:
+                break
+            wanted += limit - len(entries)
+        entries = entries[-limit:] if limit else entries
         self._remember(session_id, [entry.id for entry in entries])  # where a fork or a branch may start
         return entries
 

@@ -8,7 +8,7 @@ best first.
   ``search_tsv`` with a GIN index, migrations 0010 and 0011) matched by any of the
   query's words, ranked by ``ts_rank``. SQLite: the FTS5 table of migrations 0009 and
   0011, ranked by BM25. Other databases (or SQLite without FTS5): ``icontains`` per
-  word, scored by words matched.
+  word, scored by words matched. Scores are given relative to the best match's (1).
 * ``semantic``: with an ``EMBEDDER``, the vectors nearest the query's, compared where
   :mod:`persistent_memory.memories.vectors` says (pgvector, sqlite-vec or numpy); when
   no query vector comes within EMBEDDER_REQUEST_TIMEOUT (or the embedder's circuit is
@@ -207,8 +207,22 @@ def _sqlite_fts_ready(alias: str) -> bool:
         return cursor.fetchone() is not None
 
 
+def _relative(ranked: Ranked) -> Ranked:
+    """Scores as fractions of the best one (1 for the best match): the databases' own
+    ranks mean little to a reader (SQLite's BM25 gives ``2e-06`` in a small collection,
+    where every word is in half the memories) and differ between databases. The order,
+    and the fusions (by rank, or scaled to 0..1), are the same."""
+    best = max((score for _, score in ranked), default=0.0)
+    return [(pk, score / best) for pk, score in ranked] if best > 0 else ranked
+
+
 def keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
-    """Full-text matches of any of the query's words, best first."""
+    """Full-text matches of any of the query's words, best first, each scored relative
+    to the best match (see :func:`_relative`)."""
+    return _relative(_keyword(rows, query, limit))
+
+
+def _keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
     words = query_words(query)
     if not words:
         return []
