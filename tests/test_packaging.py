@@ -76,6 +76,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "selenium",
         "hypothesis",
         "ruff",
+        "mutmut",
         "mcp",
         "uvicorn",
         "openai",
