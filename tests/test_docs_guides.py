@@ -26,9 +26,9 @@ from tests.conftest import memory_settings_for
 from tests.servers import project_folder, run_bash
 from tests.test_readme import bash, runserver, serving
 
-#: The install command the quickstart shares with the README (the suite's own environment
-#: has what it installs, and a test cannot reach the package index).
-INSTALL = "python -m pip install -r requirements.txt\n"
+#: The demo's install, as in the README (the suite's own environment has what it installs,
+#: and a test cannot reach the package index).
+INSTALL = 'python -m pip install -e ".[demo]"\n'
 
 
 def test_the_quickstart_python_example(store: MemoryStore, db: Any) -> None:

@@ -204,6 +204,25 @@ def test_requirements_txt_is_the_app_with_its_extras():
     assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai]"]
 
 
+def test_the_demo_needs_only_the_app_and_its_demo_extra():
+    """The README's demo command installs the app and its ``demo`` extra, nothing else: the
+    demo site's modules, and the apps and middleware its settings name, come from those
+    (psycopg only where DATABASE_URL names PostgreSQL)."""
+    from django.conf import settings
+
+    assert 'python -m pip install -e ".[demo]" && python manage.py migrate' in README.read_text()
+    paths = [*(ROOT / "memory_site").glob("*.py"), ROOT / "manage.py"]
+    third_party, owners = imported_distributions(paths)
+    owners.pop("memory_site")  # the site's own modules
+    named = {entry.split(".")[0] for entry in [*settings.INSTALLED_APPS, *settings.MIDDLEWARE]}
+    distributions = packages_distributions()
+    for name in named - third_party - {"persistent_memory"}:
+        owners[name] = {d.lower() for d in distributions.get(name, ["?"])}
+    allowed = CORE | {Requirement(line).name.lower() for line in metadata_extras()["demo"]}
+    assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
+    assert {"dj_database_url", "whitenoise", "drf_spectacular_sidecar"} <= owners.keys()
+
+
 def test_ci_runs_the_readmes_test_command_exactly():
     readme = README.read_text()
     command = "python -m pip install -r requirements.txt && python -m pytest"
