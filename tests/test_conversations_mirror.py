@@ -293,6 +293,16 @@ def test_popped_messages_leave_the_mirror(mirrored):
     assert MemoryMessage.objects.get(message_id="instead").content_text == "Other"
 
 
+def test_a_conversation_left_without_messages_is_mirrored_empty(mirrored):
+    store = mirrored
+    store.add_messages("s1", [{"id": "only", "role": "user", "content": "Hello?"}])
+    store.mirror.sync_dirty()
+    store.pop_message("s1", "only")
+    store.mirror.sync_dirty()
+    assert_conversations_mirrored(store, "s1")
+    assert not MemoryMessage.objects.exists()
+
+
 def test_deleted_sessions_keep_their_conversation_rows_until_swept(mirrored):
     store = mirrored
     chat(store, "s1")
@@ -503,3 +513,56 @@ def test_the_journal_brings_back_what_the_mirror_had_not(journaled):  # noqa: F8
     fresh.close()
     again = journaled()
     assert reads(again, "kept") == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restart_from_the_mirror_keeps_the_summaries(settings):
+    from persistent_memory.conversations.summarizing import summarize_conversation
+    from tests.test_summaries import Recorder, options
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
+    store = get_store()
+    store.add_messages(
+        "s1",
+        [
+            {"role": "user", "content": "Where is the meeting?"},
+            {"role": "assistant", "content": "In Paris."},
+            {"role": "user", "content": "When?"},
+            {"role": "assistant", "content": "At noon."},
+        ],
+    )
+    summarizer = Recorder("They planned a meeting in Paris.")
+    assert summarize_conversation(store, "s1", "default", summarizer, options(min_tokens=0, keep_tokens=0))
+    before = reads(store, "s1")
+    assert before["texts"]["default"]["summaries"][0]["text"] == "They planned a meeting in Paris."
+    reset_store()  # the process ends: the worker flushes
+
+    fresh = MemoryStore.from_settings()
+    try:
+        assert reads(fresh, "s1") == before
+    finally:
+        fresh.close()
+
+
+def test_a_row_written_before_summaries_were_kept_per_branch_reads_as_a_list():
+    one = {"text": "They talked.", "anchor": "a1", "anchor_seq": 2, "tokens": 3, "covered_tokens": 9}
+    assert mirror_conversations.row_summaries(json.dumps(one)) == [one]
+    assert mirror_conversations.row_summaries(json.dumps([one, one])) == [one, one]
+    assert mirror_conversations.row_summaries("") == []
+
+
+def test_content_parts_without_a_type_show_as_parts():
+    parts = [{"type": "text", "text": "Look:"}, {"image": "..."}, "raw", {"type": "input_audio"}]
+    assert mirror_conversations.content_text(parts) == "Look:\n[part]\n[part]\n[input_audio]"
+    assert mirror_conversations.content_text(None) == ""
+
+
+def test_a_chat_grown_past_every_mirrored_message_is_mirrored(mirrored):
+    """Every message the rows hold was trimmed since: none of the snapshot is older."""
+    store = mirrored  # MAX_MESSAGES=8
+    store.add_messages("s1", [{"role": "user", "content": "first"}])
+    store.mirror.sync_dirty()
+    store.add_messages("s1", [{"role": "user", "content": f"m{n}"} for n in range(10)])
+    store.mirror.sync_dirty()
+    assert_conversations_mirrored(store, "s1")
+    assert not MemoryMessage.objects.filter(content_text="first").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import pytest
 from django.db import OperationalError, connection
@@ -10,7 +11,10 @@ from django.db import OperationalError, connection
 from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded
+from persistent_memory.health import mirror_health
+from persistent_memory.mirror import ERROR_TEXT_LIMIT, _error_text
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.timing import LIVE_TTL, wait_past, wait_until
 
@@ -447,3 +451,201 @@ def test_restore_loads_every_session_of_an_owner_over_a_lowered_cap(settings, ca
         fresh.for_owner("user:2").create_session("b1")
     finally:
         fresh.close()
+
+
+# One session the database refuses -------------------------------------------------------
+
+
+@contextmanager
+def refusing(key: str, message: str):
+    """The database refuses a value row under ``key`` (a constraint of its own, as a
+    column type or a CHECK a deployment adds would), with ``message``."""
+    name = "pm_refuse_" + str(abs(hash(message)))
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"ALTER TABLE persistent_memory_memoryvalue ADD CONSTRAINT {name} CHECK (key <> '{key}')"
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON persistent_memory_memoryvalue "
+                f"WHEN NEW.key = '{key}' BEGIN SELECT RAISE(ABORT, '{message}'); END"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"ALTER TABLE persistent_memory_memoryvalue DROP CONSTRAINT {name}")
+            else:
+                cursor.execute(f"DROP TRIGGER {name}")
+
+
+def errors_logged(caplog, session_id: str) -> list[int]:
+    """The levels at which the mirror said it could not write ``session_id``."""
+    return [r.levelno for r in caplog.records if f"could not write session {session_id}" in r.getMessage()]
+
+
+def test_a_session_the_database_refuses_fails_alone_and_says_why(mirrored, caplog):
+    store = mirrored
+    for sid in ("s1", "s2", "s3"):
+        store.create_session(sid)
+        store.put(sid, "fine", 1)
+    store.put("s2", "refused", 2)
+    with refusing("refused", "no such key here"), caplog.at_level(logging.DEBUG, "persistent_memory.mirror"):
+        result = store.mirror.sync_dirty()
+        # The others are written; the refused one is counted once, and marked for the next sync.
+        assert (result.synced, result.gone, result.failed) == (2, 0, 1)
+        assert_mirrored(store, "s1")
+        assert_mirrored(store, "s3")
+        row = MemorySession.objects.get(session_id="s2")
+        assert row.sync_error.startswith("IntegrityError: ") and "no such key here" in row.sync_error
+        failed_at = row.sync_failed_at
+        assert failed_at is not None
+        # Its row holds none of it: never restored, and a restart replays all its writes.
+        assert (row.history_digest, row.journal_seq, row.values.count()) == ("", 0, 0)
+        health = mirror_health(store)
+        assert "no such key here" in health["last_error"] and health["last_error_at"] == failed_at
+        assert store.backend.dirty_count() == 1
+        # Retried with the same error: still failing alone, said at the error level once.
+        store.put("s1", "more", 2)
+        result = store.mirror.sync_dirty()
+        assert (result.synced, result.failed) == (1, 1)  # s1 written again, s2 failed again
+        row = MemorySession.objects.get(session_id="s2")
+        assert "no such key here" in row.sync_error and row.sync_failed_at > failed_at
+        assert errors_logged(caplog, "s2") == [logging.ERROR, logging.DEBUG]
+        assert [r.levelno for r in caplog.records if "one at a time" in r.getMessage()] == [
+            logging.WARNING,
+            logging.DEBUG,
+        ]
+    with refusing("refused", "another reason"), caplog.at_level(logging.DEBUG, "persistent_memory.mirror"):
+        assert store.mirror.sync_dirty().failed == 1
+        assert "another reason" in MemorySession.objects.get(session_id="s2").sync_error
+        # A new error is said again; the log names the session, its owner and the error.
+        assert errors_logged(caplog, "s2") == [logging.ERROR, logging.DEBUG, logging.ERROR]
+        assert "could not write session s2: IntegrityError: another reason; will retry" in caplog.text
+        owned = store.for_owner("user:1")
+        owned.create_session("o1")
+        owned.put("o1", "refused", 1)
+        assert store.mirror.sync_dirty().failed == 2
+        assert "could not write session o1 (owner 'user:1'): IntegrityError: another reason" in caplog.text
+        assert store.mirror.sync_all().failed == 2  # counted the same by a full sync
+    result = store.mirror.sync_dirty()
+    assert (result.synced, result.failed) == (2, 0)
+    row = assert_mirrored(store, "s2")
+    assert (row.sync_error, row.sync_failed_at) == ("", None)
+
+
+def test_error_texts_fit_any_column():
+    """NUL (which PostgreSQL's text refuses) and a lone surrogate (which no UTF-8 column
+    holds) are kept as their escapes; a long text is cut."""
+    text = _error_text(ValueError("bad \x00 and \ud800 here"))
+    assert text == "ValueError: bad \\x00 and \\ud800 here"
+    text.encode("utf-8")
+    assert len(_error_text(ValueError("x" * 10_000))) == ERROR_TEXT_LIMIT
+
+
+# The memory backend's graph checkpoints ---------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_restart_from_the_mirror_only_changed_checkpoints_are_written(settings):
+    """The counters come back with the entries: the next sync writes what changed since,
+    not every entry again (a new count would); an import without checkpoints removes them."""
+    from persistent_memory.models import CheckpointEntry
+    from tests.test_langgraph_saver import PersistentMemorySaver, build, run_turn, thread_session
+
+    def entries() -> dict[str, tuple[int, str]]:
+        return {e.name: (e.pk, e.value) for e in CheckpointEntry.objects.all()}
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    run_turn(build(PersistentMemorySaver.for_owner("alice")), "t", "one", "yes")
+    store.mirror.sync_dirty()
+    before = entries()
+    reset_store()
+    restarted = get_store()
+    assert restarted.mirror.restore() == 1
+    run_turn(build(PersistentMemorySaver.for_owner("alice")), "t", "two", "no")
+    assert restarted.mirror.sync_dirty().synced == 1
+    after = entries()
+    assert {name: after[name] for name in before} == before and len(after) > len(before)
+    session = thread_session("t")
+    assert {name: value for name, (_, value) in after.items()} == restarted.for_owner(
+        "alice"
+    ).checkpoint_entries(session)
+    # Replaced by an import of the session without its checkpoints: the rows go too.
+    sid = storage_id("alice", session)
+    snapshot = {k: v for k, v in restarted.backend.snapshots([sid])[sid].items() if "checkpoint" not in k}
+    restarted.backend.restore_session(snapshot, replace=True)
+    restarted.mirror.sync_dirty()
+    assert not CheckpointEntry.objects.exists()
+    restarted.close()
+
+
+def test_a_full_sync_of_one_owner_keeps_the_other_owners_marks(mirrored):
+    """``memory_mirror --all --owner``: that owner's sessions are written and their marks
+    taken; the other owners' marks stay for the next sync."""
+    store = mirrored
+    alice, bob = store.for_owner("user:alice"), store.for_owner("user:bob")
+    alice.create_session("s")
+    bob.create_session("s")
+    assert store.mirror.sync_all(owner="user:alice").synced == 1
+    assert list(MemorySession.objects.values_list("owner", flat=True)) == ["user:alice"]
+    assert store.backend.pop_dirty(10) == [storage_id("user:bob", "s")]
+    # Bob's mirrored session, deleted since: not noticed by a sync of Alice's.
+    store.mirror.sync_dirty()
+    bob.create_session("t")
+    store.mirror.sync_dirty()
+    bob.delete_session("t")
+    result = store.mirror.sync_all(owner="user:alice")
+    assert (result.synced, result.gone) == (1, 0)
+    assert MemorySession.objects.get(owner="user:bob", session_id="t").state == MemorySession.State.LIVE
+    assert store.mirror.sync_dirty().gone == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restore_that_failed_is_retried_by_the_worker(settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
+    get_store().create_session("kept", ttl_seconds=0, idle_ttl_seconds=0)  # never expires
+    get_store().record_answer("kept", "hello")
+    reset_store()  # the worker flushes: the row is written
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        fresh = MemoryStore.from_settings()  # the database cannot give the sessions back yet
+        fresh.mirror.stop()  # the test flushes, not the worker
+        assert fresh.mirror.restore_pending
+        assert mirror_health(fresh)["status"] == "unavailable"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    try:
+        fresh.mirror._flush()  # what the worker does next
+        assert not fresh.mirror.restore_pending
+        assert fresh.get("kept", "last_answer") == "hello"
+        assert fresh.session_info("kept")["expires_at"] is None
+    finally:
+        fresh.close()
+
+
+def test_a_sync_with_a_limit_takes_no_more_sessions_than_that(mirrored):
+    store = mirrored
+    for n in range(3):
+        store.create_session(f"s{n}")
+    assert store.mirror.sync_dirty(limit=2).synced == 2
+    assert MemorySession.objects.count() == 2
+    assert store.mirror.sync_dirty(limit=2).synced == 1
+
+
+def test_a_checkpoint_written_again_is_mirrored_in_place(db, settings):
+    from persistent_memory.models import CheckpointEntry
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.put_checkpoint("thread", "", "cp-1", '{"v": 1}')
+    store.mirror.sync_dirty()
+    store.put_checkpoint("thread", "", "cp-1", '{"v": 2}')  # the same checkpoint id again
+    assert store.mirror.sync_dirty().synced == 1
+    mirrored = {e.name: e.value for e in CheckpointEntry.objects.all()}
+    assert mirrored == store.checkpoint_entries("thread") and '{"v": 2}' in mirrored.values()

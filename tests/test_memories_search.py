@@ -1,0 +1,225 @@
+"""Long-term memory search as users rely on it, whatever the exact scores: each owner sees
+only its own memories (also when another's match better and would fill the limit), the
+filters and the limit hold for every strategy, stop words match nothing, the strategy that
+answered is the one reported (keyword when there is no query vector, recency when there
+are no words), and clear cases come back in the obvious order. Fast: the in-process
+``tests.test_memories.fake_embedder``, no server; on SQLite (full text and the
+``icontains`` fallback of other databases) and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from persistent_memory.memories import memories_for
+from persistent_memory.memories.search import STOP_WORDS, query_words
+from persistent_memory.models import LongTermMemory
+
+pytestmark = pytest.mark.django_db
+
+EMBEDDER = {"EMBEDDER": "tests.test_memories.fake_embedder"}
+WORDS = ("keyword", "hybrid")
+
+
+@pytest.fixture(params=["fulltext", "icontains"])
+def matching(request, monkeypatch) -> str:
+    """Each way words are matched: the database's full text, or ``icontains`` (other databases)."""
+    if request.param == "icontains":
+        monkeypatch.setattr(connection, "vendor", "other")
+    return request.param
+
+
+def ids(found: list[dict]) -> list[int]:
+    return [memory["id"] for memory in found]
+
+
+def aged(memory: dict, days: float) -> None:
+    LongTermMemory.objects.filter(pk=memory["id"]).update(updated_at=timezone.now() - timedelta(days=days))
+
+
+def test_query_words_leave_out_stop_words_repeats_and_case():
+    assert query_words("Do I like THE dog, Dog and dogs?") == ["like", "dog", "dogs"]
+    assert query_words("What is it? Who are you?") == []
+    many = [f"w{n}" for n in range(40)]
+    assert query_words(" ".join(many)) == many[:32]
+
+
+def test_the_stop_words():
+    """Golden: a word added or dropped changes what every question matches."""
+    assert len(STOP_WORDS) == 52
+    assert {"do", "i", "the", "what", "which", "your", "would"} <= STOP_WORDS
+    assert not {"not", "no", "dog", "python"} & STOP_WORDS
+
+
+def test_a_question_of_stop_words_matches_nothing(matching):
+    owner = memories_for("user:a")
+    owner.add("I do what I like", key="motto")
+    assert owner.search("do I", strategy="keyword") == []
+    # Hybrid without words to match answers by recency, and says so.
+    answer = owner.search_results("do I", strategy="hybrid")
+    assert answer.strategy == "recent" and ids(answer.results) == ids(owner.list()[1])
+
+
+def test_every_strategy_keeps_to_the_owner_and_its_filters(settings, matching):
+    settings.PERSISTENT_MEMORY = EMBEDDER
+    alice, bob = memories_for("user:alice"), memories_for("user:bob")
+    mine = alice.add("Rex is a dog", key="pet")
+    episode = alice.add("Walked the dog and the cat", key="walk", type="episodic", session_id="s-1")
+    for n in range(5):  # newer and more relevant, of another owner
+        bob.add(f"dog dog cat dog {n}", key=f"dog{n}")
+    for strategy in ("recent", "keyword", "semantic", "hybrid"):
+        found = alice.search("dog", strategy=strategy, limit=1)
+        assert len(found) == 1 and found[0]["owner"] == "user:alice", strategy
+        assert set(ids(alice.search("dog", strategy=strategy))) == {mine["id"], episode["id"]}, strategy
+        assert ids(alice.search("dog", strategy=strategy, types=["episodic"])) == [episode["id"]], strategy
+        assert ids(alice.search("dog", strategy=strategy, session_id="s-1")) == [episode["id"]], strategy
+        assert alice.search("dog", strategy=strategy, types=[]) == [], strategy
+    assert memories_for("user:carol").search("dog", strategy="semantic") == []
+
+
+def test_the_limit_holds_for_every_strategy(settings, matching):
+    settings.PERSISTENT_MEMORY = EMBEDDER
+    owner = memories_for("user:a")
+    for n in range(5):
+        owner.add(f"The dog number {n}", key=f"dog{n}")
+    for strategy in ("recent", "keyword", "semantic", "hybrid"):
+        assert len(owner.search("dog", strategy=strategy)) == 5, strategy
+        assert len(owner.search("dog", strategy=strategy, limit=2)) == 2, strategy
+
+
+def test_recent_is_newest_update_first():
+    owner = memories_for("user:a")
+    first, second, third = (owner.add(f"Fact {n}", key=f"f{n}") for n in range(3))
+    aged(first, 1)
+    aged(second, 2)
+    aged(third, 3)
+    found = owner.search("", strategy="recent")
+    assert ids(found) == [first["id"], second["id"], third["id"]]
+    assert found[0]["score"] > found[1]["score"] > found[2]["score"] > 0
+    # The same moment: the one written last first.
+    LongTermMemory.objects.update(updated_at=timezone.now())
+    assert ids(owner.search("", strategy="recent")) == [third["id"], second["id"], first["id"]]
+
+
+def test_more_of_the_question_matched_ranks_first(matching):
+    owner = memories_for("user:a")
+    one = owner.add("The garden has roses", key="garden")
+    both = owner.add("The garden roses are red in June", key="roses")
+    owner.add("Unrelated: the car is blue", key="car")
+    for strategy in WORDS:
+        found = owner.search("red roses in June", strategy=strategy)
+        assert ids(found) == [both["id"], one["id"]], strategy
+        assert found[0]["score"] > found[1]["score"] > 0, strategy
+
+
+def test_among_equal_matches_the_fresher_ranks_first(matching):
+    owner = memories_for("user:a")
+    old = owner.add("Lives near the harbour", key="home.old")
+    new = owner.add("Lives near the harbour", key="home.new")
+    aged(old, 3)
+    aged(new, 1)
+    assert ids(owner.search("harbour", strategy="hybrid")) == [new["id"], old["id"]]
+    aged(new, 5)
+    assert ids(owner.search("harbour", strategy="hybrid")) == [old["id"], new["id"]]
+
+
+def test_without_an_embedder_hybrid_is_keyword_among_the_matches(matching):
+    owner = memories_for("user:a")
+    match = owner.add("Rex is a dog", key="pet")
+    owner.add("Drinks tea", key="drink")  # newer, no word in common: never brought in
+    answer = owner.search_results("dog", strategy="hybrid")
+    assert answer.strategy == "keyword" and ids(answer.results) == [match["id"]]
+    parts = answer.results[0]["score_parts"]
+    assert parts["keyword"] > 0 and parts["semantic"] is None and parts["relevance"] > 0
+    assert owner.search_results("dog", strategy="keyword").strategy == "keyword"
+    assert owner.search_results("", strategy="keyword") == ([], "keyword")
+    assert owner.search_results("dog", strategy="recent").strategy == "recent"
+
+
+def test_with_an_embedder_and_no_query_vector_the_answer_is_by_keyword(settings, matching):
+    """The fake embedder counts topic words: a question without any has a vector with no
+    direction, so semantic and hybrid answer by keyword, and say so."""
+    settings.PERSISTENT_MEMORY = EMBEDDER
+    owner = memories_for("user:a")
+    named = owner.add("The cat is called Tom", key="cat")
+    coffee = owner.add("I drink espresso", key="coffee")
+    for strategy in ("semantic", "hybrid"):
+        answer = owner.search_results("Tom", strategy=strategy)
+        assert answer.strategy == "keyword" and ids(answer.results) == [named["id"]], strategy
+        # With a vector: meaning finds what shares no word with the question.
+        answer = owner.search_results("a cup of tea", strategy=strategy)
+        assert answer.strategy == strategy and ids(answer.results)[0] == coffee["id"], strategy
+    parts = owner.search("a cup of tea", strategy="hybrid")[0]["score_parts"]
+    assert parts["keyword"] is None and parts["semantic"] > 0
+    # Blank: recency, whatever the embedder.
+    assert owner.search_results("  ", strategy="hybrid").strategy == "recent"
+
+
+def test_hybrid_with_an_embedder_puts_what_both_lists_found_first(settings, matching):
+    settings.PERSISTENT_MEMORY = EMBEDDER
+    owner = memories_for("user:a")
+    both = owner.add("The vim editor for python code", key="editor")
+    meaning = owner.add("Writes code every day", key="job")
+    owner.add("Walks the dog", key="dog")
+    found = owner.search("vim python", strategy="hybrid")
+    assert ids(found)[:2] == [both["id"], meaning["id"]]
+    assert found[0]["score_parts"]["keyword"] > 0 and found[0]["score_parts"]["semantic"] > 0
+    assert found[1]["score_parts"]["keyword"] is None
+
+
+def test_use_weighs_the_fused_scores(settings, matching):
+    """MEMORY_HALF_LIFE_DAYS: an equally relevant memory untouched for a half-life scores
+    half; MEMORY_ACCESS_WEIGHT: one used often outranks one as relevant and fresher."""
+    owner = memories_for("user:a")
+    old = owner.add("Lives near the harbour", key="home.old")
+    new = owner.add("Lives near the harbour", key="home.new")
+    aged(old, 30)
+    aged(new, 1)
+    settings.PERSISTENT_MEMORY = {"MEMORY_HALF_LIFE_DAYS": 30}
+    found = owner.search("harbour", strategy="hybrid")
+    assert ids(found) == [new["id"], old["id"]]
+    parts = {m["id"]: m["score_parts"] for m in found}
+    assert parts[old["id"]]["recency"] == pytest.approx(0.5, abs=0.01)
+    assert parts[new["id"]]["recency"] == pytest.approx(0.5 ** (1 / 30), abs=0.01)
+    assert parts[old["id"]]["frequency"] == 1.0  # no access weight by default
+    # Found, both were used just now: the decay starts again.
+    assert all(m["score_parts"]["recency"] > 0.99 for m in owner.search("harbour", strategy="hybrid"))
+    LongTermMemory.objects.filter(pk=old["id"]).update(access_count=50)
+    settings.PERSISTENT_MEMORY = {"MEMORY_ACCESS_WEIGHT": 0.5}
+    top = owner.search("harbour", strategy="hybrid")[0]
+    assert top["id"] == old["id"] and top["score_parts"]["frequency"] > 2
+    assert top["score_parts"]["recency"] == 1.0  # no decay without a half-life
+
+
+def test_alpha_weighs_the_keyword_and_the_semantic_lists(settings, matching):
+    """MEMORY_HYBRID_ALPHA 0: the keyword list alone orders hybrid results; 1: meaning alone."""
+    owner = memories_for("user:a")
+    settings.PERSISTENT_MEMORY = {**EMBEDDER, "MEMORY_HYBRID_ALPHA": 0.0}
+    meaning = owner.add("Python is my language", key="language")
+    words = owner.add("Takes the stairs at the office", key="stairs")  # no topic: no vector
+    assert ids(owner.search("office stairs python", strategy="hybrid")) == [words["id"], meaning["id"]]
+    settings.PERSISTENT_MEMORY = {**EMBEDDER, "MEMORY_HYBRID_ALPHA": 1.0}
+    assert ids(owner.search("office stairs python", strategy="hybrid"))[0] == meaning["id"]
+
+
+def test_without_an_embedder_relevance_counts_not_only_recency(matching):
+    """The best match, a day older than a weak one, still ranks first in hybrid."""
+    owner = memories_for("user:a")
+    for n in range(8):  # enough memories that BM25 tells a rare word from a common one
+        owner.add(f"Unrelated fact {n}", key=f"fact.{n}")
+    weak_old = owner.add("Red wine in June", key="wine")
+    other = owner.add("Red roses by the door", key="door")
+    best = owner.add("Red roses bloom in June", key="bloom")
+    weak_new = owner.add("Bought roses", key="bought")
+    for memory, days in ((weak_old, 4), (other, 3), (best, 2), (weak_new, 1)):
+        aged(memory, days)
+    found = owner.search("red roses june", strategy="hybrid")
+    assert ids(found)[0] == best["id"] and set(ids(found)) == {
+        weak_old["id"],
+        other["id"],
+        best["id"],
+        weak_new["id"],
+    }
