@@ -409,6 +409,30 @@ def test_the_mirror_keeps_an_imported_thread_as_it_grows(settings):
     assert [state.values for state in again.get_state_history(config)] == history
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_mirror_follows_a_copy_onto_a_mirrored_thread(settings):
+    """A copy replaces the target's checkpoints whole: the next sync rewrites the target, so
+    none of its old entries stays in the mirror."""
+    from persistent_memory.models import CheckpointEntry
+    from persistent_memory.store import get_store
+    from tests.conftest import memory_settings_for
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory", MIRROR_MODE="deferred")
+    store = get_store()
+    saver = PersistentMemorySaver.for_owner("alice")
+    graph = build(saver)
+    run_turn(graph, "source", "one", "yes")
+    run_turn(graph, "target", "two", "no")
+    run_turn(graph, "target", "three", "yes")
+    store.mirror.sync_dirty()
+    saver.copy_thread("source", "target")
+    store.mirror.sync_dirty()
+    owned = store.for_owner("alice")
+    held = [*owned.checkpoint_entries(thread_session("source")).items()]
+    held += owned.checkpoint_entries(thread_session("target")).items()
+    assert sorted(CheckpointEntry.objects.values_list("name", "value")) == sorted(held)
+
+
 @pytest.mark.parametrize("backend_name", ["memory", "redis"])
 @pytest.mark.django_db
 def test_the_admin_shows_a_threads_checkpoints(configure):
