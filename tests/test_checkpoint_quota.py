@@ -201,6 +201,36 @@ class TestTheCount:
         store.put_checkpoint(SESSION, "", "c2", "r" * 900)
 
 
+@pytest.mark.parametrize("replace", [False, True])
+def test_loaded_entries_are_held_by_the_rules_of_a_copy(configure, replace):
+    """A record keeps an empty link when it has none, a link without its record is left
+    out, every other entry is held whatever its namespace, and a new session gets the TTL."""
+    store = configure()
+    entries = {
+        f"c{SEP}c1": "record",  # no link given
+        f"l{SEP}gone": "run",  # no record
+        f"bloop{SEP}ref": "value",  # a namespace starting as the link kind's letter
+        f"wloop{SEP}c2": "writes",
+    }
+    store.load_checkpoint_entries("copied", entries, ttl_seconds=3600, replace=replace)
+    assert store.checkpoint_entries("copied") == {
+        f"c{SEP}c1": "record",
+        f"l{SEP}c1": "",
+        f"bloop{SEP}ref": "value",
+        f"wloop{SEP}c2": "writes",
+    }
+    assert store.session_info("copied")["ttl_seconds"] == 3600
+
+
+def test_loaded_entries_of_any_namespace_count_with_the_session(configure):
+    store = configure(MAX_SESSION_BYTES=CAP)
+    store.create_session(SESSION)
+    store.put(SESSION, "note", "v" * (CAP // 2))
+    with pytest.raises(QuotaExceeded):
+        store.load_checkpoint_entries(SESSION, {f"bloop{SEP}ref": "x" * (CAP // 2)})
+    assert store.checkpoint_entries(SESSION) == {}
+
+
 def test_a_thread_stored_before_the_count_is_counted_on_its_next_write(settings, redis_client, redis_url):
     """A thread Redis holds from before its meta counted checkpoint bytes gets counted."""
     settings.PERSISTENT_MEMORY = memory_settings_for("redis", redis_url, MAX_SESSION_BYTES=CAP)

@@ -818,6 +818,27 @@ def test_clear_messages(store):
         store.get_messages("s1", leaf=stored[0]["id"])
 
 
+def test_clearing_a_conversation_gives_its_bytes_back_to_the_cap(configure):
+    store = configure(MAX_SESSION_BYTES=2000)
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    store.add_messages("s1", [user("x" * 1200)])
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("y" * 1200)], conversation="other")
+    assert store.clear_messages("s1") == 1
+    store.add_messages("s1", [user("y" * 1200)], conversation="other")  # room again
+    with pytest.raises(QuotaExceeded):  # and no more than the cleared conversation's
+        store.add_messages("s1", [user("z" * 1200)])
+
+
+def test_reading_from_a_leaf_of_no_conversation_names_the_leaf(store):
+    store.create_session("s1")
+    with pytest.raises(MessageNotFound, match="has no message 'm-gone'"):
+        store.get_messages("s1", conversation="never", leaf="m-gone")
+    with pytest.raises(MessageNotFound, match="'never' has no messages"):
+        store.pop_message("s1", "m-gone", conversation="never")
+
+
 def test_clear_messages_is_recorded_in_the_history(store):
     store.add_messages("s1", [user("q"), assistant("a")])
     store.clear_messages("s1")
@@ -860,14 +881,29 @@ def test_pop_message_replaces_the_head_in_one_step(store):
 def test_pop_message_of_a_moved_head_changes_nothing(store):
     stored = store.add_messages("s1", [user("q"), assistant("a")])["messages"]
     before = state(store)
-    with pytest.raises(HeadMoved) as raised:
+    with pytest.raises(HeadMoved, match=f"is no longer '{stored[0]['id']}'") as raised:
         store.pop_message("s1", stored[0]["id"], replacement=[assistant("x")])
     assert raised.value.code == "head_moved" and isinstance(raised.value, MessageConflict)
     with pytest.raises(OrphanToolResult):  # a replacement is checked as an append
         store.pop_message("s1", stored[1]["id"], replacement=[result("nope")])
     with pytest.raises(MessageConflict):
         store.pop_message("s1", stored[1]["id"], replacement=[assistant("x", id=stored[1]["id"])])
+    with pytest.raises(MessageConflict, match=f"reuses the id '{stored[1]['id']}'"):  # even as it was
+        store.pop_message("s1", stored[1]["id"], replacement=[assistant("a", id=stored[1]["id"])])
     assert state(store) == before
+
+
+def test_pop_message_gives_its_bytes_back_and_holds_the_replacement_to_the_cap(configure):
+    store = configure(MAX_SESSION_BYTES=2000)
+    store.create_session("s1")
+    store.put("s1", "k", "x" * 600)
+    head = store.add_messages("s1", [user("q"), assistant("a" * 1000)])["messages"][-1]["id"]
+    with pytest.raises(QuotaExceeded):  # the session's bytes count, not only the replacement's
+        store.pop_message("s1", head, replacement=[assistant("b" * 1600)])
+    store.pop_message("s1", head)
+    store.add_messages("s1", [assistant("c" * 1000)])  # room again
+    with pytest.raises(QuotaExceeded):  # and no more than the popped message's
+        store.add_messages("s1", [assistant("d" * 600)])
 
 
 def test_pop_message_of_an_empty_or_missing_conversation(store):
@@ -1094,6 +1130,60 @@ def test_write_thread_is_held_to_the_byte_cap(configure):
             "s1", key="rec", expected="r1", record=record("r2"), messages=[user("x" * 2000)], parent_id="q"
         )
     assert (state(store), store.get_all("s1")) == before
+
+
+@pytest.mark.parametrize("left", ["a value", "a conversation", "a checkpoint"])
+def test_remove_thread_keeps_a_session_holding_anything_else(store, left):
+    """Any one kind of data left keeps the session (values, conversations, checkpoints)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
+
+    session_id = thread_session("t")  # a LangGraph thread's session, for its checkpoints
+    store.write_thread(
+        session_id, key="rec", expected=None, record=record("r1"), messages=[user("q", id="q")], head_id="q"
+    )
+    if left == "a value":
+        store.put(session_id, "other", 1)
+    elif left == "a conversation":
+        store.add_messages(session_id, [user("kept")], conversation="kept")
+    else:
+        saver = PersistentMemorySaver(store=store)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        saver.put(config, generate_checkpoint(), generate_metadata(), {})
+    store.remove_thread(session_id, key="rec", expected="r1")
+    assert thread(store, session_id) == []
+    cleared = [
+        {name: entry.get(name) for name in ("op", "key", "conversation", "removed")}
+        for entry in store.get_history(session_id, 0)
+        if entry["op"].startswith("clear")
+    ]
+    assert cleared == [
+        {"op": "clear", "key": "rec", "conversation": None, "removed": None},
+        {"op": "clear_messages", "key": None, "conversation": "default", "removed": 1},
+    ]
+    if left == "a checkpoint":
+        assert saver.get_tuple(config) is not None
+
+
+def test_remove_thread_of_a_record_without_messages(store):
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[])
+    store.put("s1", "other", 1)
+    store.remove_thread("s1", key="rec", expected="r1")
+    assert store.get_all("s1") == {"other": 1}
+
+
+def test_remove_thread_gives_its_bytes_back_to_the_cap(configure):
+    store = configure(MAX_SESSION_BYTES=2000)
+    store.create_session("s1")
+    store.put("s1", "k", 1)
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("x" * 1200)])
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("y" * 1200)], conversation="other")
+    store.remove_thread("s1", key="rec", expected="r1")
+    store.add_messages("s1", [user("y" * 1200)], conversation="other")  # room again
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("z" * 1200)], conversation="more")
 
 
 def test_remove_thread_takes_the_record_and_its_conversation(store):

@@ -289,3 +289,32 @@ def test_redis_keeps_no_idle_expiry_by_default(redis_store):
     sessions have none, and deployments must not start losing sessions with an upgrade."""
     info = redis_store.for_owner("user:1").create_session("chat")
     assert info["idle_ttl_seconds"] is None and info["expires_at"] is None
+
+
+# The memory backend's: on Redis get_messages leaves the expiry where it was (left to its issue).
+@pytest.mark.parametrize("backend_name", ["memory"])
+@pytest.mark.parametrize("refresh", [False, True])
+def test_each_read_of_messages_or_checkpoints_moves_the_idle_expiry_only_with_the_setting(configure, refresh):
+    """One read at a time (the test above lets a refreshing read hide one that does not):
+    the expiry moves to the read's time plus the idle TTL, or stays where the write put it."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
+
+    store = configure(SESSION_IDLE_TTL_SECONDS=60, IDLE_TTL_REFRESH_ON_READ=refresh)
+    store.add_messages("chat", [{"role": "user", "content": "hi"}])
+    saver = PersistentMemorySaver(store=store)
+    thread = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    saver.put(thread, generate_checkpoint(), generate_metadata(), {})
+    reads = {
+        "get_messages": ("chat", lambda: store.get_messages("chat")),
+        "get_context": ("chat", lambda: store.get_context("chat")),
+        "get_tuple": (thread_session("t"), lambda: saver.get_tuple(thread)),
+        "list": (thread_session("t"), lambda: list(saver.list(thread))),
+    }
+    for name, (session_id, read) in reads.items():
+        before = store.session_info(session_id)["expires_at"]
+        time.sleep(0.05)  # past the clock's resolution (Redis keeps milliseconds)
+        read()
+        after = store.session_info(session_id)["expires_at"]
+        assert (after > before) is refresh, name

@@ -379,6 +379,60 @@ def test_the_mirror_gives_a_restart_its_checkpoints(settings, tmp_path):
     assert run_turn(again, "t", "three", "yes")["messages"][-1] == "bot: approved"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_mirror_keeps_an_imported_thread_as_it_grows(settings):
+    """An import starts the thread's checkpoints afresh (no mirror counters): the next syncs
+    write it whole, then what changed, and a restart from the mirror has every checkpoint."""
+    from persistent_memory.maintenance import export_sessions, import_sessions
+    from persistent_memory.models import CheckpointEntry
+    from persistent_memory.store import get_store, reset_store
+    from tests.conftest import memory_settings_for
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory", MIRROR_MODE="deferred")
+    store = get_store()
+    saver = PersistentMemorySaver.for_owner("alice")
+    graph = build(saver)
+    run_turn(graph, "t", "one", "yes")
+    lines = [json.dumps(record) for record in export_sessions(owner="alice", store=store)]
+    saver.delete_thread("t")
+    import_sessions(lines, store=store)
+    store.mirror.sync_dirty()
+    run_turn(graph, "t", "two", "no")
+    store.mirror.sync_dirty()
+    entries = store.for_owner("alice").checkpoint_entries(thread_session("t"))
+    assert dict(CheckpointEntry.objects.values_list("name", "value")) == entries
+    config = {"configurable": {"thread_id": "t"}}
+    history = [state.values for state in graph.get_state_history(config)]
+    reset_store()
+    assert get_store().mirror.restore() == 1
+    again = build(PersistentMemorySaver.for_owner("alice"))
+    assert [state.values for state in again.get_state_history(config)] == history
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_mirror_follows_a_copy_onto_a_mirrored_thread(settings):
+    """A copy replaces the target's checkpoints whole: the next sync rewrites the target, so
+    none of its old entries stays in the mirror."""
+    from persistent_memory.models import CheckpointEntry
+    from persistent_memory.store import get_store
+    from tests.conftest import memory_settings_for
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory", MIRROR_MODE="deferred")
+    store = get_store()
+    saver = PersistentMemorySaver.for_owner("alice")
+    graph = build(saver)
+    run_turn(graph, "source", "one", "yes")
+    run_turn(graph, "target", "two", "no")
+    run_turn(graph, "target", "three", "yes")
+    store.mirror.sync_dirty()
+    saver.copy_thread("source", "target")
+    store.mirror.sync_dirty()
+    owned = store.for_owner("alice")
+    held = [*owned.checkpoint_entries(thread_session("source")).items()]
+    held += owned.checkpoint_entries(thread_session("target")).items()
+    assert sorted(CheckpointEntry.objects.values_list("name", "value")) == sorted(held)
+
+
 @pytest.mark.parametrize("backend_name", ["memory", "redis"])
 @pytest.mark.django_db
 def test_the_admin_shows_a_threads_checkpoints(configure):
@@ -531,3 +585,25 @@ class TestDeltas:
         LATEST.forget(())
         cold = chat_graph(PersistentMemorySaver.for_owner("alice"), Mutating).get_state(config).values
         assert cold == warm and len(cold["messages"]) == 8
+
+
+def test_listing_a_thread_before_a_checkpoint_spans_its_namespaces_and_any_ids(store):
+    """Checkpoint ids are the caller's (LangGraph's are uuid6, others need not be): a
+    namespace lists whole, and a thread-wide ``before`` cuts every namespace at that id."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    saver = PersistentMemorySaver.for_owner("alice")
+    for ns, ids in {"": ["a1", "b2", "c3"], "inner": ["a0", "x9"]}.items():
+        for checkpoint_id in ids:
+            config = {"configurable": {"thread_id": "t", "checkpoint_ns": ns}}
+            saver.put(config, generate_checkpoint(checkpoint_id=checkpoint_id), generate_metadata(), {})
+
+    def listed(configurable: dict[str, str], before: str | None = None) -> list[tuple[str, str]]:
+        cut = {"configurable": {"checkpoint_id": before}} if before else None
+        found = saver.list({"configurable": {"thread_id": "t", **configurable}}, before=cut)
+        return [(c.config["configurable"]["checkpoint_ns"], c.checkpoint["id"]) for c in found]
+
+    assert listed({"checkpoint_ns": ""}) == [("", "c3"), ("", "b2"), ("", "a1")]
+    assert listed({"checkpoint_ns": ""}, before="b2") == [("", "a1")]
+    assert sorted(listed({}, before="b2")) == [("", "a1"), ("inner", "a0")]
+    assert sorted(listed({})) == sorted(listed({"checkpoint_ns": ""}) + listed({"checkpoint_ns": "inner"}))
