@@ -9,6 +9,7 @@ store, never only through the API under test. Both backends, through conftest's
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,8 +22,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from persistent_memory import get_store
-from persistent_memory.exceptions import IdempotencyKeyReused, InvalidValue
-from persistent_memory.idempotency import Idempotency
+from persistent_memory.exceptions import IdempotencyKeyReused, InvalidIdempotencyKey, InvalidValue
+from persistent_memory.idempotency import Idempotency, fingerprint, validate_idempotency_key
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
 from tests.timing import LIVE_TTL, wait_past, wait_until
@@ -330,6 +331,88 @@ def test_python_callers_pass_an_idempotency(store):
     with pytest.raises(InvalidValue):
         store.increment("s1", "n", idempotency=Idempotency("job 18", "fingerprint"))
     assert store.get("s1", "n") == 1
+
+
+# Keys and fingerprints --------------------------------------------------------------
+
+#: A fingerprint as stored in every record (Redis keeps them for IDEMPOTENCY_TTL_SECONDS):
+#: a change of the canonical JSON would refuse every retry of a request made before.
+GOLDEN_REQUEST = ("POST", "/api/memory/sessions/s1/memory/n/increment/", {"note": "x", "amount": 1})
+GOLDEN_FINGERPRINT = "6f7fe9ec9334d0e71d3fe1726bf8d5ab7a21f20198dab6f256a0b8e80e63b236"
+
+
+def test_the_fingerprint_is_stable_canonical_json():
+    canonical = b'["POST","/api/memory/sessions/s1/memory/n/increment/",{"amount":1,"note":"x"}]'
+    assert fingerprint(*GOLDEN_REQUEST) == hashlib.sha256(canonical).hexdigest() == GOLDEN_FINGERPRINT
+    # Keys in another order, at any depth, ask the same.
+    assert fingerprint({"b": {"y": 1, "x": [2]}, "a": 1}) == fingerprint({"a": 1, "b": {"x": [2], "y": 1}})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+
+
+@pytest.mark.parametrize("part", [float("nan"), float("inf"), object(), {1j: 1}])
+def test_a_fingerprint_needs_json_parts(part):
+    with pytest.raises(InvalidValue, match="fingerprint needs JSON-able parts"):
+        fingerprint("post", part)
+
+
+def test_the_same_body_in_another_key_order_is_the_same_request(alice):
+    body = {"question": question("s1"), "run_id": "r1"}
+    first = alice.send("post", "enrich/", body, key=KEY)
+    assert first.status_code == 200, first.content
+    again = alice.send("post", "enrich/", dict(reversed(body.items())), key=KEY)
+    assert (again.status_code, again.json()) == (200, first.json())
+
+
+def test_each_entry_of_a_batch_has_a_key_no_other_key_can_equal(alice):
+    # Entry 1 of batch "k" is not entry 11 of batch "k1" nor a client's own key "k1".
+    once = Idempotency.of("k", "batch")
+    assert once.entry(1) == Idempotency("k#1", once.fingerprint)
+    assert once.entry(11).key != Idempotency.of("k1", "batch").entry(1).key
+    body = {"entries": [{"lane": "questions", "entry": question(f"s{i}")} for i in range(2)]}
+    assert alice.send("post", "process/", body, key="k").status_code == 200
+    alice.store.create_session("t")
+    url = "sessions/t/memory/n/increment/"
+    answers = [alice.send("post", url, {}, key=key).json() for key in ("k0", "k1", "k1")]
+    assert answers == [{"value": 1}, {"value": 2}, {"value": 2}]  # new requests, not the entries
+
+
+def test_the_store_refuses_what_it_cannot_record(store):
+    store.create_session("s1")
+    allowed = ": use 1-255 characters of letters, digits and _ . : / @ + = -."
+    bad_print = "An idempotency fingerprint must be a string of 1-128 characters."
+    refused = {
+        ("job 1", "print"): f"Invalid Idempotency-Key 'job 1'{allowed}",
+        (17, "print"): f"Invalid Idempotency-Key '17'{allowed}",
+        ("job#x", "print"): f"Invalid Idempotency-Key 'job#x'{allowed}",
+        ("job#1234567890", "print"): f"Invalid Idempotency-Key 'job#1234567890'{allowed}",
+        ("job", ""): bad_print,
+        ("job", "f" * 129): bad_print,
+        ("job", 17): bad_print,
+        ("job", None): bad_print,
+    }
+    for (key, print_), message in refused.items():
+        with pytest.raises(InvalidValue) as raised:
+            store.increment("s1", "n", idempotency=Idempotency(key, print_))
+        assert str(raised.value) == message
+    with pytest.raises(InvalidValue) as raised:
+        store.increment("s1", "n", idempotency=("job", "print"))
+    assert str(raised.value) == "idempotency must be an Idempotency (see Idempotency.of)."
+    assert store.get_all("s1") == {}
+    # An entry of a batch ("{key}#{index}") and a fingerprint of 1 or 128 characters are recorded.
+    for value, (key, print_) in enumerate([("job#0", "f"), ("job#123456789", "f" * 128)], 1):
+        assert store.increment("s1", "n", idempotency=Idempotency(key, print_)) == value
+        assert store.increment("s1", "n", 5, idempotency=Idempotency(key, print_)) == value  # replayed
+    assert store.get("s1", "n") == 2
+
+
+def test_a_malformed_key_is_named_in_its_error_cut_short():
+    for bad, named in [("x" * 300, "'" + "x" * 80 + "'"), ("é", "'é'"), (None, "'None'")]:
+        with pytest.raises(InvalidIdempotencyKey) as raised:
+            validate_idempotency_key(bad)
+        assert str(raised.value) == (
+            f"Invalid Idempotency-Key {named}: use 1-255 characters of letters, digits and _ . : / @ + = -."
+        )
+    assert validate_idempotency_key("x" * 255) == "x" * 255
 
 
 # Redis only -------------------------------------------------------------------------
