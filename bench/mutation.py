@@ -113,11 +113,9 @@ def _change(work: Path, mutant: str) -> str:
 def run_group(name: str, group: dict, mutmut: dict, children: int) -> dict:
     work = _workspace(name, group, mutmut)
     started = time.monotonic()
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
         cwd=work,
-        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
