@@ -1209,6 +1209,8 @@ def test_expired_idempotency_records_are_not_taken_back(tmp_path):
         assert [bucket * RECORDS_BUCKET_SECONDS for bucket, _ in journal._record_files()] == [
             hour + RECORDS_BUCKET_SECONDS
         ]
+        journal.sync()  # closes the older file (retired by the newer one) once synced
+        journal.remember("~idem:c", "f", hour + 30, 3)  # not synced yet
         journal.expire_records(hour + RECORDS_BUCKET_SECONDS)
         assert journal._record_files() == []
         assert open_record_files() == []  # deleted, and not held open: their space is freed
@@ -1332,6 +1334,7 @@ def test_forgetting_records_by_prefix_keeps_every_other_record_whole(tmp_path):
     journal.remember("~idem:bob", "f", hour + 10, "a b c")  # the first file: nothing to forget
     journal.remember("~idem:ab", "f", hour + RECORDS_BUCKET_SECONDS + 10, 1)
     journal.remember("~idem:ac", "f", hour + RECORDS_BUCKET_SECONDS + 20, "x y")
+    journal.remember("~idem:ae", "f", hour + RECORDS_BUCKET_SECONDS + 25, 2)
     journal.forget_records("~idem:ab")
     # The open file was rewritten: a later record goes to the new one.
     journal.remember("~idem:ad", "f", hour + RECORDS_BUCKET_SECONDS + 30, 3)
@@ -1341,6 +1344,7 @@ def test_forgetting_records_by_prefix_keeps_every_other_record_whole(tmp_path):
         assert [(ref, result) for ref, _, _, result in again.remembered(hour)] == [
             ("~idem:bob", "a b c"),
             ("~idem:ac", "x y"),
+            ("~idem:ae", 2),
             ("~idem:ad", 3),
         ]
     finally:
