@@ -268,6 +268,10 @@ class Journal:
         except OSError as exc:
             raise BackendUnavailable(f"The memory backend's journal cannot be written: {exc}") from None
         if written != len(line):  # a full disk can cut a write short: never keep half a record
+            # Cut the torn half off (truncating needs no space): left there, it would join
+            # the next record into one line that is no record, and that write would be lost.
+            with contextlib.suppress(OSError):  # the error to report is the one below
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             raise BackendUnavailable("The memory backend's journal is out of space.")
         self.seq = seq
         self._unsynced = True

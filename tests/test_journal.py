@@ -1142,3 +1142,259 @@ def test_a_record_with_any_argument_changed_or_removed_is_skipped_whole_or_repla
     event("skipped" if journal.skipped else "replayed" if after != without else "no change")
     if journal.skipped:  # nothing of it applied: as if it had never been written
         assert after == without
+
+
+# The journal on its own (issue 46: each test fails on a fault mutation testing showed no
+# other test noticed). A temporary folder, no store: they run in milliseconds.
+
+
+def an_hour_ahead() -> float:
+    """The start of an hour a few hours from now: records expiring in it share one file."""
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    return (int(time.time() // RECORDS_BUCKET_SECONDS) + 5) * RECORDS_BUCKET_SECONDS
+
+
+def test_a_short_write_is_out_of_space_and_keeps_no_half_record(tmp_path):
+    # A real short write: the kernel cuts a write at RLIMIT_FSIZE as at a full disk
+    # (SIGXFSZ ignored, so the write past the limit fails with EFBIG instead of killing us).
+    import resource
+    import signal
+
+    journal = no_sync_thread(Journal(tmp_path))
+    assert journal.append("put", "s", 1.0, None, "k", "1") == 1
+    segment = journal.segments()[-1]
+    size = segment.stat().st_size
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, limits[1]))
+        with pytest.raises(BackendUnavailable, match="^The memory backend's journal is out of space.$"):
+            journal.append("put", "s", 2.0, None, "k", "x" * 100)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, limits[1]))
+        with pytest.raises(
+            BackendUnavailable, match="^The memory backend's journal cannot be written: .*large"
+        ):
+            journal.append("put", "s", 2.0, None, "k", "x" * 100)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert segment.stat().st_size == size  # no half record left
+    assert journal.append("put", "s", 3.0, None, "k", "3") == 2  # the next write is whole
+    journal.close()
+    again = Journal(tmp_path)
+    try:
+        assert [(seq, record[3]) for seq, record in again.records()] == [(1, 1.0), (2, 3.0)]
+        assert again.skipped == {}
+    finally:
+        again.close()
+
+
+def test_expired_idempotency_records_are_not_taken_back(tmp_path):
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    hour = an_hour_ahead()
+    journal = Journal(tmp_path)
+    journal.remember("~idem:earlier", "f", hour - RECORDS_BUCKET_SECONDS + 5, 0)  # the hour before
+    journal.remember("~idem:a", "f", hour + 10, 1)
+    journal.remember("~idem:b", "f", hour + 20, 2)
+    try:
+        assert [ref for ref, *_ in journal.remembered(hour + 9.5)] == ["~idem:a", "~idem:b"]
+        # At its expiry a record is gone, though its file (the hour's) is still there; a
+        # file expired whole is passed over, not the end of the reading.
+        assert [ref for ref, *_ in journal.remembered(hour + 10)] == ["~idem:b"]
+        assert list(journal.remembered(hour + 20)) == []
+        # Each file goes as soon as its hour is over, not an hour later.
+        journal.expire_records(hour)
+        assert [bucket * RECORDS_BUCKET_SECONDS for bucket, _ in journal._record_files()] == [
+            hour + RECORDS_BUCKET_SECONDS
+        ]
+        journal.sync()  # closes the older file (retired by the newer one) once synced
+        journal.remember("~idem:c", "f", hour + 30, 3)  # not synced yet
+        journal.expire_records(hour + RECORDS_BUCKET_SECONDS)
+        assert journal._record_files() == []
+        assert open_record_files() == []  # deleted, and not held open: their space is freed
+        journal.sync()  # the closed files are not synced (nor anything else, by number)
+    finally:
+        journal.close()
+
+
+def test_the_newest_record_file_stays_open_and_the_older_is_synced_then_closed(tmp_path, monkeypatch):
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    hour = an_hour_ahead()
+    journal = no_sync_thread(Journal(tmp_path))
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_ino) or real_fsync(fd))
+
+    def inode(bucket_hour: float) -> int:
+        return (tmp_path / f"records-{int(bucket_hour // RECORDS_BUCKET_SECONDS) + 1}").stat().st_ino
+
+    journal.remember("~idem:old", "f", hour, 1)
+    journal.remember("~idem:new", "f", hour + RECORDS_BUCKET_SECONDS, 2)
+    journal.sync()  # both written since the last sync: both synced, the older one closed
+    assert sorted(synced) == sorted([inode(hour), inode(hour + RECORDS_BUCKET_SECONDS)])
+    assert open_record_files() == [f"records-{int(hour // RECORDS_BUCKET_SECONDS) + 2}"]
+    synced.clear()
+    journal.remember("~idem:old2", "f", hour, 3)  # the older hour again: opened for this write
+    journal.sync()
+    assert synced == [inode(hour)]
+    synced.clear()
+    journal.remember("~idem:new2", "f", hour + RECORDS_BUCKET_SECONDS, 4)  # synced, unwritten: closed
+    journal.sync()
+    assert synced == [inode(hour + RECORDS_BUCKET_SECONDS)]
+    assert open_record_files() == [f"records-{int(hour // RECORDS_BUCKET_SECONDS) + 2}"]
+    synced.clear()
+    assert journal.append("put", "s", 1.0, None, "k", "1") == 1
+    journal.sync()
+    assert synced == [journal.segments()[-1].stat().st_ino]
+    synced.clear()
+    journal.sync()
+    assert synced == []  # nothing written since
+    journal.close()
+
+
+def test_a_journal_another_owns_is_read_and_never_written(tmp_path):
+    hour = an_hour_ahead()
+    owner = Journal(tmp_path)
+    owner.append("put", "s", 1.0, None, "k", "1")
+    owner.remember("~idem:a", "f", hour + 10, 1)
+    owner.sync()
+    files = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    reader = Journal(tmp_path)  # another process's would be refused the same flock
+    try:
+        assert owner.owned and not reader.owned
+        assert [seq for seq, _ in reader.records()] == [1]
+        assert [ref for ref, *_ in reader.remembered(hour)] == ["~idem:a"]
+        assert reader.append("put", "s", 2.0, None, "k", "2") == 0
+        reader.remember("~idem:b", "f", hour + 10, 2)
+        reader.remember("~idem:c", "f", hour + 7200, 3)
+        reader.forget_records("~idem:a")
+        reader.expire_records(hour + 7200)
+        assert reader.rotate() == []
+        assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == files
+    finally:
+        reader.close()
+        owner.close()
+    again = Journal(tmp_path)  # the owner gone: the next one owns it
+    assert again.owned
+    again.close()
+
+
+def test_a_closed_journal_writes_nothing(tmp_path):
+    journal = Journal(tmp_path)
+    journal.close()
+    files = sorted(path.name for path in tmp_path.iterdir())
+    assert journal.append("put", "s", 1.0, None, "k", "1") == 0
+    journal.remember("~idem:a", "f", time.time() + 60, 1)
+    assert sorted(path.name for path in tmp_path.iterdir()) == files
+    assert open_record_files() == []
+
+
+def test_segments_are_named_by_their_first_record_and_read_in_order(tmp_path):
+    from persistent_memory.journal import _total_size
+
+    journal = Journal(tmp_path)
+    journal.append("put", "s", 1.0, None, "k", "1")
+    assert journal.rotate() == [tmp_path / f"{1:020d}.journal"]
+    journal.append("put", "s", 2.0, None, "k", "2")
+    journal.append("put", "s", 3.0, None, "k", "3")
+    older = journal.rotate()
+    journal.append("put", "s", 4.0, None, "k", "4")
+    assert [path.name for path in journal.segments()] == [f"{seq:020d}.journal" for seq in (1, 2, 4)]
+    assert [seq for seq, _ in journal.records()] == [1, 2, 3, 4]
+    assert journal.size() == sum(path.stat().st_size for path in journal.segments())
+    gone = tmp_path / f"{9:020d}.journal"  # dropped between listing and measuring
+    assert _total_size([journal.segments()[0], gone, *journal.segments()[1:]]) == journal.size()
+    journal.drop(older)
+    journal.drop(older)  # dropped already (by a checkpoint meanwhile): no error
+    assert [seq for seq, _ in journal.records()] == [4]
+    journal.close()
+
+
+def test_record_files_are_private_and_reopened_without_blank_lines(tmp_path):
+    hour = an_hour_ahead()
+    journal = Journal(tmp_path)
+    journal.remember("~idem:a", "f", hour + 10, 1)
+    journal.close()
+    [(_, path)] = journal._record_files()
+    assert path.stat().st_mode & 0o777 == 0o600  # a write's answer may be anyone's data
+    again = Journal(tmp_path)
+    again.remember("~idem:b", "f", hour + 20, 2)
+    again.close()
+    assert path.read_bytes().count(b"\n") == 2 and b"\n\n" not in path.read_bytes()
+
+
+def test_forgetting_records_by_prefix_keeps_every_other_record_whole(tmp_path):
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    hour = an_hour_ahead()
+    journal = Journal(tmp_path)
+    journal.remember("~idem:bob", "f", hour + 10, "a b c")  # the first file: nothing to forget
+    journal.remember("~idem:ab", "f", hour + RECORDS_BUCKET_SECONDS + 10, 1)
+    journal.remember("~idem:ac", "f", hour + RECORDS_BUCKET_SECONDS + 20, "x y")
+    journal.remember("~idem:ae", "f", hour + RECORDS_BUCKET_SECONDS + 25, 2)
+    journal.forget_records("~idem:ab")
+    # The open file was rewritten: a later record goes to the new one.
+    journal.remember("~idem:ad", "f", hour + RECORDS_BUCKET_SECONDS + 30, 3)
+    journal.close()
+    again = Journal(tmp_path)
+    try:
+        assert [(ref, result) for ref, _, _, result in again.remembered(hour)] == [
+            ("~idem:bob", "a b c"),
+            ("~idem:ac", "x y"),
+            ("~idem:ae", 2),
+            ("~idem:ad", 3),
+        ]
+    finally:
+        again.close()
+
+
+def test_records_that_cannot_be_rewritten_say_to_forget_again(tmp_path):
+    journal = Journal(tmp_path)
+    journal.remember("~idem:a", "f", an_hour_ahead(), 1)
+    [(_, path)] = journal._record_files()
+    (tmp_path / f".{path.name}.tmp").mkdir()  # the rewrite cannot be written
+    try:
+        with pytest.raises(BackendUnavailable) as refused:
+            journal.forget_records("~idem:a")
+        assert str(refused.value) == (
+            "The memory backend could not remove the owner's idempotency records from disk; "
+            "forgetting the owner again finishes it."
+        )
+    finally:
+        journal.close()
+
+
+def test_a_segment_line_is_a_record_only_with_a_valid_head(tmp_path):
+    from persistent_memory.journal import MAX_SEQ
+
+    lines = {
+        b"[1]": "not a list of at least five items",
+        b'[0,"put","s",1.0,null,"k","1"]': "its sequence number is not a positive 64-bit integer",
+        b'[2,5,"s",1.0,null,"k","1"]': "its operation or session id is not a string",
+        b'[3,"put","s",-1,null,"k","1"]': "its time is not a number of seconds",
+        b'[4,"put","s",1.0,["r","f",0],"k","1"]': "its idempotency record is malformed",
+        b'[5,"put","s",0,null,"k","1"]': None,
+        b'[6,"put","s",0.5,["r","f",1],"k","1"]': None,
+        f'[{MAX_SEQ},"put","s",1.0,null,"k","1"]'.encode(): None,
+    }
+    (tmp_path / f"{1:020d}.journal").write_bytes(b"".join(line + b"\n" for line in lines))
+    journal = Journal(tmp_path)
+    try:
+        assert journal.seq == MAX_SEQ
+        assert [seq for seq, _ in journal.records()] == [5, 6, MAX_SEQ]
+        assert list(journal.skipped.values()) == [why for why in lines.values() if why]
+    finally:
+        journal.close()
+
+
+def test_the_default_folder_of_a_database_with_settings_left_out(tmp_path, settings):
+    settings.BASE_DIR = tmp_path
+    sqlite = "django.db.backends.sqlite3"
+    for name in (None, "", ":memory:"):
+        assert journal_directory(None, {"ENGINE": sqlite, "NAME": name}, testing=False) is None
+    assert journal_directory(None, {"NAME": "a/b c"}, testing=False) == (
+        tmp_path / "memory-journal" / "db-local-default-a_b_c"
+    )
