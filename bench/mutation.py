@@ -128,7 +128,7 @@ def run_group(name: str, group: dict, mutmut: dict, children: int) -> None:
 
 
 def collect(name: str) -> dict:
-    """The group's last results by module: mutants, checked, detected, survivors."""
+    """The group's last results by module: mutants, checked, detected, survivors' statuses."""
     work = WORK / name
     by_module: dict[str, dict] = {}
     if not (work / "mutants").is_dir():
@@ -143,7 +143,7 @@ def collect(name: str) -> dict:
         if status in DETECTED:
             entry["detected"] += 1
         else:
-            entry["survivors"][mutant] = {"status": status, "change": _change(work, mutant)}
+            entry["survivors"][mutant] = status
     seconds = work / "seconds"
     return {"seconds": int(seconds.read_text()) if seconds.exists() else None, "modules": by_module}
 
@@ -175,11 +175,11 @@ def _report(results: dict[str, dict], explained: dict[str, str]) -> str:
                 f"| {minutes} |"
             )
     lines += ["", "## Every survivor, and why", ""]
-    for result in results.values():
+    for name, result in results.items():
         for _module, entry in sorted(result["modules"].items()):
-            for mutant, survivor in sorted(entry["survivors"].items()):
+            for mutant, status in sorted(entry["survivors"].items()):
                 why = explained.get(mutant, "**not explained**")
-                lines.append(f"- `{mutant}` ({survivor['status']}): {survivor['change']}. {why}")
+                lines.append(f"- `{mutant}` ({status}): {_change(WORK / name, mutant)}. {why}")
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +212,7 @@ def main() -> int:
                 f"  {len(entry['survivors'])} survived, {len(new)} unexplained  ({result['seconds']} s)"
             )
             for mutant in new:
-                print(f"    unexplained survivor: {mutant} {entry['survivors'][mutant]['change']}")
+                print(f"    unexplained survivor: {mutant} {_change(WORK / name, mutant)}")
             if new or _rate(entry) < KILL_RATE_FLOOR or entry["checked"] < entry["total"]:
                 failed.append(module)
     if not args.ci and not args.groups:
