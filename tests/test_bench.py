@@ -212,11 +212,11 @@ def test_a_quick_cluster_run_counts_one_round_trip_per_operation(tmp_path):
         ("enrich lane (run id)", "single/cluster"): {"sent": 2.0, "in_sequence": 1.0},
         ("enrich lane (run id)", "cluster"): {"sent": 2.0, "in_sequence": 1.0},
     }
-    page = ("list_session_page (50)", "cluster")  # every bucket: see below
+    page = "list_session_page (50)"  # the cluster layout's every bucket: see below
     one = {"sent": 1.0, "in_sequence": 1.0}
     for name, row in trips.items():
         for setup, counted in row.items():
-            if (name, setup) != page:
+            if (name, setup) not in ((page, "single/cluster"), (page, "cluster")):
                 assert counted == exceptions.get((name, setup), one), (name, setup)
 
     speed = results["throughput"]
@@ -231,6 +231,11 @@ def test_a_quick_cluster_run_counts_one_round_trip_per_operation(tmp_path):
     assert sum(p["sessions"] for p in spread["primaries"].values()) == spread["per_bucket"]["total"] == 5000
     assert all(p["keys"] > p["sessions"] > 0 for p in spread["primaries"].values())
 
-    # A page reads every bucket: one pipelined step, a packet per primary (redis-py's cluster
-    # pipeline would ask a node for each EVALSHA's keys first unless the command names its node).
-    assert trips[page[0]][page[1]] == {"sent": 3.0, "in_sequence": 1.0}
+    # A page in the cluster layout reads every bucket: a pipelined step, a packet per primary
+    # (redis-py's cluster pipeline would ask a node for each EVALSHA's keys first unless the
+    # command names its node), and a second step only for the buckets whose part of the page
+    # the first step's reads could not settle.
+    for setup, primaries in (("single/cluster", 1), ("cluster", 3)):
+        counted = trips[page][setup]
+        assert 1.0 <= counted["in_sequence"] <= 2.0, (setup, counted)
+        assert primaries <= counted["sent"] <= 2 * primaries, (setup, counted)

@@ -188,5 +188,8 @@ def test_the_pydantic_ai_view(store, monkeypatch):
         request.user = AnonymousUser()
         assert async_to_sync(chat)(request, "c1").status_code == 403
     thread = store.for_owner(f"user:{ada.pk}").get_messages("c1")["messages"]
-    assert [m["role"] for m in thread] == ["user", "assistant", "user", "assistant", "user", "assistant"]
-    assert thread[2]["content"] == "opening_hours: closed"
+    assert [m["role"] for m in thread] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    # The call and its result are stored as the chat format's tool_calls and tool message.
+    assert thread[1]["tool_calls"][0]["function"]["name"] == "opening_hours"
+    assert thread[2]["tool_call_id"] == thread[1]["tool_calls"][0]["id"]
+    assert (thread[2]["name"], thread[2]["content"]) == ("opening_hours", "closed")
