@@ -168,6 +168,8 @@ def _report(results: dict[str, dict], explained: dict[str, str]) -> str:
     ]
     for name, result in results.items():
         minutes = "" if result["seconds"] is None else f"{result['seconds'] / 60:.0f}"
+        if not result["modules"]:
+            lines.append(f"| {name} | not run to the end yet | | | | | | | |")
         for module, entry in sorted(result["modules"].items()):
             lines.append(
                 f"| {name} | `{module}` | {entry['total']} | {entry['checked']} | {entry['detected']} "
