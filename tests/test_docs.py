@@ -12,6 +12,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,11 +95,10 @@ def test_the_settings_reference_has_every_setting_with_its_default_and_comment()
     assert check.returncode == 0, check.stderr
 
 
-def test_the_site_builds_strictly(tmp_path):
-    """``mkdocs build --strict``: a broken link or anchor, a page missing from the
-    navigation or a docstring mkdocstrings cannot read fails it (CI runs it too)."""
+def build_site(folder: Path) -> Path:
+    """The documentation site built into ``folder`` with ``mkdocs build --strict``."""
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -106,7 +106,13 @@ def test_the_site_builds_strictly(tmp_path):
         timeout=300,
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    site = tmp_path / "site"
+    return folder
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """``mkdocs build --strict``: a broken link or anchor, a page missing from the
+    navigation or a docstring mkdocstrings cannot read fails it (CI runs it too)."""
+    site = build_site(tmp_path / "site")
     settings_page = (site / "settings.html").read_text()  # the offline plugin's file names
     assert "<code>MAX_SESSION_BYTES</code>" in settings_page and "id='max_session_bytes'" in settings_page
     # Offline: no page asks a CDN for fonts or scripts; search's index ships as a script

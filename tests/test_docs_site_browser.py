@@ -5,31 +5,20 @@ Python example is read without scrolling sideways."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_admin_browser import ROOT, WAIT_SECONDS, WIDTH, browser  # noqa: F401  (a fixture)
+from tests.test_admin_browser import WAIT_SECONDS, WIDTH, browser  # noqa: F401  (a fixture)
+from tests.test_docs import build_site
 
 HEIGHT = 800
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("site")
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return folder
+    return build_site(tmp_path_factory.mktemp("site"))
 
 
 def test_search_works_from_disk_and_setting_names_stay_whole(site: Path, browser: Any) -> None:  # noqa: F811
