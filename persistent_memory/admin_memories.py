@@ -26,7 +26,7 @@ from persistent_memory.memories.jsonl import export_lines
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 
-EDITED = ("session_id", "type", "key", "content", "metadata", "expires_at")
+EDITED = ("session_id", "type", "key", "content", "metadata", "said_at", "expires_at")
 #: After each separator of a key: where the list may break it.
 KEY_BREAKS = re.compile(r"(?<=[._:/-])")
 

@@ -271,6 +271,12 @@ class LongTermMemory(models.Model):
     source_messages = models.JSONField(
         default=list, blank=True, help_text="Ids of the messages it came from."
     )
+    said_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When what it says was said (an extracted memory: its newest source message's time). "
+        "Empty: unknown.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now, db_index=True)
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never.")

@@ -66,6 +66,29 @@ def test_bad_input_is_refused_before_anything_is_written(kwargs: dict, fragment:
     assert not LongTermMemory.objects.exists()
 
 
+@pytest.mark.parametrize("key", ["user:prefs.theme", "a:b:c", ":", "x" * 256, "lg.ns:item"])
+def test_keys_may_namespace_with_colons(key: str) -> None:
+    alice = memories_for("user:a")
+    first = alice.add("Prefers dark mode.", key=key)
+    assert first["key"] == key
+    assert alice.add("Prefers light mode.", key=key)["id"] == first["id"]  # the same memory
+    assert alice.get_by_key(key)["content"] == "Prefers light mode."
+    assert alice.update(first["id"], key=key + "2" if len(key) < 256 else "k:2")["id"] == first["id"]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 257, "a/b", "a b", "k\x00", "ключ", 5, None])
+def test_keys_outside_the_pattern_are_refused(key: object) -> None:
+    alice = memories_for("user:a")
+    memory = alice.add("Prefers dark mode.", key="ok")
+    for attempt in (
+        lambda: alice.add("x", key=key) if key is not None else alice.get_by_key(key),  # type: ignore[arg-type]
+        lambda: alice.update(memory["id"], key=key),
+    ):
+        with pytest.raises(InvalidMemory, match="key"):
+            attempt()
+    assert list(LongTermMemory.objects.values_list("key", flat=True)) == ["ok"]
+
+
 def test_owners_never_see_each_others_memories() -> None:
     alice, bob = memories_for("user:alice"), memories_for("user:bob")
     secret = alice.add("Alice's bank is Acme", key="bank")

@@ -117,3 +117,16 @@ def test_another_owners_memory_answers_404_everywhere() -> None:
 def test_anonymous_callers_are_refused() -> None:
     response = APIClient().get(API)
     assert response.status_code in (401, 403)
+
+
+def test_a_key_with_colons_is_written_and_read_back_over_the_api() -> None:
+    _, client = make_user("alice")
+    created = client.post(API, {"content": "Prefers dark mode.", "key": "user:prefs.theme"}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["key"] == "user:prefs.theme"
+    again = client.post(API, {"content": "Prefers light mode.", "key": "user:prefs.theme"}, format="json")
+    assert again.status_code == 200 and again.json()["id"] == created.json()["id"]
+    assert code_of(client.post(API, {"content": "x", "key": "user/prefs"}, format="json")) == (
+        400,
+        "invalid_memory",
+    )

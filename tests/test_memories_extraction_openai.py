@@ -129,7 +129,7 @@ def test_bad_items_are_dropped_and_logged_one_by_one(server, api_key, caplog):
         {"type": "factual", "key": "x.y", "content": "An extra field.", "confidence": 0.9},
         {"type": "factual", "key": "x.y"},
         {"type": "factual", "key": "has spaces", "content": "A key outside the rules."},
-        {"type": "factual", "key": "__dunder__", "content": "A reserved key."},
+        {"type": "factual", "key": "user/theme", "content": "A key with a slash."},
         {"type": "factual", "key": "k" * 121, "content": "A key too long."},
         {"type": "factual", "key": 7, "content": "A key not a string."},
         {"type": "factual", "key": "x.y", "content": "x" * 501},
@@ -284,3 +284,34 @@ def test_the_readme_settings_extract_in_the_background(configure, server, monkey
     assert set(memories) == {"preference.jazz", "fact.home-city"}  # the rules and the model
     assert server.requests[0]["body"]["model"] == "gpt-4o-mini"
     assert server.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
+
+
+def test_the_transcript_gives_each_line_its_time_and_speaker_and_the_prompt_asks_for_both(server, api_key):
+    server.replies = [answer()]
+    said = 1_683_554_580.0  # 2023-05-08 14:03 UTC
+    extractor(server, api_key)(
+        [
+            {
+                "id": "c1",
+                "role": "user",
+                "name": "Caroline",
+                "content": "I went hiking last week.",
+                "created_at": said,
+            },
+            {
+                "id": "m1",
+                "role": "assistant",
+                "name": "Melanie",
+                "content": "Where?",
+                "created_at": said + 60,
+            },
+            {"id": "u1", "role": "user", "content": "No name, no time."},
+        ]
+    )
+    system, transcript = server.requests[0]["body"]["messages"]
+    assert transcript["content"] == (
+        "[c1] 2023-05-08 14:03 Caroline (user): I hiked.\n"
+        "[m1] 2023-05-08 14:04 Melanie (assistant): Where?\n"
+        "[u1] user: No name, no time."
+    )
+    assert "names who it is about" in system["content"] and "message's date" in system["content"]

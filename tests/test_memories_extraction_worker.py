@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from io import StringIO
 from typing import Any
 
@@ -118,6 +119,8 @@ def test_a_python_append_yields_memories_on_the_worker_thread(worker):
         "extraction",
         ["m1"],
     )
+    said = added["messages"][0]["created_at"]  # when the statement was said, from the write itself
+    assert memory["said_at"] == datetime.fromtimestamp(said, tz=UTC)
     assert store.extraction_worker.messages == 2 and store.extraction_worker.written == 1
 
 

@@ -16,7 +16,7 @@ from persistent_memory.memories.service import MAX_LIMIT
 
 KEY_HELP = (
     "Stable per owner: writing the same key again updates that memory. 1-256 of letters, "
-    "digits, '_', '.' and '-'; omitted: derived from type and content."
+    "digits, '_', '.', '-' and ':'; omitted: derived from type and content."
 )
 
 
@@ -44,6 +44,9 @@ class MemoryFields(serializers.Serializer):
     session_id = serializers.CharField(required=False, allow_null=True, allow_blank=True)
     metadata = serializers.JSONField(required=False, allow_null=True, help_text="A JSON object.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Empty: never.")
+    said_at = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="When what it says was said. Empty: unknown."
+    )
 
 
 class MemoryCreate(MemoryFields):
@@ -99,6 +102,11 @@ class Memory(serializers.Serializer):
     metadata = serializers.JSONField()
     source = serializers.ChoiceField(choices=SOURCES)
     source_messages = serializers.ListField(child=serializers.CharField())
+    said_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When what it says was said (an extracted memory: its newest source message's time); "
+        "null: unknown.",
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField(allow_null=True)

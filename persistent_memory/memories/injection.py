@@ -49,3 +49,11 @@ def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> 
         return None
     lines = "\n".join(f"- {memory['content']}" for memory in memories)
     return {"role": role, "content": f"{HEADER}\n{lines}"}
+
+
+def is_injected(message: dict[str, Any]) -> bool:
+    """Whether ``message`` is a list of memories made by :func:`render_memories` (a client
+    may store it with the conversation): what it says is known already, and extracting it
+    again would copy every memory it lists."""
+    content = message.get("content")
+    return isinstance(content, str) and content.startswith(HEADER)

@@ -32,6 +32,12 @@ def export_lines(rows: QuerySet[LongTermMemory]) -> Iterator[str]:
         yield json.dumps({name: _jsonable(memory[name]) for name in EXPORTED}, ensure_ascii=False) + "\n"
 
 
+def _moment(value: Any) -> Any:
+    """An exported time (ISO 8601) as a datetime; anything else as it is, for the
+    service to refuse."""
+    return parse_datetime(value) if isinstance(value, str) else value
+
+
 @dataclass
 class ImportReport:
     imported: int = 0
@@ -51,9 +57,7 @@ def import_lines(lines: Iterable[str | bytes], *, owner: str | None = None) -> I
             item = json.loads(line)
             if not isinstance(item, dict):
                 raise InvalidMemory("not a JSON object")
-            expires_at = item.get("expires_at")
-            if expires_at is not None:
-                expires_at = parse_datetime(expires_at) if isinstance(expires_at, str) else expires_at
+            expires_at, said_at = (_moment(item.get(name)) for name in ("expires_at", "said_at"))
             memories_for(owner if owner is not None else item.get("owner", "")).add(
                 item.get("content"),
                 type=item.get("type", "factual"),
@@ -63,6 +67,7 @@ def import_lines(lines: Iterable[str | bytes], *, owner: str | None = None) -> I
                 source="import",
                 source_messages=item.get("source_messages") or (),
                 expires_at=expires_at,
+                said_at=said_at,
             )
             report.imported += 1
         except (ValueError, TypeError, PersistentMemoryError):

@@ -11,9 +11,9 @@ from typing import Any
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
-from persistent_memory.exceptions import InvalidKey, InvalidMemory, InvalidSessionId, InvalidValue
+from persistent_memory.exceptions import InvalidMemory, InvalidSessionId, InvalidValue
 from persistent_memory.models import LongTermMemory
-from persistent_memory.validation import encode_value, validate_key, validate_session_id
+from persistent_memory.validation import encode_value, validate_session_id
 
 TYPES = tuple(LongTermMemory.Type.values)
 SOURCES = tuple(LongTermMemory.Source.values)
@@ -29,6 +29,7 @@ FIELDS = (
     "metadata",
     "source",
     "source_messages",
+    "said_at",
     "created_at",
     "updated_at",
     "expires_at",
@@ -41,6 +42,10 @@ FIELDS = (
 MAX_HISTORY = 10
 
 _SPACES = re.compile(r"\s+")
+#: A memory's key: the store's key characters and ``:``, which namespaces keys
+#: ("user:prefs.theme"). Memory keys live only in the database, so the Redis layout's
+#: reasons to refuse ``:`` (it separates the parts of a key name) do not apply.
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 _KEY_UNSAFE = re.compile(r"[^a-z0-9]+")
 _MAX_SOURCE_MESSAGES = 100
 
@@ -119,11 +124,12 @@ def validate_source_messages(ids: Any) -> list[str]:
 
 
 def validate_memory_key(key: Any) -> str:
-    """The store's key rules (1-256 of ``[A-Za-z0-9_.-]``)."""
-    try:
-        return validate_key(key)
-    except InvalidKey as exc:
-        raise InvalidMemory(str(exc)) from None
+    """``key`` if it is 1-256 of ``[A-Za-z0-9_.:-]``, else :class:`InvalidMemory`."""
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+        raise InvalidMemory(
+            f"Invalid key {key!r}: use 1-256 characters of letters, digits, '-', '_', '.' or ':'."
+        )
+    return key
 
 
 def validate_memory_session(session_id: Any) -> str:
@@ -136,15 +142,23 @@ def validate_memory_session(session_id: Any) -> str:
         raise InvalidMemory(str(exc)) from None
 
 
+def validate_moment(value: Any, *, name: str) -> datetime | None:
+    """An aware datetime (naive ones are taken as UTC) or None."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidMemory(f"Invalid {name}: must be a datetime.")
+    return value.replace(tzinfo=UTC) if timezone.is_naive(value) else value
+
+
 def validate_expires_at(expires_at: Any) -> datetime | None:
     """An aware datetime (naive ones are taken as UTC) or None."""
-    if expires_at is None:
-        return None
-    if not isinstance(expires_at, datetime):
-        raise InvalidMemory("Invalid expires_at: must be a datetime.")
-    if timezone.is_naive(expires_at):
-        expires_at = expires_at.replace(tzinfo=UTC)
-    return expires_at
+    return validate_moment(expires_at, name="expires_at")
+
+
+def validate_said_at(said_at: Any) -> datetime | None:
+    """When what a memory says was said: an aware datetime (naive: UTC) or None."""
+    return validate_moment(said_at, name="said_at")
 
 
 def as_dict(memory: LongTermMemory) -> dict[str, Any]:

@@ -25,7 +25,17 @@ from persistent_memory.owners import validate_owner
 from persistent_memory.validation import validate_int
 
 #: The fields :meth:`MemoryService.update` may change.
-UPDATABLE = ("content", "type", "key", "session_id", "metadata", "expires_at", "source", "source_messages")
+UPDATABLE = (
+    "content",
+    "type",
+    "key",
+    "session_id",
+    "metadata",
+    "expires_at",
+    "source",
+    "source_messages",
+    "said_at",
+)
 MAX_LIMIT = 1000
 
 
@@ -47,6 +57,18 @@ def expired_filter(now: datetime | None = None) -> Q:
 
 def _count_tokens(content: str) -> int:
     return text_counter(memory_settings.TOKENIZER)(content)
+
+
+def _kept(row: LongTermMemory, fields: dict[str, Any]) -> bool:
+    """Whether an extraction leaves ``row`` as it is: a memory of another source, or an
+    extracted one said later than the new statement (so a re-run, or sessions read out of
+    order, never put an older statement back)."""
+    if fields["source"] != "extraction":
+        return False
+    if row.source != "extraction":
+        return True
+    said, held = fields["said_at"], row.said_at
+    return said is not None and held is not None and said < held
 
 
 def _types(types: Iterable[str] | None) -> list[str] | None:
@@ -111,10 +133,38 @@ class MemoryService:
         source: str = "api",
         source_messages: Iterable[str] = (),
         expires_at: datetime | None = None,
+        said_at: datetime | None = None,
     ) -> dict[str, Any]:
         """Create the memory, or update the owner's memory with the same key (derived from
         type and content when None). An extraction never changes a memory of another
-        source: that memory comes back unchanged."""
+        source, nor an extracted one said later than it: that memory comes back unchanged."""
+        return self.upsert(
+            content,
+            type=type,
+            key=key,
+            session_id=session_id,
+            metadata=metadata,
+            source=source,
+            source_messages=source_messages,
+            expires_at=expires_at,
+            said_at=said_at,
+        )[0]
+
+    def upsert(
+        self,
+        content: str,
+        *,
+        type: str = "factual",  # noqa: A002 - the memory's field name
+        key: str | None = None,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        source: str = "api",
+        source_messages: Iterable[str] = (),
+        expires_at: datetime | None = None,
+        said_at: datetime | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """:meth:`add`, and whether it changed anything (False: the memory was already so,
+        or it was left as it was)."""
         content = records.validate_content(content)
         type_ = records.validate_choice(type, name="type", choices=records.TYPES)
         key_given = key is not None
@@ -127,6 +177,7 @@ class MemoryService:
             "source": records.validate_choice(source, name="source", choices=records.SOURCES),
             "source_messages": records.validate_source_messages(source_messages),
             "expires_at": records.validate_expires_at(expires_at),
+            "said_at": records.validate_said_at(said_at),
             "tokens": _count_tokens(content),
         }
         # Embedded before the transaction (a network call holds no row lock), unless the
@@ -143,14 +194,15 @@ class MemoryService:
         for _attempt in range(2):  # a concurrent insert of the same key: update it instead
             try:
                 with transaction.atomic():
-                    row = self._merge(duplicate, fields) if duplicate is not None else None
-                    if row is None:
-                        row = self._upsert(key, fields)
+                    written = self._merge(duplicate, fields) if duplicate is not None else None
+                    if written is None:
+                        written = self._upsert(key, fields)
             except IntegrityError:
                 continue
+            row, changed = written
             if later:
                 _embed_later(row)
-            return records.as_dict(row)
+            return records.as_dict(row), changed
         raise InvalidMemory(f"Could not write memory {key!r}: it is being written concurrently.")
 
     def _duplicate(self, fields: dict[str, Any], type_: str, key: str) -> int | None:
@@ -163,15 +215,16 @@ class MemoryService:
         near = vectors.nearest(rows, search.compiled_where(rows), vector, fields["embedding_model"], 1)
         return near[0][0] if near and 1.0 - near[0][1] <= distance else None
 
-    def _merge(self, memory_id: int, fields: dict[str, Any]) -> LongTermMemory | None:
+    def _merge(self, memory_id: int, fields: dict[str, Any]) -> tuple[LongTermMemory, bool] | None:
         """Write the new memory's content, metadata (merged over the old) and vector into
-        the near-duplicate ``memory_id``, keeping its key and what it said in its history.
-        None when that memory is gone meanwhile (the caller adds a row instead)."""
+        the near-duplicate ``memory_id``, keeping its key and what it said in its history;
+        the row and whether it changed. None when that memory is gone meanwhile (the
+        caller adds a row instead)."""
         row = self._rows().select_for_update().filter(pk=memory_id).first()
         if row is None:
             return None
-        if fields["source"] == "extraction" and row.source != "extraction":
-            return row  # an extraction never changes a memory of another source
+        if _kept(row, fields):
+            return row, False
         if row.content != fields["content"]:
             row.history = records.with_history(row.history, row, "merged")
         row.metadata = {**row.metadata, **fields["metadata"]}
@@ -179,11 +232,12 @@ class MemoryService:
             if name in fields:
                 setattr(row, name, fields[name])
         row.source_messages = list(dict.fromkeys([*row.source_messages, *fields["source_messages"]]))[-100:]
+        row.said_at = fields["said_at"] or row.said_at
         row.updated_at = timezone.now()
         row.save()
         return row
 
-    def _upsert(self, key: str, fields: dict[str, Any]) -> LongTermMemory:
+    def _upsert(self, key: str, fields: dict[str, Any]) -> tuple[LongTermMemory, bool]:
         now = timezone.now()
         row = LongTermMemory.objects.select_for_update().filter(owner=self.owner, key=key).first()
         if row is None:
@@ -191,12 +245,12 @@ class MemoryService:
             content_changed = True
         else:
             gone = self._gone(row, now)
-            if fields["source"] == "extraction" and row.source != "extraction" and not gone:
-                return row
+            if not gone and _kept(row, fields):
+                return row, False
             if gone:  # an expired memory under the key: it starts afresh
                 row.created_at, row.access_count, row.last_accessed_at = now, 0, None
             if not gone and all(getattr(row, name) == value for name, value in fields.items()):
-                return row  # the same again (a re-run extraction): not even updated_at moves
+                return row, False  # the same again (a re-run extraction): not even updated_at moves
             content_changed = row.content != fields["content"]
             for name, value in fields.items():
                 setattr(row, name, value)
@@ -207,7 +261,7 @@ class MemoryService:
         row.save()
         if row.embedding_dimensions:
             vectors.ensure_index(row.embedding_dimensions)
-        return row
+        return row, True
 
     @staticmethod
     def _gone(row: LongTermMemory, now: datetime) -> bool:
@@ -263,6 +317,8 @@ class MemoryService:
             )
         if "source_messages" in fields:
             checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
+        if "said_at" in fields:
+            checked["said_at"] = records.validate_said_at(fields["said_at"])
         later = False
         if "content" in checked and search.embedder() is not None:
             found = _vector_of(checked["content"])  # before the row lock, as in add

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,12 +27,14 @@ from django.utils.module_loading import import_string
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories.extraction.candidates import Candidate, ExtractionFailed
+from persistent_memory.memories.injection import is_injected
 from persistent_memory.memories.service import memories_for
 from persistent_memory.store import MemoryStore
 
 Extractor = Callable[[list[dict[str, Any]]], list[Candidate]]
 
 logger = logging.getLogger(__name__)
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
 
 
 def extractors() -> list[Extractor]:
@@ -55,6 +58,7 @@ class ExtractionReport:
     sessions: int = 0
     messages: int = 0
     candidates: int = 0
+    #: Memories created or changed (not those left as they were).
     written: int = 0
     refused: int = 0
     #: Extractor calls that raised, and the last error (type and message).
@@ -69,8 +73,12 @@ def _name(extractor: Extractor) -> str:
 
 def find_candidates(messages: list[dict[str, Any]], report: ExtractionReport) -> list[Candidate]:
     """What the extractors find in ``messages`` (nothing written); an extractor that fails
-    is logged and counted in ``report``, and the others still run."""
+    is logged and counted in ``report``, and the others still run. A list of memories that
+    was injected into a prompt and stored with the conversation is never read."""
     found: list[Candidate] = []
+    messages = [message for message in messages if not is_injected(message)]
+    if not messages:
+        return found
     for extractor in extractors():
         name = _name(extractor)
         try:
@@ -92,26 +100,52 @@ def find_candidates(messages: list[dict[str, Any]], report: ExtractionReport) ->
     return found
 
 
+def _said_at(candidate: Candidate, times: dict[str, float]) -> datetime | None:
+    """When the candidate was said: the time of its newest source message (None: unknown)."""
+    known = [times[source] for source in candidate.source_messages if source in times]
+    return datetime.fromtimestamp(max(known), tz=UTC) if known else None
+
+
+def message_times(messages: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Each message's id with its ``created_at`` (seconds since the epoch), where it has both."""
+    return {
+        message["id"]: message["created_at"]
+        for message in messages
+        if isinstance(message.get("id"), str) and isinstance(message.get("created_at"), int | float)
+    }
+
+
 def write_candidates(
-    owner: str, candidates: list[Candidate], report: ExtractionReport
+    owner: str,
+    candidates: list[Candidate],
+    report: ExtractionReport,
+    times: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Upsert ``candidates`` into ``owner``'s memories; the memories as they now are (a
-    memory of another source under a key: unchanged)."""
+    """Upsert ``candidates`` into ``owner``'s memories, the earliest said first, each
+    with when it was said (``times``: message id to ``created_at``); the memories as they
+    now are. ``report.written`` counts those changed: a memory of another source, one
+    already so, or one said later than the candidate is left as it was."""
     service = memories_for(owner)
+    dated = [(candidate, _said_at(candidate, times or {})) for candidate in candidates]
+    # Unknown times first (in their order), then by time: the latest statement under a
+    # key is the one written (earlier ones would only be replaced by it).
+    dated.sort(key=lambda pair: (pair[1] is not None, pair[1] or _EPOCH))
+    latest = {candidate.key: (candidate, said_at) for candidate, said_at in dated}
     written = []
-    for candidate in candidates:
+    for candidate, said_at in latest.values():
         try:
-            memory = service.add(
+            memory, changed = service.upsert(
                 candidate.content,
                 type=candidate.type,
                 key=candidate.key,
                 source="extraction",
                 source_messages=candidate.source_messages,
+                said_at=said_at,
             )
         except PersistentMemoryError:
             report.refused += 1  # a candidate the rules refuse (too long a key...): skip it
             continue
-        if memory["source"] == "extraction":
+        if changed:
             report.written += 1
         written.append(memory)
     return written
@@ -123,30 +157,37 @@ def extract_messages(
     """Upsert what the extractors find in ``messages`` into ``owner``'s memories; the
     memories as they now are (a memory of another source under a key: unchanged)."""
     report = report or ExtractionReport()
-    return write_candidates(owner, find_candidates(messages, report), report)
+    return write_candidates(owner, find_candidates(messages, report), report, message_times(messages))
 
 
 def extract_sessions(
     store: MemoryStore, *, owner: str | None = None, last_messages: int = 50
 ) -> ExtractionReport:
     """Run the extractors over the newest ``last_messages`` of every conversation of every
-    live session (of ``owner`` only, when given)."""
+    live session (of ``owner`` only, when given), then write what they found owner by
+    owner, the earliest said first, so a newer statement under a key always wins."""
     report = ExtractionReport()
     infos: Iterable[dict[str, Any]] = store.list_session_infos(all_owners=True)
+    by_owner: dict[str, list[dict[str, Any]]] = {}
     for info in infos:
-        session_owner = info.get("owner", "")
-        if owner is not None and session_owner != owner:
-            continue
+        if owner is None or info.get("owner", "") == owner:
+            by_owner.setdefault(info.get("owner", ""), []).append(info)
+    for session_owner, sessions in by_owner.items():
         scoped = store.for_owner(session_owner)
-        try:
-            conversations = scoped.list_conversations(info["session_id"])
-            report.sessions += 1
-            for conversation in conversations:
-                thread = scoped.get_messages(
-                    info["session_id"], conversation=conversation["conversation"], limit=last_messages
-                )
-                report.messages += len(thread["messages"])
-                extract_messages(session_owner, thread["messages"], report=report)
-        except PersistentMemoryError:
-            continue  # expired or deleted meanwhile
+        candidates: list[Candidate] = []
+        times: dict[str, float] = {}
+        for info in sessions:
+            try:
+                conversations = scoped.list_conversations(info["session_id"])
+                report.sessions += 1
+                for conversation in conversations:
+                    thread = scoped.get_messages(
+                        info["session_id"], conversation=conversation["conversation"], limit=last_messages
+                    )
+                    report.messages += len(thread["messages"])
+                    candidates += find_candidates(thread["messages"], report)
+                    times.update(message_times(thread["messages"]))
+            except PersistentMemoryError:
+                continue  # expired or deleted meanwhile
+        write_candidates(session_owner, candidates, report, times)
     return report

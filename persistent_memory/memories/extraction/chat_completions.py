@@ -7,7 +7,8 @@ Put ``"persistent_memory.memories.extraction.chat_completions.extract"`` in
 over them (any of those, and ``prompt``, ``max_output_tokens``, ``temperature``,
 ``max_memories``, ``max_content_chars``), so one endpoint serves both or each has its own.
 
-It sends the user and assistant messages as a transcript (``[id] role: text``) and asks
+It sends the user and assistant messages as a transcript (``[id] date time name (role):
+text``, the date, time and speaker's name where the message has them) and asks
 for a JSON array of memories, each ``{"type", "key", "content", "messages"}``. The
 answer is checked strictly before anything is proposed:
 
@@ -15,7 +16,7 @@ answer is checked strictly before anything is proposed:
   around it allowed, is a failure (:class:`ExtractionFailed`: logged and counted, and
   ``memory_extract`` can try again), as is an endpoint's error, timeout or absence;
 * an item that is not an object of exactly those fields, with a ``type`` among the
-  memory types, a ``key`` within the store's key rules (at most :data:`MAX_KEY_CHARS`,
+  memory types, a ``key`` within the memory key rules (at most :data:`MAX_KEY_CHARS`,
   case-folded), a ``content`` of at most ``max_content_chars`` (never cut: dropped) and
   ``messages`` a list of strings, is dropped and logged; ids that were not sent are left
   out (none left: every message sent is the source); beyond ``max_memories`` items the
@@ -31,6 +32,7 @@ import json
 import logging
 import os
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -58,20 +60,35 @@ SETTING = "MEMORY_EXTRACTOR_OPTIONS"
 
 DEFAULT_PROMPT = (
     "You extract long-term memories about the user from a conversation between a user and an "
-    "assistant: lasting facts about the user, their preferences, habits and decisions, worth "
-    'knowing in later conversations. Each message is shown as "[id] role: text". Answer with a '
-    "JSON array only, no other text: one object per memory with exactly these fields:\n"
+    "assistant (or between two people): lasting facts about them, their preferences, habits, "
+    "decisions and what happened to them, worth knowing in later conversations. Each message is "
+    'shown as "[id] date time name (role): text", the date, time and name where known. Answer '
+    "with a JSON array only, no other text: one object per memory with exactly these fields:\n"
     '- "type": one of {types} (factual: a fact or preference; episodic: an event or decision; '
     "procedural: a habit or how the user wants things done; semantic: general knowledge);\n"
     '- "key": a short stable identifier of lowercase words joined by dots or hyphens, the '
-    'category then the subject (e.g. "preference.tea", "fact.home-city"), the same for the same '
+    "category, the person's name where the transcript gives one, then the subject (e.g. "
+    '"preference.tea", "fact.caroline.home-city"), the same for the same '
     "subject so that a later statement replaces an earlier one;\n"
-    '- "content": the memory in one short sentence of at most {max_chars} characters;\n'
+    '- "content": the memory in one short self-contained sentence of at most {max_chars} '
+    "characters that names who it is about (by name where the transcript gives one) and, for "
+    'an event, when it happened as a date worked out from the message\'s date ("last year" '
+    "said on 2023-05-08 is 2022);\n"
     '- "messages": the ids of the messages it comes from.\n'
-    "Keep only what the user states as true about themselves: leave out questions, "
-    "hypotheticals, unclear negations and what the assistant says unless the user confirms it. "
+    "Keep only what a person states as true about themselves: leave out questions, "
+    "hypotheticals, unclear negations, and what an AI assistant says unless the user confirms it. "
     "Answer [] when there is nothing to remember."
 )
+
+
+def _said(message: dict[str, Any]) -> str:
+    """``2023-05-08 14:03 Caroline (user)``: when and by whom, as far as the message says."""
+    role, name, at = message["role"], message.get("name"), message.get("created_at")
+    who = f"{name} ({role})" if isinstance(name, str) and name.strip() else role
+    if isinstance(at, int | float) and not isinstance(at, bool):
+        return f"{datetime.fromtimestamp(at, tz=UTC):%Y-%m-%d %H:%M} {who}"
+    return who
+
 
 _FENCE = re.compile(r"^```[A-Za-z]*\s*\n(?P<body>.*)\n\s*```$", re.DOTALL)
 
@@ -109,7 +126,8 @@ class ChatCompletionsExtractor:
 
     @staticmethod
     def transcript(messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
-        """The user and assistant messages with text, one line each, and their ids."""
+        """The user and assistant messages with text, one line each (with its time and its
+        speaker's name where the message has them), and their ids."""
         lines, ids = [], []
         for message in messages:
             if message.get("role") not in ("user", "assistant"):
@@ -120,7 +138,7 @@ class ChatCompletionsExtractor:
             message_id = message.get("id")
             if isinstance(message_id, str) and message_id:
                 ids.append(message_id)
-            lines.append(f"[{message_id or '-'}] {message['role']}: {text}")
+            lines.append(f"[{message_id or '-'}] {_said(message)}: {text}")
         return "\n".join(lines), ids
 
     def request(self, transcript: str) -> list[dict[str, str]]:
@@ -194,7 +212,7 @@ class ChatCompletionsExtractor:
         try:
             key = records.validate_memory_key(key.casefold())
         except InvalidMemory:
-            raise ValueError("key outside the store's key rules") from None
+            raise ValueError("key outside the memory key rules") from None
         content = item["content"]
         if not isinstance(content, str):
             raise ValueError("content not a string")

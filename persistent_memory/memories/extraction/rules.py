@@ -1,9 +1,11 @@
 """A rule-based extractor of English statements of preference, decision and habit.
 
-No model: regular expressions over each sentence of the user's messages. What it keeps
-is the user's own sentence (whitespace normalized, capped at :data:`MAX_CHARS`), never a
-paraphrase, so a fact is not silently rewritten; its key is derived from the category
-and what the statement is about, so "I love tea" then "I hate tea" update one memory.
+No model: regular expressions over each sentence of what a person said: the user's
+messages, and those of a named speaker on either side (see :func:`speaker`). What it keeps
+is the speaker's own sentence (whitespace normalized, capped at :data:`MAX_CHARS`, after
+the speaker's name when the message has one), never a paraphrase, so a fact is not
+silently rewritten; its key is derived from the category, the speaker's name and what
+the statement is about, so "I love tea" then "I hate tea" update one memory.
 Questions, hypotheticals ("if I ...", "I would ...") and negations other than "never"
 ("I don't like ...", ambiguous about what is liked instead) yield nothing.
 """
@@ -151,12 +153,34 @@ def extract_text(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
+def speaker(message: dict[str, Any]) -> str | None:
+    """Who said ``message`` as far as the rules are concerned: ``""`` for the user, the
+    message's ``name`` for a named speaker (a person on either side of a recorded
+    conversation), None for a message whose statements are not about a person (an
+    unnamed assistant speaks of itself: "I always check the docs")."""
+    name = message.get("name")
+    named = name.strip() if isinstance(name, str) else ""
+    if message.get("role") == "user":
+        return named
+    if message.get("role") == "assistant" and named:
+        return named
+    return None
+
+
+def _speaker_slug(name: str) -> str:
+    return "-".join(_KEY_UNSAFE.sub(" ", name.casefold()).split())[:40].strip("-")
+
+
 def extract(messages: Iterable[dict[str, Any]]) -> list[Candidate]:
-    """Candidates from the user messages of ``messages`` (each with ``role``, ``content``
-    and ``id``); one per key, the latest statement winning, with every message it came from."""
+    """Candidates from the messages of ``messages`` (each with ``role``, ``content``, ``id``
+    and maybe ``name``) said by a person (see :func:`speaker`); one per key, the latest
+    statement winning, with every message it came from. A named speaker's statement
+    keeps the name ("Caroline: I love hiking.") and has a key of its own, so two people
+    who both "love tea" are two memories."""
     by_key: dict[str, Candidate] = {}
     for message in messages:
-        if message.get("role") != "user":
+        who = speaker(message)
+        if who is None:
             continue
         content = message.get("content")
         if isinstance(content, list):  # content parts: their text
@@ -167,7 +191,11 @@ def extract(messages: Iterable[dict[str, Any]]) -> list[Candidate]:
             )
         if not isinstance(content, str):
             continue
+        slug = _speaker_slug(who)
         for key, type_, text in extract_text(content):
+            if slug:
+                category, about = key.split(".", 1)
+                key, text = f"{category}.{slug}.{about}", f"{who}: {text}"
             earlier = by_key.pop(key, None)
             ids = list(earlier.source_messages) if earlier else []
             if message.get("id") and message["id"] not in ids:

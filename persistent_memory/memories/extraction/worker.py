@@ -59,6 +59,8 @@ TAKE = 1000
 GATHER_SECONDS = 0.05
 #: The roles whose messages are extracted from.
 ROLES = ("user", "assistant")
+#: What else of a message an extraction reads: who said it, and when (the memory's said_at).
+_KEPT = ("name", "created_at")
 #: The longest error text kept for ``health/``.
 ERROR_LIMIT = 500
 
@@ -138,6 +140,7 @@ class ExtractionWorker:
             return
         kept = [
             {"id": message.get("id"), "role": message["role"], "content": message.get("content")}
+            | {field: message[field] for field in _KEPT if field in message}
             for message in messages or ()
             if isinstance(message, dict) and message.get("role") in ROLES
         ]
@@ -261,7 +264,12 @@ class ExtractionWorker:
         written: whether a session is still there is asked only when its messages yielded
         something to write, so a write whose messages yield nothing costs the backend no
         call of the worker's."""
-        from persistent_memory.memories.extraction import ExtractionReport, find_candidates, write_candidates
+        from persistent_memory.memories.extraction import (
+            ExtractionReport,
+            find_candidates,
+            message_times,
+            write_candidates,
+        )
 
         by_owner: dict[str, list[Batch]] = {}
         for batch in batches:
@@ -281,7 +289,7 @@ class ExtractionWorker:
                     candidates = self._of_live_sessions(candidates, kept)
                 if candidates:
                     close_old_connections()  # one the database dropped, as a request would
-                    write_candidates(owner, candidates, report)
+                    write_candidates(owner, candidates, report, message_times(messages))
             except Exception as exc:  # the worker must survive anything: memory_extract catches up
                 logger.exception("persistent_memory: extraction of %d messages failed", len(messages))
                 self._failed(f"{type(exc).__name__}: {exc}")
