@@ -4,7 +4,7 @@ expiry, and every search strategy (run on SQLite and on PostgreSQL)."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -404,3 +404,24 @@ def test_access_counts_commit_without_waiting_for_the_log_flush_on_postgresql() 
     assert svc.get(ids["editor"])["access_count"] == 1  # committed, outside any test transaction
     relaxed = [q["sql"] for q in queries.captured_queries if "synchronous_commit" in q["sql"]]
     assert relaxed == (["SET LOCAL synchronous_commit TO OFF"] if connection.vendor == "postgresql" else [])
+
+
+@pytest.mark.parametrize("strategy", ["keyword", "hybrid", "recent"])
+def test_search_keeps_to_when_things_were_said(strategy: str) -> None:
+    alice = memories_for("user:a")
+    may, june = datetime(2023, 5, 8, tzinfo=UTC), datetime(2023, 6, 20, tzinfo=UTC)
+    alice.add("Caroline went hiking in the Alps.", key="hike.alps", said_at=may)
+    alice.add("Caroline went hiking in Norway.", key="hike.norway", said_at=june)
+    undated = alice.add("Caroline went hiking near home.", key="hike.home")  # said: created now
+    memories_for("user:b").add("Caroline went hiking in Peru.", key="hike.peru", said_at=may)
+
+    def keys(**bounds: datetime) -> set[str]:
+        return {m["key"] for m in alice.search("Caroline hiking", strategy=strategy, **bounds)}
+
+    assert keys() == {"hike.alps", "hike.norway", "hike.home"}
+    assert keys(said_before=june) == {"hike.alps"}
+    assert keys(said_after=june) == {"hike.norway", "hike.home"}
+    assert keys(said_after=may, said_before=june + timedelta(days=1)) == {"hike.alps", "hike.norway"}
+    assert keys(said_after=undated["created_at"] + timedelta(seconds=1)) == set()
+    with pytest.raises(InvalidMemory, match="said_after"):
+        alice.search("Caroline", said_after="May")  # type: ignore[arg-type]

@@ -130,3 +130,29 @@ def test_a_key_with_colons_is_written_and_read_back_over_the_api() -> None:
         400,
         "invalid_memory",
     )
+
+
+def test_search_filters_by_when_things_were_said_and_said_at_is_settable() -> None:
+    _, client = make_user("alice")
+    old = {"content": "Went hiking in the Alps.", "key": "hike.alps", "said_at": "2023-05-08T14:03:00Z"}
+    created = client.post(API, old, format="json")
+    assert created.status_code == 201 and created.json()["said_at"] == "2023-05-08T14:03:00Z"
+    client.post(API, {"content": "Went hiking in Norway.", "key": "hike.norway"}, format="json")
+
+    def keys(**bounds: str) -> list[str]:
+        answer = client.post(
+            f"{API}search/", {"query": "hiking", "strategy": "keyword", **bounds}, format="json"
+        )
+        assert answer.status_code == 200, answer.content
+        return sorted(m["key"] for m in answer.json()["results"])
+
+    assert keys() == ["hike.alps", "hike.norway"]
+    assert keys(said_before="2024-01-01T00:00:00Z") == ["hike.alps"]
+    assert keys(said_after="2024-01-01T00:00:00Z") == ["hike.norway"]
+    patched = client.patch(
+        f"{API}{created.json()['id']}/", {"said_at": "2025-01-01T00:00:00Z"}, format="json"
+    )
+    assert patched.json()["said_at"] == "2025-01-01T00:00:00Z"
+    assert keys(said_before="2024-01-01T00:00:00Z") == []
+    bad = client.post(f"{API}search/", {"query": "hiking", "said_after": "last May"}, format="json")
+    assert code_of(bad)[0] == 400

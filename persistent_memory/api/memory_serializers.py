@@ -86,6 +86,12 @@ class MemorySearch(serializers.Serializer):
         allow_null=True,
         help_text="Results are accepted best first while their tokens fit; at least one when any matched.",
     )
+    said_after = serializers.DateTimeField(
+        required=False, help_text="Only memories said at or after this moment (said_at, else created_at)."
+    )
+    said_before = serializers.DateTimeField(
+        required=False, help_text="Only memories said before this moment (said_at, else created_at)."
+    )
 
 
 class SimilarQuery(serializers.Serializer):

@@ -59,6 +59,19 @@ def _count_tokens(content: str) -> int:
     return text_counter(memory_settings.TOKENIZER)(content)
 
 
+def _said_between(after: datetime | None, before: datetime | None) -> Q:
+    """Memories said at or after ``after`` and before ``before`` (either may be None):
+    by ``said_at``, or ``created_at`` where that is unknown. Plain column conditions, so
+    the search strategies' SQL takes them as it takes the owner's filters."""
+    condition = Q()
+    for bound, lookup in ((after, "gte"), (before, "lt")):
+        if bound is not None:
+            condition &= Q(**{f"said_at__{lookup}": bound}) | Q(
+                said_at__isnull=True, **{f"created_at__{lookup}": bound}
+            )
+    return condition
+
+
 def _kept(row: LongTermMemory, fields: dict[str, Any]) -> bool:
     """Whether an extraction leaves ``row`` as it is: a memory of another source, or an
     extracted one said later than the new statement (so a re-run, or sessions read out of
@@ -402,14 +415,25 @@ class MemoryService:
         session_id: str | None = None,
         limit: int = 10,
         max_tokens: int | None = None,
+        said_after: datetime | None = None,
+        said_before: datetime | None = None,
     ) -> list[dict[str, Any]]:
         """The owner's memories matching ``query``, best first, each with its ``score``.
 
         At most ``limit``; with ``max_tokens``, accepted in order while their tokens add up
         within it, but at least one when anything matched. Found memories count an access.
+        ``said_after`` / ``said_before``: only memories said at or after / before that
+        moment (``said_at``, or ``created_at`` where it is unknown).
         """
         return self.search_results(
-            query, strategy=strategy, types=types, session_id=session_id, limit=limit, max_tokens=max_tokens
+            query,
+            strategy=strategy,
+            types=types,
+            session_id=session_id,
+            limit=limit,
+            max_tokens=max_tokens,
+            said_after=said_after,
+            said_before=said_before,
         ).results
 
     def search_results(
@@ -421,6 +445,8 @@ class MemoryService:
         session_id: str | None = None,
         limit: int = 10,
         max_tokens: int | None = None,
+        said_after: datetime | None = None,
+        said_before: datetime | None = None,
     ) -> SearchResults:
         """:meth:`search`'s results and the strategy that ranked them: the one asked for,
         or ``"keyword"`` when a semantic or hybrid search had no query vector in time
@@ -435,7 +461,12 @@ class MemoryService:
         limit = min(validate_int(limit, name="limit", minimum=1), MAX_LIMIT)
         if max_tokens is not None:
             max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
-        rows = self._filtered(types=types, session_id=session_id)
+        rows = self._filtered(types=types, session_id=session_id).filter(
+            _said_between(
+                records.validate_moment(said_after, name="said_after"),
+                records.validate_moment(said_before, name="said_before"),
+            )
+        )
         candidates = max(limit, search.CANDIDATES if max_tokens else limit)
         ranked, ranked_by = search.rank(rows, query, strategy, candidates)
         # Every strategy ranks ``rows``, so the ids are the owner's: they are looked up by id
