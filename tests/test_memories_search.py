@@ -223,3 +223,22 @@ def test_without_an_embedder_relevance_counts_not_only_recency(matching):
         best["id"],
         weak_new["id"],
     }
+
+
+def test_without_an_embedder_hybrid_ranks_as_keyword_and_recency_only_breaks_ties(matching):
+    """Newer memories that only name the speaker never outrank the older one that answers
+    (fused with recency at equal weight, they did: a fifth of keyword's recall)."""
+    owner = memories_for("user:a")
+    answer = owner.add("Caroline adopted a dog called Rex in May.", key="answer")
+    aged(answer, 30)
+    chatter = [owner.add(f"Caroline said hello {n} times.", key=f"chatter.{n}") for n in range(10)]
+    for n, memory in enumerate(chatter):
+        aged(memory, 10 - n)  # the last one the newest
+    question = "When did Caroline adopt the dog?"
+    by_keyword = ids(owner.search(question, strategy="keyword", limit=11))
+    assert by_keyword[0] == answer["id"]
+    found = ids(owner.search(question, strategy="hybrid", limit=11))
+    assert found[0] == answer["id"]
+    assert set(found) == set(by_keyword)
+    # The chatter matches equally (one word, the same length): the newest first.
+    assert found[1:] == [memory["id"] for memory in reversed(chatter)]

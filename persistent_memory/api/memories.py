@@ -149,9 +149,9 @@ class MemorySearchView(MemoryView):
         summary="Search the caller's memories",
         description="`keyword` is full-text search (PostgreSQL's, SQLite's FTS5); `semantic` needs "
         "an EMBEDDER (400 `invalid_memory` otherwise); `hybrid` fuses keyword with semantic, or "
-        "with recency without an embedder; `recent` ignores the query. When the embedder does not "
-        "answer within EMBEDDER_REQUEST_TIMEOUT (or is known to be failing), `semantic` and `hybrid` "
-        "answer by keyword and `strategy` says `keyword`.",
+        "ranks as keyword without one (recency breaking ties); `recent` ignores the query. When "
+        "the embedder does not answer within EMBEDDER_REQUEST_TIMEOUT (or is known to be failing), "
+        "`semantic` and `hybrid` answer by keyword and `strategy` says `keyword`.",
     )
     def post(self, request: Request) -> Response:
         data = self.validated(m.MemorySearch)
