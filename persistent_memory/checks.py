@@ -582,6 +582,22 @@ def _unjournaled(conf: MemorySettings) -> bool:
     return journal_directory(conf.JOURNAL_DIR, database, testing=False) is None
 
 
+def _sqlite_deferred() -> str | None:
+    """The alias of the database the memories are written to when it is SQLite without
+    ``"transaction_mode": "IMMEDIATE"``: there a background thread's write (the mirror,
+    extraction, embedding) that meets a request's fails at once with "database is locked"
+    (a deferred transaction that read first cannot wait for the write lock)."""
+    from django.db import connections, router
+
+    from persistent_memory.models import LongTermMemory
+
+    alias = router.db_for_write(LongTermMemory)
+    database = connections.databases.get(alias, {})
+    options = database.get("OPTIONS") or {}
+    sqlite = database.get("ENGINE") == "django.db.backends.sqlite3"
+    return alias if sqlite and str(options.get("transaction_mode", "")).upper() != "IMMEDIATE" else None
+
+
 @register(Tags.security, deploy=True)
 def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn about deployments that share memory between processes or callers they should not."""
@@ -639,6 +655,18 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 hint="Unset MAX_SESSIONS_PER_OWNER: an owner alone may still use every place, and "
                 "past MAX_SESSIONS the others get at most a tenth of it each.",
                 id="persistent_memory.W004",
+            )
+        )
+    alias = _sqlite_deferred()
+    if alias is not None:
+        warnings.append(
+            Warning(
+                f"The database {alias!r} is SQLite with deferred transactions: a background write "
+                "(the mirror, extraction, embedding) that meets a request's fails at once with "
+                '"database is locked" and is left to a later catch-up.',
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", '
+                '"timeout": 20, "init_command": "PRAGMA journal_mode=WAL"}, as the demo site does.',
+                id="persistent_memory.W009",
             )
         )
     return warnings

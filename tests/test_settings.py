@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 from persistent_memory import get_store
 from persistent_memory.backends.memory import MemoryBackend
@@ -124,6 +125,25 @@ class TestChecks:
         assert check_ids(deploy=True) == ["persistent_memory.W001"]
         settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://127.0.0.1:1/0"}
         assert check_ids(deploy=True) == []
+
+    @pytest.mark.parametrize(
+        ("engine", "options", "warned"),
+        [
+            ("django.db.backends.sqlite3", {}, True),
+            ("django.db.backends.sqlite3", {"transaction_mode": "DEFERRED", "timeout": 20}, True),
+            ("django.db.backends.sqlite3", {"transaction_mode": "IMMEDIATE"}, False),
+            ("django.db.backends.sqlite3", {"transaction_mode": "immediate"}, False),
+            ("django.db.backends.postgresql", {}, False),
+        ],
+    )
+    def test_deploy_warns_about_sqlite_without_immediate_transactions(
+        self, settings, monkeypatch, engine, options, warned
+    ):
+        settings.PERSISTENT_MEMORY = {"BACKEND": "redis", "REDIS_URL": "redis://127.0.0.1:1/0"}
+        database = {**connections.databases["default"], "ENGINE": engine, "OPTIONS": options}
+        monkeypatch.setitem(connections.databases, "default", database)
+        assert check_ids(deploy=True) == (["persistent_memory.W009"] if warned else [])
+        assert check_ids() == []  # a deployment's concern: `check` alone stays quiet
 
     @pytest.mark.parametrize(
         ("conf", "expected"),
