@@ -25,6 +25,8 @@ Two setups:
   extractors, then the same searches; a memory found brings the evidence turns among its
   ``source_messages``. ``coverage`` is the share of the questions' evidence turns that
   any memory came from: what no ranking can find.
+* **pooled**: as turns, but every conversation's turns are one owner's memories (567
+  rather than 70 or so): a larger haystack, as a long-lived user's memories are.
 
 Each search is measured alone: the access counts a search records (which weigh the next
 hybrid searches) are reset after it. For facts that changed, ``earlier_first`` is the
@@ -72,6 +74,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("recent", "recent", {}, False),
 ]
 KS = (5, 10)
+SETUPS = ("turns", "recorded", "pooled")
 
 
 def session_time(when: str) -> datetime:
@@ -80,7 +83,8 @@ def session_time(when: str) -> datetime:
 
 
 def owner_of(conversation: int, setup: str) -> str:
-    return f"{setup}:c{conversation}"
+    """Whose memories a question of ``conversation`` searches in ``setup``."""
+    return "pooled:all" if setup == "pooled" else f"{setup}:c{conversation}"
 
 
 def conversation_of(question: Question) -> int:
@@ -111,14 +115,14 @@ def _clock(at: float) -> Iterator[None]:
         messages.time = real  # type: ignore[assignment]
 
 
-def store_turns(conversations: list[int]) -> int:
-    """Every turn as one memory of its conversation's owner; how many."""
+def store_turns(conversations: list[int], setup: str) -> int:
+    """Every turn as one memory of its conversation's owner (of one owner: pooled); how many."""
     from persistent_memory.memories import memories_for
 
     count = 0
     for number in conversations:
         conversation = CONVERSATIONS[number]
-        owner = memories_for(owner_of(number, "turns"))
+        owner = memories_for(owner_of(number, setup))
         for session, (when, turns) in enumerate(conversation.sessions, start=1):
             for n, speaker, text in turns:
                 owner.add(f"{speaker}: {text}", key=turn_id(number, session, n), said_at=session_time(when))
@@ -158,7 +162,7 @@ def record_and_extract(conversations: list[int]) -> dict[str, Any]:
 
 def _turns_found(setup: str, memories: list[dict[str, Any]]) -> list[list[str]]:
     """The turns each result stands for: its key (turns), its source messages (recorded)."""
-    if setup == "turns":
+    if setup in ("turns", "pooled"):
         return [[memory["key"]] for memory in memories]
     return [list(memory.get("source_messages") or []) for memory in memories]
 
@@ -228,6 +232,7 @@ def coverage(questions: list[Question]) -> dict[str, float]:
 
 
 def run(setups: list[str], variants: list[str], conversations: list[int]) -> dict[str, Any]:
+    from persistent_memory.conf import memory_settings
     from persistent_memory.memories import vectors
     from persistent_memory.models import LongTermMemory
 
@@ -249,12 +254,13 @@ def run(setups: list[str], variants: list[str], conversations: list[int]) -> dic
     }
     # The worker would extract as the messages are written: memory_extract does it once,
     # the same way, and nothing runs beside the searches.
+    default_alpha = memory_settings.MEMORY_HYBRID_ALPHA
     with _settings({**embedder, "MEMORY_EXTRACTION_WORKER": False}):
         for setup in setups:
             started = time.perf_counter()
             figures: dict[str, Any] = {}
-            if setup == "turns":
-                figures["memories"] = store_turns(conversations)
+            if setup in ("turns", "pooled"):
+                figures["memories"] = store_turns(conversations, setup)
             else:
                 figures["extraction"] = record_and_extract(conversations)
                 figures["coverage"] = coverage(questions)
@@ -266,6 +272,12 @@ def run(setups: list[str], variants: list[str], conversations: list[int]) -> dic
                 ).count()
             figures["strategies"] = {}
             for name, strategy, overrides, _ in chosen:
+                if (
+                    overrides.get("MEMORY_HYBRID_ALPHA") == default_alpha
+                    and "hybrid" in figures["strategies"]
+                ):
+                    figures["strategies"][name] = figures["strategies"]["hybrid"]  # the same search
+                    continue
                 with _settings(overrides):
                     figures["strategies"][name] = measure(setup, questions, strategy)
                 _check_embedder()
@@ -314,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     # EMBEDDER names semantic_bench's embedder; as scripts, both modules are found on bench/.
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help="An empty PostgreSQL (default: a temporary SQLite file).")
-    parser.add_argument("--setups", nargs="+", choices=("turns", "recorded"), default=["turns", "recorded"])
+    parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     parser.add_argument(
         "--strategies", nargs="+", choices=[v[0] for v in VARIANTS], default=[v[0] for v in VARIANTS]
     )
