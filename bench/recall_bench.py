@@ -3,7 +3,7 @@ kind of question, per strategy, per database.
 
     python bench/recall_bench.py [--database-url URL] [--setups turns recorded]
                                  [--strategies keyword semantic hybrid ...]
-                                 [--conversations 1 2 ...] [--output PATH]
+                                 [--conversations 1 2 ...] [--output PATH] [--details PATH]
 
 The development set is bench/recall_corpus.py: eight two-person conversations of four to
 six dated sessions, and questions of five kinds (sharing words with their evidence,
@@ -35,7 +35,8 @@ earlier one) in the first ten is an earlier one. The embedder is bench/semantic_
 all-MiniLM-L6-v2 (offline, bench-only dependencies: see there); it is loaded only when a
 strategy asked for needs it. Each run uses a database of its own: a temporary SQLite
 file by default, or the empty PostgreSQL at --database-url. Results go to
-bench/results/local/recall-<database>.json (git ignores it) or --output.
+bench/results/local/recall-<database>.json (git ignores it) or --output; with --details,
+each question's evidence ranks (per setup and strategy) to a file of their own.
 """
 
 from __future__ import annotations
@@ -179,8 +180,11 @@ def _search(owner: Any, question: str, strategy: str) -> list[dict[str, Any]]:
     return found
 
 
-def measure(setup: str, questions: list[Question], strategy: str) -> dict[str, Any]:
-    """recall@k per kind and over all, and how often an earlier statement came first."""
+def measure(
+    setup: str, questions: list[Question], strategy: str, ranks: list[list[int | None]]
+) -> dict[str, Any]:
+    """recall@k per kind and over all, and how often an earlier statement came first;
+    ``ranks`` gets each question's evidence turns' places (1-based; None: not in the ten)."""
     from persistent_memory.memories import memories_for
 
     sums = {k: {kind: 0.0 for kind in (*KINDS, "all")} for k in KS}
@@ -190,6 +194,12 @@ def measure(setup: str, questions: list[Question], strategy: str) -> dict[str, A
         owner = memories_for(owner_of(conversation_of(question), setup))
         ranked = _turns_found(setup, _search(owner, question.text, strategy))
         evidence = set(question.evidence)
+        ranks.append(
+            [
+                next((n for n, turns in enumerate(ranked, 1) if turn in turns), None)
+                for turn in question.evidence
+            ]
+        )
         for k in KS:
             seen = {turn for turns in ranked[:k] for turn in turns}
             share = len(evidence & seen) / len(evidence)
@@ -251,6 +261,7 @@ def run(setups: list[str], variants: list[str], conversations: list[int]) -> dic
         "questions": {kind: sum(q.kind == kind for q in questions) for kind in KINDS},
         "embedder": "all-MiniLM-L6-v2" if embedder else None,
         "setups": {},
+        "ranks": {},
     }
     # The worker would extract as the messages are written: memory_extract does it once,
     # the same way, and nothing runs beside the searches.
@@ -278,8 +289,9 @@ def run(setups: list[str], variants: list[str], conversations: list[int]) -> dic
                 ):
                     figures["strategies"][name] = figures["strategies"]["hybrid"]  # the same search
                     continue
+                ranks = results["ranks"].setdefault(setup, {}).setdefault(name, [])
                 with _settings(overrides):
-                    figures["strategies"][name] = measure(setup, questions, strategy)
+                    figures["strategies"][name] = measure(setup, questions, strategy, ranks)
                 _check_embedder()
                 progress(f"{setup} {name}: {figures['strategies'][name]['recall_at_5']['all']}")
             results["setups"][setup] = figures
@@ -332,12 +344,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--conversations", nargs="+", type=int, default=sorted(CONVERSATIONS))
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--details", type=Path, help="Also write each question's evidence ranks per setup and strategy here."
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         setup_django(args.database_url or f"sqlite:///{folder}/bench.sqlite3")
         from django.db import connection
 
         figures = run(args.setups, args.strategies, args.conversations)
+        ranks = figures.pop("ranks")
         result = {
             "database": connection.vendor,
             "python": platform.python_version(),
@@ -347,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     output = args.output or BENCH / "results" / "local" / f"recall-{result['database']}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
+    if args.details:
+        asked = [q._asdict() for q in QUESTIONS if conversation_of(q) in args.conversations]
+        args.details.write_text(json.dumps({"questions": asked, "ranks": ranks}) + "\n")
     print(table(figures))
 
 
