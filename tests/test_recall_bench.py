@@ -7,6 +7,7 @@ search finding what shares its words."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,12 +15,19 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from persistent_memory.memories.search import query_words
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-from recall_corpus import CONVERSATIONS, KINDS, QUESTIONS, turn_id  # noqa: E402
-
-from persistent_memory.memories.search import query_words  # noqa: E402
+# Loaded from its file: bench/ on sys.path would let its modules shadow others (timing).
+_spec = importlib.util.spec_from_file_location("recall_corpus", ROOT / "bench" / "recall_corpus.py")
+corpus = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(corpus)
+CONVERSATIONS, KINDS, QUESTIONS, turn_id = (
+    corpus.CONVERSATIONS,
+    corpus.KINDS,
+    corpus.QUESTIONS,
+    corpus.turn_id,
+)
 
 
 def _turns() -> dict[str, tuple[str, str, tuple[int, int]]]:
@@ -71,7 +79,8 @@ def test_every_question_cites_turns_that_exist_and_each_kind_has_thirty():
 def test_paraphrases_share_no_keyword_with_their_evidence_and_lexical_ones_do():
     turns = _turns()
     for question in QUESTIONS:
-        names = {name.casefold() for name in CONVERSATIONS[int(question.evidence[0].split(":")[0][1:])].speakers}
+        conversation = CONVERSATIONS[int(question.evidence[0].split(":")[0].removeprefix("c"))]
+        names = {name.casefold() for name in conversation.speakers}
         evidence = set().union(*(_keywords(turns[turn][1], names) for turn in question.evidence))
         shared = _keywords(question.text, names) & evidence
         if question.kind == "paraphrase":
