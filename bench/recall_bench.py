@@ -1,7 +1,7 @@
 """Benchmark of long-term memory recall over conversations: recall@5 and recall@10 per
 kind of question, per strategy, per database.
 
-    python bench/recall_bench.py [--database-url URL] [--setups turns recorded]
+    python bench/recall_bench.py [--database-url URL] [--setups turns recorded pooled]
                                  [--strategies keyword semantic hybrid ...]
                                  [--conversations 1 2 ...] [--output PATH] [--details PATH]
 
@@ -10,9 +10,9 @@ six dated sessions, and questions of five kinds (sharing words with their eviden
 paraphrased, temporal, multi-hop, facts that changed), each citing the turns that answer
 it. A question's recall@k is the share of its evidence turns found in the first k
 results; the figures are the means per kind and over all questions. Each conversation
-is one owner: a question searches its own conversation's memories only.
+is one owner (but in ``pooled``): a question searches its own conversation's memories.
 
-Two setups:
+Three setups:
 
 * **turns**: every turn stored as one memory (content ``"Name: text"``, key the turn
   id, ``said_at`` the session's time), searched with each strategy: ``keyword``,
@@ -21,7 +21,7 @@ Two setups:
 * **recorded**: the conversations as the app records them: each session appended to the
   store (the embedded ``memory`` backend; the speakers are the ``user`` and the
   ``assistant``, each message with the speaker's ``name`` and the turn id as its id,
-  ``created_at`` the session's time), then ``memory_extract`` with the default
+  ``created_at`` the session's time; the extraction worker off), then ``memory_extract`` with the default
   extractors, then the same searches; a memory found brings the evidence turns among its
   ``source_messages``. ``coverage`` is the share of the questions' evidence turns that
   any memory came from: what no ranking can find.
