@@ -161,6 +161,14 @@ async def memory_round(session: ClientSession) -> dict[str, Any]:
         await session.call_tool("add_memory", {"content": "Ada lives in London.", "type": "factual"})
     )
     found = payload(await session.call_tool("search_memories", {"query": "tea", "strategy": "keyword"}))
+    said = {"query": "tea", "strategy": "keyword", "said_after": "2000-01-01T00:00:00Z"}
+    since = payload(await session.call_tool("search_memories", said))
+    before = payload(
+        await session.call_tool(
+            "search_memories", {**said, "said_after": None, "said_before": said["said_after"]}
+        )
+    )
+    bad_time = error_text(await session.call_tool("search_memories", {**said, "said_after": "last May"}))
     deleted = payload(await session.call_tool("delete_memory", {"memory_id": other["id"]}))
     recent = payload(await session.call_tool("search_memories", {"query": "", "strategy": "recent"}))
     missing = error_text(await session.call_tool("delete_memory", {"memory_id": other["id"]}))
@@ -173,6 +181,9 @@ async def memory_round(session: ClientSession) -> dict[str, Any]:
         "recent": recent,
         "missing": missing,
         "bad_type": bad_type,
+        "since": since,
+        "before": before,
+        "bad_time": bad_time,
     }
 
 
@@ -207,6 +218,10 @@ def check_memory_round(answers: dict[str, Any]) -> None:
     assert [m["content"] for m in answers["recent"]] == ["Ada prefers green tea."]
     assert "memory_not_found" in answers["missing"]
     assert "invalid_memory" in answers["bad_type"]
+    # Said since 2000: found; said before it: nothing; a time that is none: refused.
+    assert [m["content"] for m in answers["since"]] == ["Ada prefers green tea."]
+    assert answers["before"] == []
+    assert "invalid_memory" in answers["bad_time"] and "said_after" in answers["bad_time"]
 
 
 # The server itself, in this process ------------------------------------------------

@@ -16,16 +16,18 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, close_old_connections
+from django.utils.dateparse import parse_datetime
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from persistent_memory import get_store
-from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.exceptions import InvalidMemory, PersistentMemoryError
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.owners import validate_owner
 from persistent_memory.reporting import new_request_id, plain_detail
@@ -50,6 +52,19 @@ INSTRUCTIONS = (
 def _plain(value: Any) -> Any:
     """``value`` with datetimes and other Django-serializable types as JSON strings."""
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+def _moment(text: str | None, name: str) -> datetime | None:
+    """An ISO 8601 time of a tool's arguments; :class:`InvalidMemory` when it is none."""
+    if text is None:
+        return None
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise InvalidMemory(f"Invalid {name}: must be an ISO 8601 time.")
+    return moment
 
 
 def _in_request(function: Callable[[], T]) -> T:
@@ -144,10 +159,25 @@ def build_server(owner: str) -> MCPServer:
         return _plain(await _call(lambda: store().list_conversations(session_id)))
 
     @server.tool()
-    async def search_memories(query: str, strategy: str = "hybrid", limit: int = 10) -> list[dict[str, Any]]:
+    async def search_memories(
+        query: str,
+        strategy: str = "hybrid",
+        limit: int = 10,
+        said_after: str | None = None,
+        said_before: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Long-term memories relevant to ``query``, best first, each with its score.
-        ``strategy``: hybrid, keyword, semantic or recent."""
-        found = await _call(lambda: memories().search(query, strategy=strategy, limit=limit))
+        ``strategy``: hybrid, keyword, semantic or recent. ``said_after`` / ``said_before``
+        (ISO 8601 times): only memories said at or after / before then."""
+        found = await _call(
+            lambda: memories().search(
+                query,
+                strategy=strategy,
+                limit=limit,
+                said_after=_moment(said_after, "said_after"),
+                said_before=_moment(said_before, "said_before"),
+            )
+        )
         return _plain(found)
 
     @server.tool()
