@@ -699,15 +699,18 @@ def test_a_trim_takes_a_tool_result_whose_call_an_earlier_trim_took(configure):
 
 
 def test_a_restored_conversation_counts_as_it_did(configure):
-    store = configure(MAX_MESSAGES=2, MAX_SESSION_BYTES=3000)
-    store.add_messages("s1", [system("rules"), user("u1")])
-    store.add_messages("s1", [user("x" * 1000)])  # u1 goes; the system message stays pinned
+    store = configure(MAX_MESSAGES=2, MAX_SESSION_BYTES=2500)
+    store.add_messages("s1", [system("r" * 1000), user("u1")])
+    store.add_messages("s1", [user("x")])  # u1 goes; the system message stays pinned
     before = store.list_conversations("s1")
     assert before[0]["branch_count"] == 1
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("y" * 1300)])
     store.backend.restore_session(store.backend.snapshots(["s1"])["s1"], replace=True)
     assert store.list_conversations("s1") == before
-    with pytest.raises(QuotaExceeded):  # the restored messages' bytes count toward the cap
-        store.add_messages("s1", [user("y" * 1900)])
+    with pytest.raises(QuotaExceeded):  # every restored message's bytes count toward the cap
+        store.add_messages("s1", [user("y" * 1300)])
+    store.add_messages("s1", [user("y" * 900)])
 
 
 # Windows --------------------------------------------------------------------------------
@@ -1140,10 +1143,10 @@ def test_a_summary_commit_counts_the_tokens_of_the_thread_up_to_its_anchor(confi
 
 def test_a_conversation_is_marked_for_its_summary_once_past_the_threshold(configure):
     (probe,) = configure().add_messages("probe", [user("How long is this question?")])["messages"]
-    for threshold, marked in [(probe["tokens"] - 1, 1), (probe["tokens"], 0)]:
+    for session, threshold, marked in [("past", probe["tokens"] - 1, True), ("at", probe["tokens"], False)]:
         store = summaries_store(configure, SUMMARIZE_AFTER_TOKENS=threshold)
-        store.add_messages("s1", [user("How long is this question?")])
-        assert store.backend.unsummarized_count() == marked
+        store.add_messages(session, [user("How long is this question?")])
+        assert store.backend.pop_unsummarized(10) == ([(session, "default")] if marked else [])
 
 
 def test_no_summary_is_committed_on_a_conversation_without_a_head(store):
@@ -1223,6 +1226,27 @@ def test_write_thread_appends_after_a_parent_and_moves_the_head(store):
     )
     assert root["parent_id"] is None and root["seq"] == 4
     assert store.get("s1", "rec") == {"revision": "r5"}
+
+
+def test_a_new_root_reads_none_of_an_older_roots_messages(store):
+    store.write_thread(
+        "s1",
+        key="rec",
+        expected=None,
+        record=record("r1"),
+        messages=[system("rules"), user("q")],
+        head_id=None,
+    )
+    (root,) = store.write_thread(
+        "s1",
+        key="rec",
+        expected="r1",
+        record=record("r2"),
+        messages=[user("again", id="again")],
+        head_id="again",
+    )
+    assert thread(store, leaf=root["id"]) == thread(store) == [root]
+    assert window_contents(store.get_context("s1")) == ["again"]
 
 
 def test_write_thread_against_another_revision_writes_nothing(store):
