@@ -647,14 +647,16 @@ def test_a_system_message_whose_parent_was_trimmed_is_read_once(configure):
 
 
 def test_a_side_branch_system_message_is_not_pinned_to_a_trimmed_thread(configure):
-    store = configure(MAX_MESSAGES=4)
-    p, q, s = store.add_messages("s1", [user("p"), user("q"), system("side")])["messages"]
+    store = configure(MAX_MESSAGES=5)
+    p, q, s1, s2 = store.add_messages("s1", [user("p"), user("q"), system("side"), system("side 2")])[
+        "messages"
+    ]
     store.add_messages("s1", [user("f")], parent_id=p["id"])
-    head = store.add_messages("s1", [user("g")])["messages"][0]["id"]  # p goes: q and its system stay
-    assert conversation_info(store)["message_count"] == 4
+    head = store.add_messages("s1", [user("g")])["messages"][0]["id"]  # p goes: q and its system ones stay
+    assert conversation_info(store)["message_count"] == 5
     assert contents(thread(store)) == contents(thread(store, leaf=head)) == ["f", "g"]
-    assert contents(thread(store, leaf=s["id"])) == ["q", "side"]
-    store.set_head("s1", s["id"])
+    assert contents(thread(store, leaf=s2["id"])) == ["q", "side", "side 2"]
+    store.set_head("s1", s2["id"])
     store.set_head("s1", head)  # the thread is walked again from the head
     assert contents(thread(store)) == ["f", "g"]
     assert window_contents(store.get_context("s1")) == ["f", "g"]
