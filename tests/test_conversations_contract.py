@@ -5,6 +5,8 @@ TTL alignment and the sweep on Redis, owner isolation, and one round trip per me
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import time
 from typing import Any
@@ -318,6 +320,25 @@ def test_a_retried_batch_stores_only_what_is_new(store):
     assert ids(thread(store)) == ["m1", "m2"] and retried["head"] == "m2"
 
 
+def test_a_retried_batch_goes_on_from_its_stored_call(store):
+    store.add_messages("s1", [user("q", id="m1"), calling("c1", "c2", id="m2")])
+    retried = store.add_messages("s1", [calling("c1", "c2", id="m2"), result("c1", id="m3")])
+    assert [m["seq"] for m in retried["messages"]] == [2, 3]  # the call as stored, its result new
+    assert retried["messages"][1]["parent_id"] == "m2"
+    store.add_messages("s1", [calling("c1", "c2", id="m2"), result("c1", id="m3"), result("c2", id="m4")])
+    assert ids(thread(store)) == ["m1", "m2", "m3", "m4"]
+
+
+def test_a_restored_conversation_takes_a_resent_message_as_a_no_op(store):
+    first = store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2", metadata={"k": 1})])
+    store.backend.restore_session(store.backend.snapshots(["s1"])["s1"], replace=True)
+    before = state(store)
+    again = store.add_messages("s1", [user("q", id="m1"), assistant("a", id="m2", metadata={"k": 1})])
+    assert again["messages"] == first["messages"] and state(store) == before
+    with pytest.raises(MessageConflict):
+        store.add_messages("s1", [assistant("other", id="m2")])
+
+
 @pytest.mark.parametrize(
     "changed",
     [
@@ -392,7 +413,9 @@ def test_orphan_tool_results_are_refused_with_nothing_written(store, before_mess
     if before_messages:
         store.add_messages("s1", before_messages)
         before = state(store)
-    with pytest.raises(OrphanToolResult) as info:
+    with pytest.raises(
+        OrphanToolResult, match=r"must follow the assistant message that called it\)\.$"
+    ) as info:
         store.add_messages("s1", batch)
     assert info.value.code == "orphan_tool_result"
     if before_messages:
@@ -488,7 +511,7 @@ def test_max_message_bytes(configure):
 def test_a_missing_parent_is_refused(store):
     store.add_messages("s1", [user("q")])
     before = state(store)
-    with pytest.raises(MessageNotFound):
+    with pytest.raises(MessageNotFound, match="has no message 'missing'"):
         store.add_messages("s1", [assistant("a")], parent_id="missing")
     with pytest.raises(InvalidMessage):
         store.add_messages("s1", [assistant("a")], parent_id="bad parent")
@@ -604,6 +627,94 @@ def test_conversations_are_trimmed_apart(configure):
     assert (infos["b"]["message_count"], infos["b"]["trimmed"]) == (2, 0)
 
 
+def test_a_thread_read_after_a_trim_keeps_its_pinned_system_messages_within_the_limit(configure):
+    store = configure(MAX_MESSAGES=4)
+    added = store.add_messages("s1", [system("s1"), system("s2"), user("u1"), user("u2")])["messages"]
+    head = store.add_messages("s1", [user("u3")])["messages"][0]["id"]  # u1 goes
+    assert contents(thread(store)) == ["s1", "s2", "u2", "u3"]
+    assert contents(thread(store, leaf=head)) == ["s1", "s2", "u2", "u3"]
+    for limit, expected in [(4, ["s1", "s2", "u2", "u3"]), (3, ["s2", "u2", "u3"]), (2, ["u2", "u3"])]:
+        assert contents(thread(store, leaf=head, limit=limit)) == expected
+    assert contents(thread(store, leaf=added[3]["id"])) == ["s1", "s2", "u2"]
+
+
+def test_a_system_message_whose_parent_was_trimmed_is_read_once(configure):
+    store = configure(MAX_MESSAGES=3)
+    store.add_messages("s1", [user("u0"), system("rules"), user("u1")])
+    head = store.add_messages("s1", [user("u2")])["messages"][0]["id"]  # u0 goes
+    assert contents(thread(store)) == contents(thread(store, leaf=head)) == ["rules", "u1", "u2"]
+    assert window_contents(store.get_context("s1")) == ["rules", "u1", "u2"]
+
+
+def test_a_side_branch_system_message_is_not_pinned_to_a_trimmed_thread(configure):
+    store = configure(MAX_MESSAGES=5)
+    p, q, s1, s2 = store.add_messages("s1", [user("p"), user("q"), system("side"), system("side 2")])[
+        "messages"
+    ]
+    store.add_messages("s1", [user("f")], parent_id=p["id"])
+    head = store.add_messages("s1", [user("g")])["messages"][0]["id"]  # p goes: q and its system ones stay
+    assert conversation_info(store)["message_count"] == 5
+    assert contents(thread(store)) == contents(thread(store, leaf=head)) == ["f", "g"]
+    assert contents(thread(store, leaf=s2["id"])) == ["q", "side", "side 2"]
+    store.set_head("s1", s2["id"])
+    store.set_head("s1", head)  # the thread is walked again from the head
+    assert contents(thread(store)) == ["f", "g"]
+    assert window_contents(store.get_context("s1")) == ["f", "g"]
+
+
+def test_moving_the_head_back_along_a_trimmed_thread_keeps_its_messages(configure):
+    store = configure(MAX_MESSAGES=3)
+    p, q, s = store.add_messages("s1", [user("p"), user("q"), system("side")])["messages"]
+    f = store.add_messages("s1", [user("f")], parent_id=p["id"])["messages"][0]
+    store.add_messages("s1", [user("g")])  # p and q go; the side branch's system message stays
+    assert contents(thread(store)) == ["f", "g"]
+    store.set_head("s1", f["id"])
+    assert contents(thread(store)) == ["f"]
+    assert window_contents(store.get_context("s1")) == ["f"]
+
+
+def test_nothing_is_trimmed_while_a_conversation_holds_max_messages(configure):
+    store = configure(MAX_MESSAGES=2)
+    store.add_messages("s1", [user("u1"), calling("c1", "c2")])
+    store.add_messages("s1", [result("c1")])  # u1 goes
+    store.add_messages("s1", [result("c2")])  # the call goes, and its first result: the head stays
+    assert [m["role"] for m in thread(store)] == ["tool"]
+    store.add_messages("s1", [user("u2")])  # two messages: nothing goes
+    assert [m["role"] for m in thread(store)] == ["tool", "user"]
+    assert conversation_info(store)["trimmed"] == 3
+
+
+def test_a_trim_takes_a_tool_result_whose_call_an_earlier_trim_took(configure):
+    store = configure(MAX_MESSAGES=4)
+    u0, c, w = store.add_messages("s1", [user("u0"), calling("c1"), user("w")])["messages"]
+    store.set_head("s1", c["id"])
+    r = store.add_messages("s1", [result("c1")])["messages"][0]
+    store.set_head("s1", w["id"])
+    store.add_messages("s1", [user("y")])  # u0 goes
+    store.add_messages("s1", [user("z")])  # the call goes, then w: its result stays, past the excess
+    assert conversation_info(store)["message_count"] == 4
+    assert contents(thread(store, leaf=r["id"])) == ["42"]
+    store.add_messages("s1", [user("last")])  # the oldest goes, and the result without its call
+    assert conversation_info(store)["message_count"] == 3
+    with pytest.raises(MessageNotFound):
+        store.get_messages("s1", leaf=r["id"])
+
+
+def test_a_restored_conversation_counts_as_it_did(configure):
+    store = configure(MAX_MESSAGES=2, MAX_SESSION_BYTES=2500)
+    store.add_messages("s1", [system("r" * 1000), user("u1")])
+    store.add_messages("s1", [user("x")])  # u1 goes; the system message stays pinned
+    before = store.list_conversations("s1")
+    assert before[0]["branch_count"] == 1
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("y" * 1300)])
+    store.backend.restore_session(store.backend.snapshots(["s1"])["s1"], replace=True)
+    assert store.list_conversations("s1") == before
+    with pytest.raises(QuotaExceeded):  # every restored message's bytes count toward the cap
+        store.add_messages("s1", [user("y" * 1300)])
+    store.add_messages("s1", [user("y" * 900)])
+
+
 # Windows --------------------------------------------------------------------------------
 
 
@@ -635,6 +746,30 @@ def test_the_window_holds_the_chat_fields_only(store):
     ]
     assert window["tokens"] == sum(m["tokens"] for m in thread(store))
     assert window["conversation"] == "default" and window["truncated"] is False
+
+
+def test_a_window_is_the_callers_to_change(store):
+    parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    store.add_messages(
+        "s1",
+        [user(parts), calling("c1", content="let me look"), result("c1"), assistant("done", name="bot")],
+    )
+    first = store.get_context("s1")
+    expected = copy.deepcopy(first)
+    asked, calling_message, *_ = first["messages"]
+    asked["content"][0]["text"] = "changed"
+    asked["content"].append({"type": "text", "text": "more"})
+    calling_message["tool_calls"][0]["function"]["name"] = "changed"
+    calling_message["tool_calls"].append(tool_call("c2"))
+    for message in first["messages"]:
+        message["content"] = "changed"
+    assert store.get_context("s1") == expected
+
+
+def test_a_thread_of_system_messages_is_whole_in_its_window(store):
+    store.add_messages("s1", [system("rules"), system("more rules")])
+    window = store.get_context("s1")
+    assert (window_contents(window), window["truncated"]) == (["rules", "more rules"], False)
 
 
 def test_the_window_keeps_the_newest_within_max_tokens(configure):
@@ -970,6 +1105,60 @@ def test_pop_message_takes_a_summary_anchored_at_the_head_with_it(store):
     assert record["conversations"]["default"]["summaries"] == []
 
 
+def summary_at(text: str, message: dict[str, Any]) -> Summary:
+    return Summary(text, message["id"], message["seq"], summary_tokens(text, "o200k_base"), 0)
+
+
+def summaries_store(configure: Any, **extra: Any) -> MemoryStore:
+    """A store with rolling summaries on and no worker thread to make them."""
+    return configure(CONTEXT_STRATEGY="rolling_summary", SUMMARIZER_WORKER=False, **extra)
+
+
+def test_a_summary_covers_the_tokens_up_to_its_anchor_and_a_trim_takes_only_those(configure):
+    store = summaries_store(configure, MAX_MESSAGES=4, SUMMARIZE_AFTER_TOKENS=10_000)
+    added = []
+    for text in ("one", "two words", "three words here", "four", "five", "six"):
+        added += store.add_messages("s1", [user(text)])["messages"]
+    # No summary yet: nothing is forgotten unsummarized, whatever MAX_MESSAGES says.
+    assert conversation_info(store)["message_count"] == 6
+    assert not [entry for entry in store.get_history("s1", 0) if entry["op"] == "trim_messages"]
+    assert store.backend.commit_summary("s1", "default", None, summary_at("Up to three.", added[2]))
+    # The two oldest go (the anchor stays): the summary covers what is left up to its anchor.
+    assert contents(thread(store)) == ["three words here", "four", "five", "six"]
+    (trim,) = [entry for entry in store.get_history("s1", 0) if entry["op"] == "trim_messages"]
+    assert trim["removed"] == 2 and conversation_info(store)["trimmed"] == 2
+    source = store.backend.summary_source("s1", "default")
+    assert source.summary.text == "Up to three." and source.summary.covered_tokens == added[2]["tokens"]
+    assert contents(json.loads(text) for text in source.messages) == ["four", "five", "six"]
+    rolling = store.get_context("s1", strategy="rolling_summary")
+    assert (rolling["summary"], window_contents(rolling)) == ("Up to three.", ["four", "five", "six"])
+
+
+def test_a_summary_commit_counts_the_tokens_of_the_thread_up_to_its_anchor(configure):
+    store = summaries_store(configure, SUMMARIZE_AFTER_TOKENS=10_000)
+    added = store.add_messages("s1", [user("one"), user("two words"), user("three words here"), user("4")])
+    stored = added["messages"]
+    assert store.backend.commit_summary("s1", "default", None, summary_at("Up to two.", stored[1]))
+    covered = store.backend.summary_source("s1", "default").summary.covered_tokens
+    assert covered == stored[0]["tokens"] + stored[1]["tokens"]
+
+
+def test_a_conversation_is_marked_for_its_summary_once_past_the_threshold(configure):
+    (probe,) = configure().add_messages("probe", [user("How long is this question?")])["messages"]
+    for session, threshold, marked in [("past", probe["tokens"] - 1, True), ("at", probe["tokens"], False)]:
+        store = summaries_store(configure, SUMMARIZE_AFTER_TOKENS=threshold)
+        store.add_messages(session, [user("How long is this question?")])
+        assert store.backend.pop_unsummarized(10) == ([(session, "default")] if marked else [])
+
+
+def test_no_summary_is_committed_on_a_conversation_without_a_head(store):
+    stored = store.write_thread(
+        "s1", key="rec", expected=None, record=record("r1"), messages=[user("q"), user("r")], head_id=None
+    )
+    assert not store.backend.commit_summary("s1", "default", None, summary_at("Up to q.", stored[0]))
+    assert store.backend.summary_source("s1", "default").summary is None
+
+
 def test_pop_message_is_isolated_by_owner(store):
     alice, bob = store.for_owner("alice"), store.for_owner("bob")
     (message,) = alice.add_messages("s1", [user("mine")])["messages"]
@@ -1039,6 +1228,27 @@ def test_write_thread_appends_after_a_parent_and_moves_the_head(store):
     )
     assert root["parent_id"] is None and root["seq"] == 4
     assert store.get("s1", "rec") == {"revision": "r5"}
+
+
+def test_a_new_root_reads_none_of_an_older_roots_messages(store):
+    store.write_thread(
+        "s1",
+        key="rec",
+        expected=None,
+        record=record("r1"),
+        messages=[system("rules"), user("q")],
+        head_id=None,
+    )
+    (root,) = store.write_thread(
+        "s1",
+        key="rec",
+        expected="r1",
+        record=record("r2"),
+        messages=[user("again", id="again")],
+        head_id="again",
+    )
+    assert thread(store, leaf=root["id"]) == thread(store) == [root]
+    assert window_contents(store.get_context("s1")) == ["again"]
 
 
 def test_write_thread_against_another_revision_writes_nothing(store):

@@ -161,3 +161,17 @@ def test_a_mirror_row_of_one_summary_as_it_was_written_before_branches_had_their
         assert windows["u2"]["summary"] == TEXT and windows["u2b"]["summary"] is None
     finally:
         fresh.close()
+
+
+def test_a_snapshot_holds_the_summaries_in_the_order_of_their_anchors(store):
+    store.add_messages("chat", [{"role": "user", "content": "Q?", "id": "q"}])
+    anchors = []
+    for answer, parent in (("zz-first", "q"), ("aa-second", "q")):  # ids sort against their seq
+        (added,) = store.add_messages(
+            "chat", [{"role": "assistant", "content": "A.", "id": answer}], parent_id=parent
+        )["messages"]
+        summary = Summary(f"Up to {answer}.", answer, added["seq"], summary_tokens("Up to.", "o200k_base"), 0)
+        assert store.backend.commit_summary("chat", "default", None, summary)
+        anchors.append(answer)
+    held = store.backend.snapshots(["chat"])["chat"]["conversations"]["default"]["summaries"]
+    assert [summary["anchor"] for summary in held] == anchors
