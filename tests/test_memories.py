@@ -60,6 +60,9 @@ def test_add_upserts_by_key_and_derives_stable_keys() -> None:
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(kwargs: dict, fragment: str) -> None:
+    # A copy: the parameter is the module's own dict, and a second session in the same
+    # process (mutmut's stats, then its clean run) would find it popped already.
+    kwargs = dict(kwargs)
     content = kwargs.pop("content")
     with pytest.raises(InvalidMemory, match=fragment):
         memories_for("user:a").add(content, **kwargs)

@@ -98,7 +98,8 @@ def test_recent_is_newest_update_first():
     aged(third, 3)
     found = owner.search("", strategy="recent")
     assert ids(found) == [first["id"], second["id"], third["id"]]
-    assert found[0]["score"] > found[1]["score"] > found[2]["score"] > 0
+    # The newest scores 1, as keyword's best match does; the older ones less.
+    assert found[0]["score"] == 1.0 and 1.0 > found[1]["score"] > found[2]["score"] > 0
     # The same moment: the one written last first.
     LongTermMemory.objects.update(updated_at=timezone.now())
     assert ids(owner.search("", strategy="recent")) == [third["id"], second["id"], first["id"]]
@@ -205,8 +206,23 @@ def test_alpha_weighs_the_keyword_and_the_semantic_lists(settings, matching):
     assert ids(owner.search("office stairs python", strategy="hybrid"))[0] == meaning["id"]
 
 
-def test_without_an_embedder_relevance_counts_not_only_recency(matching):
-    """The best match, a day older than a weak one, still ranks first in hybrid."""
+def test_without_an_embedder_the_better_of_two_matches_ranks_first_though_older(matching):
+    """Hybrid without an embedder: recency breaks ties of relevance, it does not overturn
+    a match of every word of the question by a fresher match of one."""
+    owner = memories_for("user:a")
+    weak = owner.add("Bought roses", key="bought")
+    best = owner.add("Red roses bloom in June", key="bloom")
+    aged(best, 2)
+    aged(weak, 1)
+    assert ids(owner.search("red roses june", strategy="hybrid")) == [best["id"], weak["id"]]
+
+
+@pytest.mark.parametrize("half_life", [None, 365])
+def test_without_an_embedder_relevance_counts_not_only_recency(settings, matching, half_life):
+    """The best match, a day older than a weak one, still ranks first in hybrid; also
+    when use weighs in with a half-life of a year (a day's age is worth a fraction of a
+    percent there)."""
+    settings.PERSISTENT_MEMORY = {"MEMORY_HALF_LIFE_DAYS": half_life}
     owner = memories_for("user:a")
     for n in range(8):  # enough memories that BM25 tells a rare word from a common one
         owner.add(f"Unrelated fact {n}", key=f"fact.{n}")
