@@ -159,6 +159,22 @@ def test_replay_starts_where_each_mirrored_row_ends_and_applies_nothing_twice(jo
     assert fresh.list_sessions() == ["node"]  # "doomed" was deleted after the rows were written
 
 
+def test_a_runs_checkpoints_deleted_before_a_crash_stay_deleted_and_the_rest_kept(journaled):
+    # A deletion of runs replays as that deletion: not as a prune (which would keep cp3,
+    # the newest, instead of cp2) and not as nothing.
+    store = journaled()
+    for checkpoint_id, run_id in (("cp1", "run-a"), ("cp2", "run-b"), ("cp3", "run-a")):
+        store.put_checkpoint("graph", "", checkpoint_id, f"record {checkpoint_id}", run_id=run_id)
+    assert store.delete_checkpoint_runs("graph", ["run-a"]) == 2
+    before = store.checkpoint_entries("graph")
+    crash(store)
+
+    fresh = journaled()
+    assert fresh.backend.journal.skipped == {}
+    assert [cp.checkpoint_id for cp in fresh.list_checkpoints("graph")] == ["cp2"]
+    assert fresh.checkpoint_entries("graph") == before
+
+
 def test_an_idempotency_key_outlives_a_crash(journaled):
     # The write is replayed from the journal; its answer may never have reached the
     # client, whose retry with the same key must get it and not apply it again.
