@@ -1132,6 +1132,50 @@ def test_write_thread_is_held_to_the_byte_cap(configure):
     assert (state(store), store.get_all("s1")) == before
 
 
+def test_write_thread_errors_name_the_conversation_and_the_message(store):
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), conversation="talk")
+    with pytest.raises(RevisionConflict) as stale:
+        store.write_thread("s1", key="rec", expected="r0", record=record("r2"), conversation="talk")
+    assert str(stale.value) == "The record of conversation 'talk' has another revision."
+    with pytest.raises(MessageNotFound) as missing:
+        store.write_thread(
+            "s1", key="rec", expected="r1", record=record("r2"), head_id="nowhere", conversation="talk"
+        )
+    assert str(missing.value) == "Conversation 'talk' has no message 'nowhere'."
+
+
+def test_write_thread_creates_its_session_with_the_default_ttl(configure):
+    store = configure(SESSION_TTL_HOURS=1)
+    before = time.time()
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    info = store.session_info("s1")
+    assert info["ttl_seconds"] == 3600
+    assert before + 3600 <= info["expires_at"] <= time.time() + 3600
+
+
+def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the_old_ones_place(
+    configure,
+):
+    cap = 2000
+    store = configure(MAX_SESSION_BYTES=cap)
+
+    def write(pad: int, revision: str, expected: str | None) -> None:
+        store.write_thread("s1", key="rec", expected=expected, record=record(revision, pad="x" * pad))
+
+    with pytest.raises(QuotaExceeded) as over:
+        write(3000, "r1", None)
+    size = int(re.search(r"would hold (\d+) bytes", str(over.value)).group(1))
+    fits = 3000 - (size - cap)  # the pad that takes a new session to the cap exactly
+    with pytest.raises(QuotaExceeded):
+        write(fits + 1, "r1", None)
+    write(fits, "r1", None)
+    # The new revision's bytes replace the old one's: a record of the same size fits.
+    write(fits, "r2", "r1")
+    with pytest.raises(QuotaExceeded):
+        write(fits + 1, "r3", "r2")
+    assert store.get("s1", "rec") == record("r2", pad="x" * fits)
+
+
 @pytest.mark.parametrize("left", ["a value", "a conversation", "a checkpoint"])
 def test_remove_thread_keeps_a_session_holding_anything_else(store, left):
     """Any one kind of data left keeps the session (values, conversations, checkpoints)."""
@@ -1250,7 +1294,12 @@ def test_expired_sessions_lose_their_conversations(store):
     info = store.create_session("s1", ttl_seconds=LIVE_TTL)
     store.add_messages("s1", [user("q", id="m1"), assistant("a")])
     store.add_messages("s1", [user("q")], conversation="other")
-    wait_past(info["expires_at"])
+    ended = store.create_session("s2", ttl_seconds=LIVE_TTL)
+    store.write_thread("s2", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    wait_past(max(info["expires_at"], ended["expires_at"]))
+    # A record of an ended session went with it: the next is written as the first.
+    (again,) = store.write_thread("s2", key="rec", expected=None, record=record("r9"), messages=[user("new")])
+    assert again["seq"] == 1 and store.get("s2", "rec") == record("r9")
     for read in (
         lambda: store.get_messages("s1"),
         lambda: store.get_context("s1"),

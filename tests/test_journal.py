@@ -175,6 +175,26 @@ def test_a_runs_checkpoints_deleted_before_a_crash_stay_deleted_and_the_rest_kep
     assert fresh.checkpoint_entries("graph") == before
 
 
+def test_a_thread_written_before_a_crash_comes_back_with_its_new_sessions_ttl(journaled, settings):
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "SESSION_TTL_HOURS": 1}
+    store = journaled()
+    alice = store.for_owner("user:1")
+    alice.write_thread(
+        "fresh",
+        key="rec",
+        expected=None,
+        record={"revision": "1"},
+        messages=[{"role": "user", "content": "q"}],
+        conversation="th",
+    )
+    before = alice.session_info("fresh"), alice.get_all("fresh"), alice.list_conversations("fresh")
+    assert before[0]["ttl_seconds"] == 3600
+    crash(store)
+
+    again = journaled().for_owner("user:1")
+    assert (again.session_info("fresh"), again.get_all("fresh"), again.list_conversations("fresh")) == before
+
+
 def test_an_idempotency_key_outlives_a_crash(journaled):
     # The write is replayed from the journal; its answer may never have reached the
     # client, whose retry with the same key must get it and not apply it again.
