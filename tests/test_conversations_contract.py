@@ -221,8 +221,9 @@ def test_set_head_moves_reads_to_another_branch(store):
 def test_set_head_to_a_missing_message(store):
     store.add_messages("s1", [user("q")])
     head = store.get_messages("s1")["head"]
-    with pytest.raises(MessageNotFound):
+    with pytest.raises(MessageNotFound) as missing:
         store.set_head("s1", "nope")
+    assert str(missing.value) == "Conversation 'default' has no message 'nope'."
     with pytest.raises(MessageNotFound):
         store.set_head("s1", head, conversation="other")  # ids are per conversation
     with pytest.raises(InvalidMessage):
@@ -1294,12 +1295,7 @@ def test_expired_sessions_lose_their_conversations(store):
     info = store.create_session("s1", ttl_seconds=LIVE_TTL)
     store.add_messages("s1", [user("q", id="m1"), assistant("a")])
     store.add_messages("s1", [user("q")], conversation="other")
-    ended = store.create_session("s2", ttl_seconds=LIVE_TTL)
-    store.write_thread("s2", key="rec", expected=None, record=record("r1"), messages=[user("q")])
-    wait_past(max(info["expires_at"], ended["expires_at"]))
-    # A record of an ended session went with it: the next is written as the first.
-    (again,) = store.write_thread("s2", key="rec", expected=None, record=record("r9"), messages=[user("new")])
-    assert again["seq"] == 1 and store.get("s2", "rec") == record("r9")
+    wait_past(info["expires_at"])
     for read in (
         lambda: store.get_messages("s1"),
         lambda: store.get_context("s1"),
@@ -1311,6 +1307,18 @@ def test_expired_sessions_lose_their_conversations(store):
     assert fresh["messages"][0]["seq"] == 1
     assert [info["conversation"] for info in store.list_conversations("s1")] == ["default"]
     assert store.session_info("s1")["ttl_seconds"] is None  # a new session, with the default TTL
+
+
+def test_a_record_of_an_expired_session_went_with_it(store):
+    info = store.create_session("s1", ttl_seconds=LIVE_TTL)
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    wait_past(info["expires_at"])
+    with pytest.raises(RevisionConflict):
+        store.write_thread("s1", key="rec", expected="r1", record=record("r2"))
+    # The next is written as the first, in a new session.
+    (again,) = store.write_thread("s1", key="rec", expected=None, record=record("r9"), messages=[user("new")])
+    assert (again["seq"], again["parent_id"]) == (1, None)
+    assert store.get_all("s1") == {"rec": record("r9")}
 
 
 def test_the_sweep_removes_expired_conversations(store):
