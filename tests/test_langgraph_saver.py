@@ -607,3 +607,16 @@ def test_listing_a_thread_before_a_checkpoint_spans_its_namespaces_and_any_ids(s
     assert listed({"checkpoint_ns": ""}, before="b2") == [("", "a1")]
     assert sorted(listed({}, before="b2")) == [("", "a1"), ("inner", "a0")]
     assert sorted(listed({})) == sorted(listed({"checkpoint_ns": ""}) + listed({"checkpoint_ns": "inner"}))
+
+
+def test_a_namespace_reads_only_its_own_checkpoints_beside_one_it_begins(store):
+    """A namespace's checkpoints are its own, not those of a longer one starting with it
+    ("a" and "a b": the space sorts right after the key separator)."""
+    for ns, ids in {"a": ["1", "2"], "a b": ["3"], "ab": ["4"]}.items():
+        for checkpoint_id in ids:
+            store.put_checkpoint("t", ns, checkpoint_id, f"{ns}/{checkpoint_id}")
+    assert store.get_checkpoint("t", "a").record == "a/2"
+    assert [cp.record for cp in store.list_checkpoints("t", "a")] == ["a/2", "a/1"]
+    assert [cp.record for cp in store.list_checkpoints("t", "a b")] == ["a b/3"]
+    assert store.prune_checkpoints("t") == 1
+    assert sorted(cp.record for cp in store.list_checkpoints("t")) == ["a b/3", "a/2", "ab/4"]
