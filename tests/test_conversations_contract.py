@@ -1003,7 +1003,7 @@ def test_write_thread_creates_the_session_conversation_and_record(store):
     assert store.get_messages("s1")["head"] is None
     assert conversation_info(store)["message_count"] == 2
     assert thread(store, leaf=stored[1]["id"]) == stored
-    assert [entry["op"] for entry in store.get_history("s1", 0)] == ["put"]
+    assert [(entry["op"], entry["key"]) for entry in store.get_history("s1", 0)] == [("put", "rec")]
 
 
 def test_write_thread_appends_after_a_parent_and_moves_the_head(store):
@@ -1175,6 +1175,18 @@ def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the
     with pytest.raises(QuotaExceeded):
         write(fits + 1, "r3", "r2")
     assert store.get("s1", "rec") == record("r2", pad="x" * fits)
+
+
+def test_write_thread_creates_a_session_only_within_the_owners_cap(configure):
+    alice = configure(MAX_SESSIONS_PER_OWNER=1).for_owner("alice")
+    alice.create_session("s1")
+    with pytest.raises(QuotaExceeded) as refused:
+        alice.write_thread("s2", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    assert "MAX_SESSIONS_PER_OWNER" in str(refused.value)
+    assert alice.list_sessions() == ["s1"]
+    # Into the session the owner holds, it writes.
+    alice.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    assert alice.get("s1", "rec") == record("r1")
 
 
 @pytest.mark.parametrize("left", ["a value", "a conversation", "a checkpoint"])
