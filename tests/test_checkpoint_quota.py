@@ -13,7 +13,7 @@ from uuid import uuid4
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
-from persistent_memory.backends.checkpoints import SEP, entry_bytes
+from persistent_memory.backends.checkpoints import LINK_SEP, SEP, entry_bytes
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import (
@@ -240,6 +240,28 @@ def test_a_loaded_link_without_its_record_counts_nothing(configure, backend_name
     store.load_checkpoint_entries(SESSION, entries)
     assert store.checkpoint_entries(SESSION) == {f"c{SEP}c1": record, f"l{SEP}c1": ""}
     assert room(store) == entry_bytes(f"l{SEP}gone", "run-1234") - entry_bytes(f"l{SEP}c1", "")
+
+
+def test_a_loaded_record_with_a_separator_in_its_id_is_a_namespace_of_its_own_at_a_prune(
+    configure, backend_name
+):
+    """A prune keeps the newest checkpoint of each namespace, the namespace being what comes
+    before a key's last separator: a record loaded as ``{SEP}z{SEP}odd`` never costs the
+    real newest of "", nor keeps a value of "" that only a pruned checkpoint referenced
+    (the memory backend's rules of a copy; Redis loads entries as given)."""
+    if backend_name != "memory":
+        pytest.skip("the memory backend's rules of a copy; Redis loads entries as given")
+    store = configure()
+    ref = f"ch{SEP}1"
+    store.put_checkpoint(SESSION, "", "c1", "old", refs=[ref], blobs={ref: "value"})
+    store.load_checkpoint_entries(SESSION, {f"c{SEP}z{SEP}odd": "odd", f"l{SEP}z{SEP}odd": f"{LINK_SEP}{ref}"})
+    assert store.prune_checkpoints(SESSION) == 0
+    assert store.get_checkpoint(SESSION, "", "c1").record == "old"
+    store.put_checkpoint(SESSION, "", "c2", "new")
+    assert store.prune_checkpoints(SESSION) == 1
+    assert store.get_checkpoint(SESSION, "", "c2").record == "new"
+    assert store.get_checkpoint(SESSION, "", "c1") is None
+    assert f"b{SEP}{ref}" not in store.checkpoint_entries(SESSION)
 
 
 def test_loaded_entries_of_any_namespace_count_with_the_session(configure):

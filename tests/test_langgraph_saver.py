@@ -620,3 +620,25 @@ def test_a_namespace_reads_only_its_own_checkpoints_beside_one_it_begins(store):
     assert [cp.record for cp in store.list_checkpoints("t", "a b")] == ["a b/3"]
     assert store.prune_checkpoints("t") == 1
     assert sorted(cp.record for cp in store.list_checkpoints("t")) == ["a b/3", "a/2", "ab/4"]
+
+
+def test_pruning_and_deleting_runs_count_only_what_they_removed(store):
+    assert store.prune_checkpoints("t") == 0  # no session
+    store.create_session("t")  # a session without checkpoints
+    assert store.prune_checkpoints("t") == 0
+    assert store.delete_checkpoint_runs("t", ["run-a"]) == 0
+    store.put_checkpoint("t", "", "c1", "one", run_id="run-a")
+    store.put_checkpoint("t", "inner", "c1", "inner one")
+    assert store.prune_checkpoints("t") == 0  # each is the newest of its namespace
+    assert store.delete_checkpoint_runs("t", ["run-b"]) == 0
+    assert store.delete_checkpoint_runs("t", ["run-a"]) == 1
+    assert [cp.record for cp in store.list_checkpoints("t")] == ["inner one"]
+
+
+def test_a_prune_keeps_every_value_the_kept_checkpoint_references(store):
+    first, second = "a\x1f1", "b\x1f1"
+    store.put_checkpoint("t", "", "c1", "one", refs=[first], blobs={first: "A"})
+    store.put_checkpoint("t", "", "c2", "two", refs=[first, second], blobs={second: "B"})
+    assert store.prune_checkpoints("t") == 1
+    assert store.get_checkpoint("t", "").blobs == {first: "A", second: "B"}
+    assert store.get_checkpoint("t", "", "c1") is None
