@@ -254,7 +254,9 @@ def test_a_loaded_record_with_a_separator_in_its_id_is_a_namespace_of_its_own_at
     store = configure()
     ref = f"ch{SEP}1"
     store.put_checkpoint(SESSION, "", "c1", "old", refs=[ref], blobs={ref: "value"})
-    store.load_checkpoint_entries(SESSION, {f"c{SEP}z{SEP}odd": "odd", f"l{SEP}z{SEP}odd": f"{LINK_SEP}{ref}"})
+    store.load_checkpoint_entries(
+        SESSION, {f"c{SEP}z{SEP}odd": "odd", f"l{SEP}z{SEP}odd": f"{LINK_SEP}{ref}"}
+    )
     assert store.prune_checkpoints(SESSION) == 0
     assert store.get_checkpoint(SESSION, "", "c1").record == "old"
     store.put_checkpoint(SESSION, "", "c2", "new")

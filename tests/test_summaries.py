@@ -686,3 +686,44 @@ def test_on_redis_summaries_are_one_round_trip_each_and_expire_with_their_sessio
     assert min(ttls()) > 29_000 and max(ttls()) - min(ttls()) <= 50
     store.delete_session("s")
     assert list(counting_client.scan_iter(match="rr:memory:s:*")) == []
+
+
+@pytest.mark.parametrize("parent", [None, "q"])
+def test_a_thread_write_that_leaves_its_summary_behind_marks_the_conversation(rolling, parent):
+    """write_thread resending stored messages (nothing new) onto a thread its summary is not
+    on: what is pending is counted on that thread, so the conversation is marked again."""
+    store = rolling()
+    q, a = store.write_thread(
+        "s",
+        key="rec",
+        expected=None,
+        record={"revision": "r1"},
+        messages=[
+            user("Question. Tell me more. " * 5, id="q"),
+            assistant("Answer. Here it is. " * 5, id="a"),
+        ],
+        head_id="a",
+    )
+    assert q["tokens"] + a["tokens"] > 60
+    covered = q["tokens"] + a["tokens"]
+    assert store.backend.commit_summary(
+        "s", "default", None, Summary("All of it.", "a", a["seq"], 3, covered)
+    )
+    store.backend.pop_unsummarized(10)
+    assert store.backend.unsummarized_count() == 0
+    resent = (
+        [user("Question. Tell me more. " * 5, id="q")]
+        if parent is None
+        else [assistant("Answer. Here it is. " * 5, id="a")]
+    )
+    store.write_thread(
+        "s",
+        key="rec",
+        expected="r1",
+        record={"revision": "r2"},
+        messages=resent,
+        parent_id=parent,
+        head_id="q",
+    )
+    assert [m["id"] for m in store.get_messages("s")["messages"]] == ["q"]
+    assert store.backend.unsummarized_count() == 1
