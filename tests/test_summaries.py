@@ -727,3 +727,21 @@ def test_a_thread_write_that_leaves_its_summary_behind_marks_the_conversation(ro
     )
     assert [m["id"] for m in store.get_messages("s")["messages"]] == ["q"]
     assert store.backend.unsummarized_count() == 1
+
+
+def test_a_rolling_window_tells_the_summarizers_state_and_counts_no_summary_it_lacks(rolling):
+    store = rolling()
+    chat(store, 1)
+    context = store.get_context("s")
+    assert (context["summary"], context["summary_state"]) == (None, "healthy")
+    assert context["tokens"] == sum(message["tokens"] for message in thread(store))  # no summary's
+    empty = store.get_context("s", conversation="other")  # a conversation with no messages
+    assert (empty["messages"], empty["tokens"], empty["summary"], empty["summary_state"]) == (
+        [],
+        0,
+        None,
+        "healthy",
+    )
+    store.backend.set_summarizer_health({"state": "degraded"})
+    assert store.get_context("s")["summary_state"] == "degraded"
+    assert store.get_context("s", conversation="other")["summary_state"] == "degraded"
