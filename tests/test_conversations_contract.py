@@ -1145,13 +1145,15 @@ def test_write_thread_errors_name_the_conversation_and_the_message(store):
     assert str(missing.value) == "Conversation 'talk' has no message 'nowhere'."
 
 
-def test_write_thread_creates_its_session_with_the_default_ttl(configure):
+def test_write_thread_and_add_messages_create_their_session_with_the_default_ttl(configure):
     store = configure(SESSION_TTL_HOURS=1)
     before = time.time()
     store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
-    info = store.session_info("s1")
-    assert info["ttl_seconds"] == 3600
-    assert before + 3600 <= info["expires_at"] <= time.time() + 3600
+    store.add_messages("s2", [user("q")])
+    for session_id in ("s1", "s2"):
+        info = store.session_info(session_id)
+        assert info["ttl_seconds"] == 3600
+        assert before + 3600 <= info["expires_at"] <= time.time() + 3600
 
 
 def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the_old_ones_place(
@@ -1177,12 +1179,14 @@ def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the
     assert store.get("s1", "rec") == record("r2", pad="x" * fits)
 
 
-def test_write_thread_creates_a_session_only_within_the_owners_cap(configure):
+def test_write_thread_and_add_messages_create_a_session_only_within_the_owners_cap(configure):
     alice = configure(MAX_SESSIONS_PER_OWNER=1).for_owner("alice")
     alice.create_session("s1")
     with pytest.raises(QuotaExceeded) as refused:
         alice.write_thread("s2", key="rec", expected=None, record=record("r1"), messages=[user("q")])
     assert "MAX_SESSIONS_PER_OWNER" in str(refused.value)
+    with pytest.raises(QuotaExceeded):
+        alice.add_messages("s2", [user("q")])
     assert alice.list_sessions() == ["s1"]
     # Into the session the owner holds, it writes.
     alice.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
@@ -1321,10 +1325,14 @@ def test_expired_sessions_lose_their_conversations(store):
     assert store.session_info("s1")["ttl_seconds"] is None  # a new session, with the default TTL
 
 
-def test_a_record_of_an_expired_session_went_with_it(store):
+def test_a_record_and_messages_of_an_expired_session_went_with_it(store):
     info = store.create_session("s1", ttl_seconds=LIVE_TTL)
     store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
-    wait_past(info["expires_at"])
+    ended = store.create_session("s2", ttl_seconds=LIVE_TTL)
+    store.add_messages("s2", [user("q", id="m1")])
+    wait_past(max(info["expires_at"], ended["expires_at"]))
+    # An append to the ended session starts a new one (no read came between to drop it).
+    assert store.add_messages("s2", [user("new", id="m1")])["messages"][0]["seq"] == 1
     with pytest.raises(RevisionConflict):
         store.write_thread("s1", key="rec", expected="r1", record=record("r2"))
     # The next is written as the first, in a new session.
@@ -1519,6 +1527,14 @@ def test_the_lanes_record_questions_and_answers(store):
         ("user", "And 3+3?"),
     ]
     assert messages[1]["parent_id"] == messages[0]["id"]
+
+
+def test_an_answer_by_run_goes_after_its_runs_question_wherever_the_head_went(store):
+    store.enrich_recording("s1", "First?", run_id="r1")
+    store.enrich_recording("s1", "Second?", run_id="r2")  # the head moves past r1's question
+    store.record_answer(None, "To the first.", run_id="r1")
+    assert contents(thread(store)) == ["First?", "To the first."]
+    assert conversation_info(store)["branch_count"] == 2
 
 
 def test_the_lanes_name_a_conversation_and_record_nothing_without_text(store):

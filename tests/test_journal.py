@@ -175,7 +175,9 @@ def test_a_runs_checkpoints_deleted_before_a_crash_stay_deleted_and_the_rest_kep
     assert fresh.checkpoint_entries("graph") == before
 
 
-def test_a_thread_written_before_a_crash_comes_back_with_its_new_sessions_ttl(journaled, settings):
+def test_threads_and_branches_written_before_a_crash_come_back_with_their_new_sessions_ttl(
+    journaled, settings
+):
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "SESSION_TTL_HOURS": 1}
     store = journaled()
     alice = store.for_owner("user:1")
@@ -187,12 +189,29 @@ def test_a_thread_written_before_a_crash_comes_back_with_its_new_sessions_ttl(jo
         messages=[{"role": "user", "content": "q"}],
         conversation="th",
     )
-    before = alice.session_info("fresh"), alice.get_all("fresh"), alice.list_conversations("fresh")
-    assert before[0]["ttl_seconds"] == 3600
+    # An append that creates its session, then a branch after an older message.
+    first, _ = alice.add_messages(
+        "new", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    )["messages"]
+    alice.add_messages("new", [{"role": "assistant", "content": "b"}], parent_id=first["id"])
+
+    def both(scoped: MemoryStore) -> tuple[Any, ...]:
+        return tuple(
+            (
+                scoped.session_info(sid),
+                scoped.get_all(sid),
+                scoped.list_conversations(sid),
+                scoped.get_messages(sid),
+            )
+            for sid in ("fresh", "new")
+        )
+
+    before = both(alice)
+    assert before[0][0]["ttl_seconds"] == before[1][0]["ttl_seconds"] == 3600
+    assert [m["content"] for m in before[1][3]["messages"]] == ["q", "b"]
     crash(store)
 
-    again = journaled().for_owner("user:1")
-    assert (again.session_info("fresh"), again.get_all("fresh"), again.list_conversations("fresh")) == before
+    assert both(journaled().for_owner("user:1")) == before
 
 
 def test_an_idempotency_key_outlives_a_crash(journaled):
