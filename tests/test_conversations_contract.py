@@ -1535,6 +1535,12 @@ def test_an_answer_by_run_goes_after_its_runs_question_wherever_the_head_went(st
     store.record_answer(None, "To the first.", run_id="r1")
     assert contents(thread(store)) == ["First?", "To the first."]
     assert conversation_info(store)["branch_count"] == 2
+    # Without a run: after the parent given, or after the head when it is none of its.
+    first = thread(store)[0]["id"]
+    store.record_answer("s1", "Again.", parent_id=first)
+    assert contents(thread(store)) == ["First?", "Again."]
+    store.record_answer("s1", "Last.", parent_id="nowhere")
+    assert contents(thread(store)) == ["First?", "Again.", "Last."]
 
 
 def test_the_lanes_name_a_conversation_and_record_nothing_without_text(store):

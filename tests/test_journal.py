@@ -214,6 +214,23 @@ def test_threads_and_branches_written_before_a_crash_come_back_with_their_new_se
     assert both(journaled().for_owner("user:1")) == before
 
 
+def test_replayed_messages_keep_their_role_and_fingerprint(journaled):
+    from tests.chat import system, user
+
+    store = journaled()
+    store.add_messages("chat", [system("Be brief."), user("one", id="m1")])
+    store.add_messages("chat", [user("two")])
+    crash(store)
+
+    fresh = journaled()
+    # The system message is still pinned: a window of two messages holds it and the newest.
+    window = fresh.get_context("chat", max_messages=2)["messages"]
+    assert [message["content"] for message in window] == ["Be brief.", "two"]
+    # A resent message is still the same one: no conflict, nothing new.
+    fresh.add_messages("chat", [user("one", id="m1")])
+    assert fresh.list_conversations("chat")[0]["message_count"] == 3
+
+
 def test_an_idempotency_key_outlives_a_crash(journaled):
     # The write is replayed from the journal; its answer may never have reached the
     # client, whose retry with the same key must get it and not apply it again.
