@@ -259,6 +259,8 @@ def test_a_loaded_record_with_a_separator_in_its_id_is_a_namespace_of_its_own_at
     )
     assert store.prune_checkpoints(SESSION) == 0
     assert store.get_checkpoint(SESSION, "", "c1").record == "old"
+    # Listed by the id after that last separator too.
+    assert sorted(cp.checkpoint_id for cp in store.list_checkpoints(SESSION, before="p")) == ["c1", "odd"]
     store.put_checkpoint(SESSION, "", "c2", "new")
     assert store.prune_checkpoints(SESSION) == 1
     assert store.get_checkpoint(SESSION, "", "c2").record == "new"

@@ -658,3 +658,20 @@ def test_a_chain_of_values_that_loops_back_ends_where_it_started(store):
     store.put_checkpoint("t", "", "c2", "two", refs=["ch\x1f2"])
     assert store.prune_checkpoints("t") == 1
     assert set(store.checkpoint_entries("t")) >= set(entries)
+
+
+def test_a_page_of_checkpoints_holds_limit_of_them_from_offset(store):
+    for checkpoint_id in ("c1", "c2", "c3", "c4"):
+        store.put_checkpoint("t", "", checkpoint_id, checkpoint_id)
+    for ns in ("", None):
+        assert [cp.record for cp in store.list_checkpoints("t", ns, limit=2)] == ["c4", "c3"]
+        assert [cp.record for cp in store.list_checkpoints("t", ns, offset=1, limit=2)] == ["c3", "c2"]
+        assert [cp.record for cp in store.list_checkpoints("t", ns, offset=3, limit=2)] == ["c1"]
+
+
+def test_checkpoint_writes_create_their_session_with_the_default_ttl(configure):
+    store = configure(SESSION_TTL_HOURS=1)
+    store.put_checkpoint_writes("t", "", "c1", [("task", 0, "channel", "value", "")])
+    store.put_checkpoint("t2", "", "c1", "one")
+    for session_id in ("t", "t2"):
+        assert store.session_info(session_id)["ttl_seconds"] == 3600
