@@ -695,9 +695,9 @@ def test_a_thread_write_that_leaves_its_summary_behind_marks_the_conversation(ro
     on: what is pending is counted on that thread, so the conversation is marked again."""
     store = rolling()
     if not isinstance(store.backend, MemoryBackend):
-        # Known divergence, left for its own change: Redis marks at the append only, so a
-        # write that appends nothing leaves the mark as it was (the next append sets it).
-        pytest.skip("the memory backend marks after every thread write; Redis after an append")
+        # Known divergence, left for its own change: on Redis a thread write that appends
+        # nothing new leaves the mark as it was.
+        pytest.skip("the memory backend marks after every thread write; Redis not after this one")
     q, a = store.write_thread(
         "s",
         key="rec",
