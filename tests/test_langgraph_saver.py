@@ -616,6 +616,7 @@ def test_a_namespace_reads_only_its_own_checkpoints_beside_one_it_begins(store):
         for checkpoint_id in ids:
             store.put_checkpoint("t", ns, checkpoint_id, f"{ns}/{checkpoint_id}")
     assert store.get_checkpoint("t", "a").record == "a/2"
+    assert store.get_checkpoint("t", "b") is None  # a namespace with none
     assert [cp.record for cp in store.list_checkpoints("t", "a")] == ["a/2", "a/1"]
     assert [cp.record for cp in store.list_checkpoints("t", "a b")] == ["a b/3"]
     assert store.prune_checkpoints("t") == 1
@@ -675,3 +676,21 @@ def test_checkpoint_writes_create_their_session_with_the_default_ttl(configure):
     store.put_checkpoint("t2", "", "c1", "one")
     for session_id in ("t", "t2"):
         assert store.session_info(session_id)["ttl_seconds"] == 3600
+
+
+def test_a_delta_value_must_extend_one_held_or_given_with_it(store):
+    from persistent_memory.exceptions import CheckpointBaseMissing
+
+    d, full, delta = "\x1d", "ch\x1f1", "ch\x1f2"
+    base = f"f{d}v1{d}whole"
+    extension = f"d{d}v2{d}{full}{d}v1{d}more"
+    with pytest.raises(CheckpointBaseMissing, match="extends a value this thread does not hold"):
+        store.put_checkpoint("t", "", "c1", "one", refs=[delta], blobs={delta: extension})
+    assert store.checkpoint_entries("t") == {}
+    # Given with the value it extends, in the same put: held.
+    store.put_checkpoint("t", "", "c1", "one", refs=[full, delta], blobs={full: base, delta: extension})
+    assert store.checkpoint_chain("t", "", delta) == [extension, base]
+    # Or extending one held since.
+    later = f"d{d}v3{d}{delta}{d}v2{d}most"
+    store.put_checkpoint("t", "", "c2", "two", refs=["ch\x1f3"], blobs={"ch\x1f3": later})
+    assert store.checkpoint_chain("t", "", "ch\x1f3") == [later, extension, base]
