@@ -174,6 +174,17 @@ class TestTheCount:
         store.put_checkpoint_writes(SESSION, "", "c2", [("task", 0, "ch", "v" * (freed - 80), "")])
         assert 0 <= room(store) < 80
 
+    def test_a_checkpoint_put_again_takes_its_own_place(self, configure):
+        store = configure(MAX_SESSION_BYTES=CAP)
+        record, _ = record_of(CAP, f"{SEP}c1")
+        store.put_checkpoint(SESSION, "", "c1", record)  # the session full to the byte
+        store.put_checkpoint(SESSION, "", "c1", record)  # the same again, in its own place
+        store.put_checkpoint(SESSION, "", "c1", "s" * len(record))  # other text, as long
+        assert room(store) == 0
+        assert [cp.record for cp in store.list_checkpoints(SESSION)] == ["s" * len(record)]
+        with pytest.raises(QuotaExceeded):
+            store.put_checkpoint(SESSION, "", "c1", "s" * (len(record) + 1))
+
     def test_checkpoints_and_values_share_the_cap(self, configure):
         store = configure(MAX_SESSION_BYTES=CAP)
         store.put_checkpoint(SESSION, "", "c1", "r" * 3000)

@@ -1179,7 +1179,7 @@ def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the
     assert store.get("s1", "rec") == record("r2", pad="x" * fits)
 
 
-def test_write_thread_and_add_messages_create_a_session_only_within_the_owners_cap(configure):
+def test_thread_message_and_checkpoint_writes_create_a_session_only_within_the_owners_cap(configure):
     alice = configure(MAX_SESSIONS_PER_OWNER=1).for_owner("alice")
     alice.create_session("s1")
     with pytest.raises(QuotaExceeded) as refused:
@@ -1187,6 +1187,8 @@ def test_write_thread_and_add_messages_create_a_session_only_within_the_owners_c
     assert "MAX_SESSIONS_PER_OWNER" in str(refused.value)
     with pytest.raises(QuotaExceeded):
         alice.add_messages("s2", [user("q")])
+    with pytest.raises(QuotaExceeded):
+        alice.put_checkpoint("s2", "", "c1", "one")
     assert alice.list_sessions() == ["s1"]
     # Into the session the owner holds, it writes.
     alice.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
@@ -1325,14 +1327,18 @@ def test_expired_sessions_lose_their_conversations(store):
     assert store.session_info("s1")["ttl_seconds"] is None  # a new session, with the default TTL
 
 
-def test_a_record_and_messages_of_an_expired_session_went_with_it(store):
+def test_a_record_messages_and_checkpoints_of_an_expired_session_went_with_it(store):
     info = store.create_session("s1", ttl_seconds=LIVE_TTL)
     store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
     ended = store.create_session("s2", ttl_seconds=LIVE_TTL)
     store.add_messages("s2", [user("q", id="m1")])
-    wait_past(max(info["expires_at"], ended["expires_at"]))
+    graph = store.create_session("s3", ttl_seconds=LIVE_TTL)
+    store.put_checkpoint("s3", "", "c1", "old")
+    wait_past(max(info["expires_at"], ended["expires_at"], graph["expires_at"]))
     # An append to the ended session starts a new one (no read came between to drop it).
     assert store.add_messages("s2", [user("new", id="m1")])["messages"][0]["seq"] == 1
+    store.put_checkpoint("s3", "", "c2", "new")
+    assert [cp.record for cp in store.list_checkpoints("s3")] == ["new"]
     with pytest.raises(RevisionConflict):
         store.write_thread("s1", key="rec", expected="r1", record=record("r2"))
     # The next is written as the first, in a new session.
