@@ -1133,6 +1133,29 @@ def test_write_thread_is_held_to_the_byte_cap(configure):
     assert (state(store), store.get_all("s1")) == before
 
 
+def test_an_append_moves_an_idle_sessions_expiry(configure, backend_name):
+    if backend_name != "memory":
+        pytest.skip("Redis counts expiries in milliseconds: two calls may share one")
+    store = configure(SESSION_IDLE_TTL_SECONDS=3600)
+    store.add_messages("s1", [user("q")])
+    before = store.session_info("s1")["expires_at"]
+    store.add_messages("s1", [user("again")])
+    assert store.session_info("s1")["expires_at"] > before
+
+
+def test_messages_count_once_toward_the_byte_cap(configure):
+    cap = 4000
+    store = configure(MAX_SESSION_BYTES=cap)
+    store.add_messages("s1", [user("x" * 1000, id="m1")])
+    with pytest.raises(QuotaExceeded) as over:
+        store.add_messages("s1", [user("y" * 5000, id="m2")])
+    size = int(re.search(r"would hold (\d+) bytes", str(over.value)).group(1))
+    # Within a few bytes of the cap (a stored text's time may be a digit shorter).
+    store.add_messages("s1", [user("y" * (5000 - (size - cap) - 8), id="m2")])
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("z" * 20, id="m3")])
+
+
 def test_write_thread_errors_name_the_conversation_and_the_message(store):
     store.write_thread("s1", key="rec", expected=None, record=record("r1"), conversation="talk")
     with pytest.raises(RevisionConflict) as stale:

