@@ -1144,16 +1144,13 @@ def test_an_append_moves_an_idle_sessions_expiry(configure, backend_name):
 
 
 def test_messages_count_once_toward_the_byte_cap(configure):
-    cap = 4000
-    store = configure(MAX_SESSION_BYTES=cap)
-    store.add_messages("s1", [user("x" * 1000, id="m1")])
-    with pytest.raises(QuotaExceeded) as over:
-        store.add_messages("s1", [user("y" * 5000, id="m2")])
-    size = int(re.search(r"would hold (\d+) bytes", str(over.value)).group(1))
-    # Within a few bytes of the cap (a stored text's time may be a digit shorter).
-    store.add_messages("s1", [user("y" * (5000 - (size - cap) - 8), id="m2")])
+    store = configure(MAX_SESSION_BYTES=4000)
+    store.add_messages("s1", [user("x" * 1000)])
+    store.add_messages("s1", [user("y" * 100)])
+    store.add_messages("s1", [user("z" * 2000)])  # about 3,600 bytes in all: it fits
     with pytest.raises(QuotaExceeded):
-        store.add_messages("s1", [user("z" * 20, id="m3")])
+        store.add_messages("s1", [user("w" * 1000)])
+    assert conversation_info(store)["message_count"] == 3
 
 
 def test_write_thread_errors_name_the_conversation_and_the_message(store):
@@ -1182,16 +1179,18 @@ def test_write_thread_and_add_messages_create_their_session_with_the_default_ttl
 def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the_old_ones_place(
     configure,
 ):
+    from persistent_memory.validation import encode_value
+
     cap = 2000
     store = configure(MAX_SESSION_BYTES=cap)
 
-    def write(pad: int, revision: str, expected: str | None) -> None:
-        store.write_thread("s1", key="rec", expected=expected, record=record(revision, pad="x" * pad))
+    def write(pad: int, revision: str, expected: str | None, **options: Any) -> None:
+        store.write_thread(
+            "s1", key="rec", expected=expected, record=record(revision, pad="x" * pad), **options
+        )
 
-    with pytest.raises(QuotaExceeded) as over:
-        write(3000, "r1", None)
-    size = int(re.search(r"would hold (\d+) bytes", str(over.value)).group(1))
-    fits = 3000 - (size - cap)  # the pad that takes a new session to the cap exactly
+    # A value counts its key and its JSON text: the pad that takes a new session to the cap.
+    fits = cap - len("rec") - len(encode_value(record("r1", pad=""), max_bytes=cap))
     with pytest.raises(QuotaExceeded):
         write(fits + 1, "r1", None)
     write(fits, "r1", None)
@@ -1199,7 +1198,11 @@ def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the
     write(fits, "r2", "r1")
     with pytest.raises(QuotaExceeded):
         write(fits + 1, "r3", "r2")
+    # Messages with the record: refused whole, nothing written.
+    with pytest.raises(QuotaExceeded):
+        write(fits, "r3", "r2", messages=[user("m" * 200)])
     assert store.get("s1", "rec") == record("r2", pad="x" * fits)
+    assert store.list_conversations("s1") == []
 
 
 def test_thread_message_and_checkpoint_writes_create_a_session_only_within_the_owners_cap(configure):
