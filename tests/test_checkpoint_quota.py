@@ -13,7 +13,7 @@ from uuid import uuid4
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
-from persistent_memory.backends.checkpoints import SEP, entry_bytes
+from persistent_memory.backends.checkpoints import LINK_SEP, SEP, entry_bytes
 from persistent_memory.backends.memory import MemoryBackend
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.exceptions import (
@@ -174,6 +174,17 @@ class TestTheCount:
         store.put_checkpoint_writes(SESSION, "", "c2", [("task", 0, "ch", "v" * (freed - 80), "")])
         assert 0 <= room(store) < 80
 
+    def test_a_checkpoint_put_again_takes_its_own_place(self, configure):
+        store = configure(MAX_SESSION_BYTES=CAP)
+        record, _ = record_of(CAP, f"{SEP}c1")
+        store.put_checkpoint(SESSION, "", "c1", record)  # the session full to the byte
+        store.put_checkpoint(SESSION, "", "c1", record)  # the same again, in its own place
+        store.put_checkpoint(SESSION, "", "c1", "s" * len(record))  # other text, as long
+        assert room(store) == 0
+        assert [cp.record for cp in store.list_checkpoints(SESSION)] == ["s" * len(record)]
+        with pytest.raises(QuotaExceeded):
+            store.put_checkpoint(SESSION, "", "c1", "s" * (len(record) + 1))
+
     def test_checkpoints_and_values_share_the_cap(self, configure):
         store = configure(MAX_SESSION_BYTES=CAP)
         store.put_checkpoint(SESSION, "", "c1", "r" * 3000)
@@ -224,6 +235,48 @@ def test_loaded_entries_are_held_by_the_rules_of_a_copy(configure, backend_name,
         f"wloop{SEP}c2": "writes",
     }
     assert store.session_info("copied")["ttl_seconds"] == 3600
+
+
+def test_a_loaded_link_without_its_record_counts_nothing(configure, backend_name):
+    """What a copy leaves out takes none of the cap: the entries given fill it to the byte,
+    and what is held is those less the link left out plus the record's empty link (the
+    memory backend's rules of a copy; Redis loads entries as given)."""
+    if backend_name != "memory":
+        pytest.skip("the memory backend's rules of a copy; Redis loads entries as given")
+    store = configure(MAX_SESSION_BYTES=CAP)
+    orphan = {f"l{SEP}gone": "run-1234"}
+    record = "r" * (CAP - entry_bytes(f"c{SEP}c1", "") - entry_bytes(*orphan.popitem()))
+    entries = {f"c{SEP}c1": record, f"l{SEP}gone": "run-1234"}
+    assert sum(entry_bytes(name, text) for name, text in entries.items()) == CAP
+    store.load_checkpoint_entries(SESSION, entries)
+    assert store.checkpoint_entries(SESSION) == {f"c{SEP}c1": record, f"l{SEP}c1": ""}
+    assert room(store) == entry_bytes(f"l{SEP}gone", "run-1234") - entry_bytes(f"l{SEP}c1", "")
+
+
+def test_a_loaded_record_with_a_separator_in_its_id_is_a_namespace_of_its_own_at_a_prune(
+    configure, backend_name
+):
+    """A prune keeps the newest checkpoint of each namespace, the namespace being what comes
+    before a key's last separator: a record loaded as ``{SEP}z{SEP}odd`` never costs the
+    real newest of "", nor keeps a value of "" that only a pruned checkpoint referenced
+    (the memory backend's rules of a copy; Redis loads entries as given)."""
+    if backend_name != "memory":
+        pytest.skip("the memory backend's rules of a copy; Redis loads entries as given")
+    store = configure()
+    ref = f"ch{SEP}1"
+    store.put_checkpoint(SESSION, "", "c1", "old", refs=[ref], blobs={ref: "value"})
+    store.load_checkpoint_entries(
+        SESSION, {f"c{SEP}z{SEP}odd": "odd", f"l{SEP}z{SEP}odd": f"{LINK_SEP}{ref}"}
+    )
+    assert store.prune_checkpoints(SESSION) == 0
+    assert store.get_checkpoint(SESSION, "", "c1").record == "old"
+    # Listed by the id after that last separator too.
+    assert sorted(cp.checkpoint_id for cp in store.list_checkpoints(SESSION, before="p")) == ["c1", "odd"]
+    store.put_checkpoint(SESSION, "", "c2", "new")
+    assert store.prune_checkpoints(SESSION) == 1
+    assert store.get_checkpoint(SESSION, "", "c2").record == "new"
+    assert store.get_checkpoint(SESSION, "", "c1") is None
+    assert f"b{SEP}{ref}" not in store.checkpoint_entries(SESSION)
 
 
 def test_loaded_entries_of_any_namespace_count_with_the_session(configure):

@@ -223,8 +223,9 @@ def test_set_head_moves_reads_to_another_branch(store):
 def test_set_head_to_a_missing_message(store):
     store.add_messages("s1", [user("q")])
     head = store.get_messages("s1")["head"]
-    with pytest.raises(MessageNotFound):
+    with pytest.raises(MessageNotFound) as missing:
         store.set_head("s1", "nope")
+    assert str(missing.value) == "Conversation 'default' has no message 'nope'."
     with pytest.raises(MessageNotFound):
         store.set_head("s1", head, conversation="other")  # ids are per conversation
     with pytest.raises(InvalidMessage):
@@ -1191,7 +1192,7 @@ def test_write_thread_creates_the_session_conversation_and_record(store):
     assert store.get_messages("s1")["head"] is None
     assert conversation_info(store)["message_count"] == 2
     assert thread(store, leaf=stored[1]["id"]) == stored
-    assert [entry["op"] for entry in store.get_history("s1", 0)] == ["put"]
+    assert [(entry["op"], entry["key"]) for entry in store.get_history("s1", 0)] == [("put", "rec")]
 
 
 def test_write_thread_appends_after_a_parent_and_moves_the_head(store):
@@ -1342,6 +1343,94 @@ def test_write_thread_is_held_to_the_byte_cap(configure):
     assert (state(store), store.get_all("s1")) == before
 
 
+def test_an_append_moves_an_idle_sessions_expiry(configure, backend_name):
+    if backend_name != "memory":
+        pytest.skip("Redis counts expiries in milliseconds: two calls may share one")
+    store = configure(SESSION_IDLE_TTL_SECONDS=3600)
+    store.add_messages("s1", [user("q")])
+    before = store.session_info("s1")["expires_at"]
+    store.add_messages("s1", [user("again")])
+    assert store.session_info("s1")["expires_at"] > before
+
+
+def test_messages_count_once_toward_the_byte_cap(configure):
+    store = configure(MAX_SESSION_BYTES=4000)
+    store.add_messages("s1", [user("x" * 1000)])
+    store.add_messages("s1", [user("y" * 100)])
+    store.add_messages("s1", [user("z" * 2000)])  # about 3,600 bytes in all: it fits
+    with pytest.raises(QuotaExceeded):
+        store.add_messages("s1", [user("w" * 1000)])
+    assert conversation_info(store)["message_count"] == 3
+
+
+def test_write_thread_errors_name_the_conversation_and_the_message(store):
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), conversation="talk")
+    with pytest.raises(RevisionConflict) as stale:
+        store.write_thread("s1", key="rec", expected="r0", record=record("r2"), conversation="talk")
+    assert str(stale.value) == "The record of conversation 'talk' has another revision."
+    with pytest.raises(MessageNotFound) as missing:
+        store.write_thread(
+            "s1", key="rec", expected="r1", record=record("r2"), head_id="nowhere", conversation="talk"
+        )
+    assert str(missing.value) == "Conversation 'talk' has no message 'nowhere'."
+
+
+def test_write_thread_and_add_messages_create_their_session_with_the_default_ttl(configure):
+    store = configure(SESSION_TTL_HOURS=1)
+    before = time.time()
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    store.add_messages("s2", [user("q")])
+    for session_id in ("s1", "s2"):
+        info = store.session_info(session_id)
+        assert info["ttl_seconds"] == 3600
+        assert before + 3600 <= info["expires_at"] <= time.time() + 3600
+
+
+def test_write_thread_fills_the_session_to_the_byte_and_a_new_revision_takes_the_old_ones_place(
+    configure,
+):
+    from persistent_memory.validation import encode_value
+
+    cap = 2000
+    store = configure(MAX_SESSION_BYTES=cap)
+
+    def write(pad: int, revision: str, expected: str | None, **options: Any) -> None:
+        store.write_thread(
+            "s1", key="rec", expected=expected, record=record(revision, pad="x" * pad), **options
+        )
+
+    # A value counts its key and its JSON text: the pad that takes a new session to the cap.
+    fits = cap - len("rec") - len(encode_value(record("r1", pad=""), max_bytes=cap))
+    with pytest.raises(QuotaExceeded):
+        write(fits + 1, "r1", None)
+    write(fits, "r1", None)
+    # The new revision's bytes replace the old one's: a record of the same size fits.
+    write(fits, "r2", "r1")
+    with pytest.raises(QuotaExceeded):
+        write(fits + 1, "r3", "r2")
+    # Messages with the record: refused whole, nothing written.
+    with pytest.raises(QuotaExceeded):
+        write(fits, "r3", "r2", messages=[user("m" * 200)])
+    assert store.get("s1", "rec") == record("r2", pad="x" * fits)
+    assert store.list_conversations("s1") == []
+
+
+def test_thread_message_and_checkpoint_writes_create_a_session_only_within_the_owners_cap(configure):
+    alice = configure(MAX_SESSIONS_PER_OWNER=1).for_owner("alice")
+    alice.create_session("s1")
+    with pytest.raises(QuotaExceeded) as refused:
+        alice.write_thread("s2", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    assert "MAX_SESSIONS_PER_OWNER" in str(refused.value)
+    with pytest.raises(QuotaExceeded):
+        alice.add_messages("s2", [user("q")])
+    with pytest.raises(QuotaExceeded):
+        alice.put_checkpoint("s2", "", "c1", "one")
+    assert alice.list_sessions() == ["s1"]
+    # Into the session the owner holds, it writes.
+    alice.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    assert alice.get("s1", "rec") == record("r1")
+
+
 @pytest.mark.parametrize("left", ["a value", "a conversation", "a checkpoint"])
 def test_remove_thread_keeps_a_session_holding_anything_else(store, left):
     """Any one kind of data left keeps the session (values, conversations, checkpoints)."""
@@ -1472,6 +1561,26 @@ def test_expired_sessions_lose_their_conversations(store):
     assert fresh["messages"][0]["seq"] == 1
     assert [info["conversation"] for info in store.list_conversations("s1")] == ["default"]
     assert store.session_info("s1")["ttl_seconds"] is None  # a new session, with the default TTL
+
+
+def test_a_record_messages_and_checkpoints_of_an_expired_session_went_with_it(store):
+    info = store.create_session("s1", ttl_seconds=LIVE_TTL)
+    store.write_thread("s1", key="rec", expected=None, record=record("r1"), messages=[user("q")])
+    ended = store.create_session("s2", ttl_seconds=LIVE_TTL)
+    store.add_messages("s2", [user("q", id="m1")])
+    graph = store.create_session("s3", ttl_seconds=LIVE_TTL)
+    store.put_checkpoint("s3", "", "c1", "old")
+    wait_past(max(info["expires_at"], ended["expires_at"], graph["expires_at"]))
+    # An append to the ended session starts a new one (no read came between to drop it).
+    assert store.add_messages("s2", [user("new", id="m1")])["messages"][0]["seq"] == 1
+    store.put_checkpoint("s3", "", "c2", "new")
+    assert [cp.record for cp in store.list_checkpoints("s3")] == ["new"]
+    with pytest.raises(RevisionConflict):
+        store.write_thread("s1", key="rec", expected="r1", record=record("r2"))
+    # The next is written as the first, in a new session.
+    (again,) = store.write_thread("s1", key="rec", expected=None, record=record("r9"), messages=[user("new")])
+    assert (again["seq"], again["parent_id"]) == (1, None)
+    assert store.get_all("s1") == {"rec": record("r9")}
 
 
 def test_the_sweep_removes_expired_conversations(store):
@@ -1660,6 +1769,20 @@ def test_the_lanes_record_questions_and_answers(store):
         ("user", "And 3+3?"),
     ]
     assert messages[1]["parent_id"] == messages[0]["id"]
+
+
+def test_an_answer_by_run_goes_after_its_runs_question_wherever_the_head_went(store):
+    store.enrich_recording("s1", "First?", run_id="r1")
+    store.enrich_recording("s1", "Second?", run_id="r2")  # the head moves past r1's question
+    store.record_answer(None, "To the first.", run_id="r1")
+    assert contents(thread(store)) == ["First?", "To the first."]
+    assert conversation_info(store)["branch_count"] == 2
+    # Without a run: after the parent given, or after the head when it is none of its.
+    first = thread(store)[0]["id"]
+    store.record_answer("s1", "Again.", parent_id=first)
+    assert contents(thread(store)) == ["First?", "Again."]
+    store.record_answer("s1", "Last.", parent_id="nowhere")
+    assert contents(thread(store)) == ["First?", "Again.", "Last."]
 
 
 def test_the_lanes_name_a_conversation_and_record_nothing_without_text(store):

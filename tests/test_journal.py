@@ -159,6 +159,78 @@ def test_replay_starts_where_each_mirrored_row_ends_and_applies_nothing_twice(jo
     assert fresh.list_sessions() == ["node"]  # "doomed" was deleted after the rows were written
 
 
+def test_a_runs_checkpoints_deleted_before_a_crash_stay_deleted_and_the_rest_kept(journaled):
+    # A deletion of runs replays as that deletion: not as a prune (which would keep cp3,
+    # the newest, instead of cp2) and not as nothing.
+    store = journaled()
+    for checkpoint_id, run_id in (("cp1", "run-a"), ("cp2", "run-b"), ("cp3", "run-a")):
+        store.put_checkpoint("graph", "", checkpoint_id, f"record {checkpoint_id}", run_id=run_id)
+    assert store.delete_checkpoint_runs("graph", ["run-a"]) == 2
+    before = store.checkpoint_entries("graph")
+    crash(store)
+
+    fresh = journaled()
+    assert fresh.backend.journal.skipped == {}
+    assert [cp.checkpoint_id for cp in fresh.list_checkpoints("graph")] == ["cp2"]
+    assert fresh.checkpoint_entries("graph") == before
+
+
+def test_threads_and_branches_written_before_a_crash_come_back_with_their_new_sessions_ttl(
+    journaled, settings
+):
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "SESSION_TTL_HOURS": 1}
+    store = journaled()
+    alice = store.for_owner("user:1")
+    alice.write_thread(
+        "fresh",
+        key="rec",
+        expected=None,
+        record={"revision": "1"},
+        messages=[{"role": "user", "content": "q"}],
+        conversation="th",
+    )
+    # An append that creates its session, then a branch after an older message.
+    first, _ = alice.add_messages(
+        "new", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    )["messages"]
+    alice.add_messages("new", [{"role": "assistant", "content": "b"}], parent_id=first["id"])
+
+    def both(scoped: MemoryStore) -> tuple[Any, ...]:
+        return tuple(
+            (
+                scoped.session_info(sid),
+                scoped.get_all(sid),
+                scoped.list_conversations(sid),
+                scoped.get_messages(sid),
+            )
+            for sid in ("fresh", "new")
+        )
+
+    before = both(alice)
+    assert before[0][0]["ttl_seconds"] == before[1][0]["ttl_seconds"] == 3600
+    assert [m["content"] for m in before[1][3]["messages"]] == ["q", "b"]
+    crash(store)
+
+    assert both(journaled().for_owner("user:1")) == before
+
+
+def test_replayed_messages_keep_their_role_and_fingerprint(journaled):
+    from tests.chat import system, user
+
+    store = journaled()
+    store.add_messages("chat", [system("Be brief."), user("one", id="m1")])
+    store.add_messages("chat", [user("two")])
+    crash(store)
+
+    fresh = journaled()
+    # The system message is still pinned: a window of two messages holds it and the newest.
+    window = fresh.get_context("chat", max_messages=2)["messages"]
+    assert [message["content"] for message in window] == ["Be brief.", "two"]
+    # A resent message is still the same one: no conflict, nothing new.
+    fresh.add_messages("chat", [user("one", id="m1")])
+    assert fresh.list_conversations("chat")[0]["message_count"] == 3
+
+
 def test_an_idempotency_key_outlives_a_crash(journaled):
     # The write is replayed from the journal; its answer may never have reached the
     # client, whose retry with the same key must get it and not apply it again.

@@ -607,3 +607,90 @@ def test_listing_a_thread_before_a_checkpoint_spans_its_namespaces_and_any_ids(s
     assert listed({"checkpoint_ns": ""}, before="b2") == [("", "a1")]
     assert sorted(listed({}, before="b2")) == [("", "a1"), ("inner", "a0")]
     assert sorted(listed({})) == sorted(listed({"checkpoint_ns": ""}) + listed({"checkpoint_ns": "inner"}))
+
+
+def test_a_namespace_reads_only_its_own_checkpoints_beside_one_it_begins(store):
+    """A namespace's checkpoints are its own, not those of a longer one starting with it
+    ("a" and "a b": the space sorts right after the key separator)."""
+    for ns, ids in {"a": ["1", "2"], "a b": ["3"], "ab": ["4"]}.items():
+        for checkpoint_id in ids:
+            store.put_checkpoint("t", ns, checkpoint_id, f"{ns}/{checkpoint_id}")
+    assert store.get_checkpoint("t", "a").record == "a/2"
+    assert store.get_checkpoint("t", "b") is None  # a namespace with none
+    assert [cp.record for cp in store.list_checkpoints("t", "a")] == ["a/2", "a/1"]
+    assert [cp.record for cp in store.list_checkpoints("t", "a b")] == ["a b/3"]
+    assert store.prune_checkpoints("t") == 1
+    assert sorted(cp.record for cp in store.list_checkpoints("t")) == ["a b/3", "a/2", "ab/4"]
+
+
+def test_pruning_and_deleting_runs_count_only_what_they_removed(store):
+    assert store.prune_checkpoints("t") == 0  # no session
+    store.create_session("t")  # a session without checkpoints
+    assert store.prune_checkpoints("t") == 0
+    assert store.delete_checkpoint_runs("t", ["run-a"]) == 0
+    store.put_checkpoint("t", "", "c1", "one", run_id="run-a")
+    store.put_checkpoint("t", "inner", "c1", "inner one")
+    assert store.prune_checkpoints("t") == 0  # each is the newest of its namespace
+    assert store.delete_checkpoint_runs("t", ["run-b"]) == 0
+    assert store.delete_checkpoint_runs("t", ["run-a"]) == 1
+    assert [cp.record for cp in store.list_checkpoints("t")] == ["inner one"]
+
+
+def test_a_prune_keeps_every_value_the_kept_checkpoint_references(store):
+    first, second = "a\x1f1", "b\x1f1"
+    store.put_checkpoint("t", "", "c1", "one", refs=[first], blobs={first: "A"})
+    store.put_checkpoint("t", "", "c2", "two", refs=[first, second], blobs={second: "B"})
+    assert store.prune_checkpoints("t") == 1
+    assert store.get_checkpoint("t", "").blobs == {first: "A", second: "B"}
+    assert store.get_checkpoint("t", "", "c1") is None
+
+
+def test_a_chain_of_values_that_loops_back_ends_where_it_started(store):
+    """Copied entries are held as given: a delta whose bases loop back to it reads each
+    value once, and a prune that walks the chain ends too."""
+    d = "\x1d"
+    entries = {
+        "b\x1fch\x1f1": f"d{d}v1{d}ch\x1f2{d}v2{d}one",
+        "b\x1fch\x1f2": f"d{d}v2{d}ch\x1f1{d}v1{d}two",
+    }
+    store.load_checkpoint_entries("t", entries)
+    assert store.checkpoint_chain("t", "", "ch\x1f1") == [entries["b\x1fch\x1f1"], entries["b\x1fch\x1f2"]]
+    store.put_checkpoint("t", "", "c1", "one", refs=["ch\x1f1"])
+    store.put_checkpoint("t", "", "c2", "two", refs=["ch\x1f2"])
+    assert store.prune_checkpoints("t") == 1
+    assert set(store.checkpoint_entries("t")) >= set(entries)
+
+
+def test_a_page_of_checkpoints_holds_limit_of_them_from_offset(store):
+    for checkpoint_id in ("c1", "c2", "c3", "c4"):
+        store.put_checkpoint("t", "", checkpoint_id, checkpoint_id)
+    for ns in ("", None):
+        assert [cp.record for cp in store.list_checkpoints("t", ns, limit=2)] == ["c4", "c3"]
+        assert [cp.record for cp in store.list_checkpoints("t", ns, offset=1, limit=2)] == ["c3", "c2"]
+        assert [cp.record for cp in store.list_checkpoints("t", ns, offset=3, limit=2)] == ["c1"]
+
+
+def test_checkpoint_writes_create_their_session_with_the_default_ttl(configure):
+    store = configure(SESSION_TTL_HOURS=1)
+    store.put_checkpoint_writes("t", "", "c1", [("task", 0, "channel", "value", "")])
+    store.put_checkpoint("t2", "", "c1", "one")
+    for session_id in ("t", "t2"):
+        assert store.session_info(session_id)["ttl_seconds"] == 3600
+
+
+def test_a_delta_value_must_extend_one_held_or_given_with_it(store):
+    from persistent_memory.exceptions import CheckpointBaseMissing
+
+    d, full, delta = "\x1d", "ch\x1f1", "ch\x1f2"
+    base = f"f{d}v1{d}whole"
+    extension = f"d{d}v2{d}{full}{d}v1{d}more"
+    with pytest.raises(CheckpointBaseMissing, match="extends a value this thread does not hold"):
+        store.put_checkpoint("t", "", "c1", "one", refs=[delta], blobs={delta: extension})
+    assert store.checkpoint_entries("t") == {}
+    # Given with the value it extends, in the same put: held.
+    store.put_checkpoint("t", "", "c1", "one", refs=[full, delta], blobs={full: base, delta: extension})
+    assert store.checkpoint_chain("t", "", delta) == [extension, base]
+    # Or extending one held since.
+    later = f"d{d}v3{d}{delta}{d}v2{d}most"
+    store.put_checkpoint("t", "", "c2", "two", refs=["ch\x1f3"], blobs={"ch\x1f3": later})
+    assert store.checkpoint_chain("t", "", "ch\x1f3") == [later, extension, base]
