@@ -72,6 +72,9 @@ def group_pyproject(group: dict, mutmut: dict) -> str:
     # [tool.mutmut] is followed only by this project's group tables: cut from it to the end.
     text = text[: text.index("[tool.mutmut]")]
     options = dict(mutmut, only_mutate=group["modules"], pytest_add_cli_args_test_selection=group["tests"])
+    # A group's own pytest options go to every run of its tests, each mutant's too (the
+    # test selection only picks which tests cover which function).
+    options["pytest_add_cli_args"] = [*mutmut.get("pytest_add_cli_args", []), *group.get("pytest_args", [])]
     return text + "[tool.mutmut]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in options.items())
 
 
