@@ -1317,6 +1317,7 @@ def test_a_journal_another_owns_is_read_and_never_written(tmp_path):
 def test_a_closed_journal_writes_nothing(tmp_path):
     journal = Journal(tmp_path)
     journal.close()
+    assert not journal._syncer.is_alive()  # stopped with it
     files = sorted(path.name for path in tmp_path.iterdir())
     assert journal.append("put", "s", 1.0, None, "k", "1") == 0
     journal.remember("~idem:a", "f", time.time() + 60, 1)
@@ -1470,6 +1471,7 @@ def test_a_journal_another_owns_is_said_once_and_gets_no_sync_thread(tmp_path, c
     finally:
         reader.close()
         owner.close()
+    assert not owner._syncer.is_alive()  # the owner's stopped with its journal
 
 
 @pytest.fixture
@@ -1508,15 +1510,26 @@ def test_the_sync_thread_forces_each_write_to_disk_on_its_own(tmp_path, fsynced)
     assert not syncer.is_alive()
 
 
+def fsync_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The journal's warnings of a failed sync, each with its error's traceback (what
+    failed, for the operator)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "persistent_memory.journal" and r.exc_info and isinstance(r.exc_info[1], OSError)
+    ]
+
+
 def test_a_sync_round_that_fails_is_logged_and_the_next_round_syncs(tmp_path, fsynced, monkeypatch, caplog):
     import logging
 
     real_dup = os.dup
-    failing = threading.Event()
+    failing, refused = threading.Event(), threading.Event()
     failing.set()
 
-    def dup(fd: int) -> int:
+    def dup(fd: int) -> int:  # out of fds for the duplicates
         if failing.is_set():
+            refused.set()
             raise OSError(24, "Too many open files")
         return real_dup(fd)
 
@@ -1525,20 +1538,42 @@ def test_a_sync_round_that_fails_is_logged_and_the_next_round_syncs(tmp_path, fs
         with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
             monkeypatch.setattr(os, "dup", dup)
             journal.append("put", "s", 1.0, None, "k", "1")
-            failed = "persistent_memory: journal fsync failed"
-
-            def logged() -> bool:  # with the error's traceback: what failed, for the operator
-                return any(
-                    r.getMessage() == failed and r.exc_info and isinstance(r.exc_info[1], OSError)
-                    for r in caplog.records
-                )
-
-            wait_until(logged, 15)
+            assert refused.wait(15)
             failing.clear()
             segment = journal.segments()[-1].stat().st_ino
             wait_until(lambda: segment in fsynced, 15)  # the next round synced the write, with no other
+        failures = fsync_failures(caplog)
+        assert failures and set(failures) == {"persistent_memory: journal fsync failed"}
         assert journal._syncer.is_alive()
     finally:
+        journal.close()
+
+
+def test_a_file_that_fails_to_sync_is_logged_and_the_others_are_synced(tmp_path, monkeypatch, caplog):
+    import errno
+    import logging
+
+    journal = no_sync_thread(Journal(tmp_path))
+    journal.append("put", "s", 1.0, None, "k", "1")
+    journal.remember("~idem:a", "f", an_hour_ahead(), 1)
+    segment = journal.segments()[-1].stat().st_ino
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # a failing disk under the segment only
+        if os.fstat(fd).st_ino == segment:
+            raise OSError(errno.EIO, "Input/output error")
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+            journal.sync()
+        assert fsync_failures(caplog) == ["persistent_memory: journal fsync failed"]
+        assert synced == [journal._record_files()[0][1].stat().st_ino]
+    finally:
+        monkeypatch.undo()
         journal.close()
 
 
@@ -1565,7 +1600,7 @@ def test_reading_goes_on_past_a_segment_dropped_meanwhile_and_past_lines_that_ar
         journal.close()
 
 
-def test_an_hour_of_idempotency_records_is_not_read_once_it_is_over(tmp_path, caplog):
+def test_an_hour_of_idempotency_records_is_not_read_once_it_is_over(tmp_path, caplog, monkeypatch):
     # At the very end of its hour a file's records have all expired: it is passed over
     # unread (a line in it that is no record is not even reported), and the files after
     # it are read.
@@ -1590,5 +1625,10 @@ def test_an_hour_of_idempotency_records_is_not_read_once_it_is_over(tmp_path, ca
         assert [r.getMessage() for r in caplog.records] == [
             f"persistent_memory: skipping a malformed idempotency record: {over.name}"
         ]
+        # A file listed, then deleted by the owning process (its hour over) before it is read.
+        listed = journal._record_files()
+        gone = (listed[0][0], tmp_path / "records-0")
+        monkeypatch.setattr(journal, "_record_files", lambda: [gone, *listed])
+        assert [ref for ref, *_ in journal.remembered(hour - 20)] == ["~idem:a", "~idem:b"]
     finally:
         journal.close()
