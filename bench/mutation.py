@@ -4,6 +4,7 @@ faults the tests miss.
     python bench/mutation.py                 # every group, then write docs/mutation.md
     python bench/mutation.py journal layout  # the named groups only
     python bench/mutation.py --ci            # the groups marked ci; fail on a new survivor
+    python bench/mutation.py --ci --fresh    # the same from scratch (CI: no earlier verdict kept)
     python bench/mutation.py --report        # rewrite docs/mutation.md from the last results
 
 The groups, their modules and their tests are in pyproject.toml
@@ -72,6 +73,9 @@ def group_pyproject(group: dict, mutmut: dict) -> str:
     # [tool.mutmut] is followed only by this project's group tables: cut from it to the end.
     text = text[: text.index("[tool.mutmut]")]
     options = dict(mutmut, only_mutate=group["modules"], pytest_add_cli_args_test_selection=group["tests"])
+    # A group's own pytest options go to every run of its tests, each mutant's too (the
+    # test selection only picks which tests cover which function).
+    options["pytest_add_cli_args"] = [*mutmut.get("pytest_add_cli_args", []), *group.get("pytest_args", [])]
     return text + "[tool.mutmut]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in options.items())
 
 
@@ -207,6 +211,11 @@ def main() -> int:
     parser.add_argument("--ci", action="store_true", help="the ci groups; fail on an unexplained survivor")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete each group's copy first (mutmut keeps a verdict until its function changes)",
+    )
+    parser.add_argument(
         "--report", action="store_true", help="run nothing: write docs/mutation.md from the last results"
     )
     args = parser.parse_args()
@@ -221,6 +230,8 @@ def main() -> int:
         return 0
     failed = []
     for name in names:
+        if args.fresh:
+            shutil.rmtree(WORK / name, ignore_errors=True)
         run_group(name, configured[name], mutmut, args.children)
         result = collect(name)
         for module, entry in sorted(result["modules"].items()):

@@ -436,11 +436,13 @@ class Journal:
         with self._fds_lock:
             # Duplicates, synced outside the lock: writers never wait for the disk, and a
             # close meanwhile can neither fail this fsync nor point it at a reused fd number.
+            # Marked synced only once duplicated: a dup that fails (out of fds) leaves the
+            # files to the next round.
             fds = [os.dup(fd) for fd in self._unsynced_fds]
-            self._unsynced_fds.clear()
             if self._fd is not None and self._unsynced:
-                self._unsynced = False
                 fds.append(os.dup(self._fd))
+                self._unsynced = False
+            self._unsynced_fds.clear()
             fds += self._retired  # closed by the table: synced, then closed, here
             self._retired = []
         for fd in fds:

@@ -36,7 +36,7 @@ class Caller:
     """A user with a token, the API client that sends as them, and their owner's store."""
 
     def __init__(self, pk: int) -> None:
-        user = get_user_model().objects.create_user(f"caller-{pk}", password="pw-for-tests", pk=pk)
+        user = get_user_model().objects.create_user(f"caller-{pk}", pk=pk)
         self.client = APIClient()
         self.client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
         self.owner = f"user:{pk}"

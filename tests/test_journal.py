@@ -564,7 +564,7 @@ def test_health_shows_staff_the_mirror_lag_last_error_and_journal(journaled, mon
     store = journaled()
     monkeypatch.setattr(store_module, "_store", store)  # the API's store is this one
     staff = APIClient()
-    staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+    staff.force_login(get_user_model().objects.create_user("ops", is_staff=True))
     write_everything(store, 0)
 
     def refuse(*args: Any, **kwargs: Any) -> None:
@@ -1063,6 +1063,38 @@ def test_a_line_that_is_no_record_is_skipped_counted_and_logged(journaled, line,
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_a_lock_that_cannot_be_taken_is_the_error_and_leaves_no_file_open(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")  # a network filesystem's, say
+
+    before = set(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(OSError) as refused:
+        Journal(tmp_path)
+    assert refused.value.errno == errno.ENOLCK
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_failed_start_reports_its_own_error_whatever_giving_the_folder_up_raises(tmp_path, monkeypatch):
+    real_close = Journal.close
+
+    def close(self: Journal) -> None:
+        real_close(self)
+        raise OSError(5, "Input/output error")
+
+    def refuse(self: Journal, first_seq: int) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Journal, "close", close)
+    monkeypatch.setattr(Journal, "_open_segment", refuse)
+    with pytest.raises(OSError) as refused:
+        Journal(tmp_path)
+    assert refused.value.errno == 28
+
+
 def test_a_failed_start_gives_the_journal_folder_up(tmp_path, monkeypatch):
     def refuse(self: Journal, first_seq: int) -> Path:
         raise OSError(28, "No space left on device")
@@ -1091,7 +1123,7 @@ def test_health_shows_the_skipped_lines(journaled, monkeypatch):
     fresh = journaled()
     monkeypatch.setattr(store_module, "_store", fresh)
     staff = APIClient()
-    staff.force_login(get_user_model().objects.create_user("ops", password="pw-for-tests", is_staff=True))
+    staff.force_login(get_user_model().objects.create_user("ops", is_staff=True))
     answer = staff.get("/api/memory/health/")
     assert answer.status_code == 200
     assert answer.json()["mirror"]["journal_skipped"] == 2
@@ -1357,6 +1389,7 @@ def test_a_journal_another_owns_is_read_and_never_written(tmp_path):
 def test_a_closed_journal_writes_nothing(tmp_path):
     journal = Journal(tmp_path)
     journal.close()
+    assert not journal._syncer.is_alive()  # stopped with it
     files = sorted(path.name for path in tmp_path.iterdir())
     assert journal.append("put", "s", 1.0, None, "k", "1") == 0
     journal.remember("~idem:a", "f", time.time() + 60, 1)
@@ -1470,3 +1503,204 @@ def test_the_default_folder_of_a_database_with_settings_left_out(tmp_path, setti
     assert journal_directory(None, {"NAME": "a/b c"}, testing=False) == (
         tmp_path / "memory-journal" / "db-local-default-a_b_c"
     )
+
+
+# The journal's files, its sync thread and its reading, one behaviour each ---------------
+
+
+def test_the_journal_folder_is_made_with_its_parents_and_its_files_are_private(tmp_path):
+    # Every file may hold anyone's data (a write's value, a keyed write's answer): owner only,
+    # whatever the umask lets through.
+    directory = tmp_path / "not" / "made" / "yet"
+    umask = os.umask(0)
+    try:
+        journal = Journal(directory)
+        journal.append("put", "s", 1.0, None, "k", "1")
+        journal.remember("~idem:a", "f", an_hour_ahead(), 1)
+    finally:
+        os.umask(umask)
+    journal.close()
+    names = sorted(path.name for path in directory.iterdir())
+    assert names == [f"{1:020d}.journal", "lock", journal._record_files()[0][1].name]
+    assert {name: (directory / name).stat().st_mode & 0o777 for name in names} == dict.fromkeys(names, 0o600)
+
+
+def test_a_journal_another_owns_is_said_once_and_gets_no_sync_thread(tmp_path, caplog):
+    import logging
+
+    owner = Journal(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+        reader = Journal(tmp_path)
+    try:
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (
+                logging.WARNING,
+                f"persistent_memory: another process owns the journal in {tmp_path}; this one reads "
+                "it but journals none of its own writes",
+            )
+        ]
+        assert reader._syncer is None
+    finally:
+        reader.close()
+        owner.close()
+    assert not owner._syncer.is_alive()  # the owner's stopped with its journal
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The inodes of the files ``os.fsync`` is called on, with the sync thread's interval
+    made short (the thread reads it each round). The waits for the thread give it 15 s for
+    rounds 10 ms apart: a deadline only there so that a broken journal's test ends soon."""
+    from persistent_memory import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "FSYNC_INTERVAL_SECONDS", 0.01)
+    inodes: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        inodes.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return inodes
+
+
+def test_the_sync_thread_forces_each_write_to_disk_on_its_own(tmp_path, fsynced):
+    journal = Journal(tmp_path)
+    try:
+        syncer = journal._syncer
+        # A daemon: a process that exits without closing its store is not held up by it.
+        assert syncer.is_alive() and syncer.daemon and syncer.name == "persistent-memory-journal"
+        journal.append("put", "s", 1.0, None, "k", "1")
+        segment = journal.segments()[-1].stat().st_ino
+        wait_until(lambda: segment in fsynced, 15)  # no sync() called: the thread did it
+        journal.remember("~idem:a", "f", an_hour_ahead(), 1)
+        records = journal._record_files()[0][1].stat().st_ino
+        wait_until(lambda: records in fsynced, 15)
+    finally:
+        journal.close()
+    assert not syncer.is_alive()
+
+
+def fsync_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The journal's warnings of a failed sync, each with its error's traceback (what
+    failed, for the operator)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "persistent_memory.journal" and r.exc_info and isinstance(r.exc_info[1], OSError)
+    ]
+
+
+def test_a_sync_round_that_fails_is_logged_and_the_next_round_syncs(tmp_path, fsynced, monkeypatch, caplog):
+    import logging
+
+    real_dup = os.dup
+    failing, refused = threading.Event(), threading.Event()
+    failing.set()
+
+    def dup(fd: int) -> int:  # out of fds for the duplicates
+        if failing.is_set():
+            refused.set()
+            raise OSError(24, "Too many open files")
+        return real_dup(fd)
+
+    journal = Journal(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+            monkeypatch.setattr(os, "dup", dup)
+            journal.append("put", "s", 1.0, None, "k", "1")
+            assert refused.wait(15)
+            failing.clear()
+            segment = journal.segments()[-1].stat().st_ino
+            wait_until(lambda: segment in fsynced, 15)  # the next round synced the write, with no other
+        failures = fsync_failures(caplog)
+        assert failures and set(failures) == {"persistent_memory: journal fsync failed"}
+        assert journal._syncer.is_alive()
+    finally:
+        journal.close()
+
+
+def test_a_file_that_fails_to_sync_is_logged_and_the_others_are_synced(tmp_path, monkeypatch, caplog):
+    import errno
+    import logging
+
+    journal = no_sync_thread(Journal(tmp_path))
+    journal.append("put", "s", 1.0, None, "k", "1")
+    journal.remember("~idem:a", "f", an_hour_ahead(), 1)
+    segment = journal.segments()[-1].stat().st_ino
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # a failing disk under the segment only
+        if os.fstat(fd).st_ino == segment:
+            raise OSError(errno.EIO, "Input/output error")
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+            journal.sync()
+        assert fsync_failures(caplog) == ["persistent_memory: journal fsync failed"]
+        assert synced == [journal._record_files()[0][1].stat().st_ino]
+    finally:
+        monkeypatch.undo()
+        journal.close()
+
+
+def test_reading_goes_on_past_a_segment_dropped_meanwhile_and_past_lines_that_are_no_records(
+    tmp_path, monkeypatch
+):
+    journal = no_sync_thread(Journal(tmp_path))
+    journal.append("put", "s", 1.0, None, "k", "1")
+    journal.rotate()
+    journal.append("put", "s", 2.0, None, "k", "2")
+    first, second = journal.segments()
+    with first.open("ab") as file:  # an edit: a blank line, a line torn, a line no record, then a record
+        file.write(b'\n[1,"put"\n[2,"put"]\n[3,"put","s",3.0,null,"k","3"]\n')
+    listed = journal.segments()
+    gone = tmp_path / f"{0:020d}.journal"  # dropped by the owning process between listing and reading
+    monkeypatch.setattr(journal, "segments", lambda: [gone, *listed])
+    try:
+        assert [seq for seq, _ in journal.records()] == [1, 3, 2]
+        assert journal.skipped == {
+            f"{first.name}:3": "torn, or not JSON",
+            f"{first.name}:4": "not a list of at least five items",
+        }
+    finally:
+        journal.close()
+
+
+def test_an_hour_of_idempotency_records_is_not_read_once_it_is_over(tmp_path, caplog, monkeypatch):
+    # At the very end of its hour a file's records have all expired: it is passed over
+    # unread (a line in it that is no record is not even reported), and the files after
+    # it are read.
+    import logging
+
+    from persistent_memory.journal import RECORDS_BUCKET_SECONDS
+
+    hour = an_hour_ahead()
+    journal = no_sync_thread(Journal(tmp_path))
+    journal.remember("~idem:a", "f", hour - 10, 1)
+    journal.remember("~idem:b", "f", hour + 10, 2)
+    journal.sync()
+    over = tmp_path / f"records-{int(hour // RECORDS_BUCKET_SECONDS)}"
+    with over.open("ab") as file:
+        file.write(b'["not a record"]\n')
+    try:
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+            assert [ref for ref, *_ in journal.remembered(hour)] == ["~idem:b"]
+        assert caplog.records == []
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.journal"):
+            assert [ref for ref, *_ in journal.remembered(hour - 20)] == ["~idem:a", "~idem:b"]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"persistent_memory: skipping a malformed idempotency record: {over.name}"
+        ]
+        # A file listed, then deleted by the owning process (its hour over) before it is read.
+        listed = journal._record_files()
+        gone = (listed[0][0], tmp_path / "records-0")
+        monkeypatch.setattr(journal, "_record_files", lambda: [gone, *listed])
+        assert [ref for ref, *_ in journal.remembered(hour - 20)] == ["~idem:a", "~idem:b"]
+    finally:
+        journal.close()

@@ -48,7 +48,7 @@ def session_keys(store: MemoryStore, owner: str, session_id: str) -> tuple[str, 
 @pytest.fixture
 def api(db: Any) -> APIClient:
     """The API as the user whose sessions are ``OWNER``'s."""
-    user = get_user_model().objects.create_user("lister", password="pw-for-tests", pk=USER_PK)
+    user = get_user_model().objects.create_user("lister", pk=USER_PK)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client

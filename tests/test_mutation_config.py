@@ -62,6 +62,9 @@ def test_a_groups_configuration_names_only_its_own_modules_and_tests():
     assert options["only_mutate"] == group["modules"]
     assert options["pytest_add_cli_args_test_selection"] == group["tests"]
     assert options["source_paths"] == mutmut["source_paths"]
+    # The group's own pytest options follow the shared ones, for every run of its tests.
+    assert options["pytest_add_cli_args"] == mutmut["pytest_add_cli_args"] + group["pytest_args"]
+    assert "--no-migrations" in group["pytest_args"]
     # The rest of the project's configuration (pytest's settings) is kept.
     assert config["tool"]["pytest"]["ini_options"]["DJANGO_SETTINGS_MODULE"] == "memory_site.settings"
     assert "persistent_memory" not in config["tool"]
