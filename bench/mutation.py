@@ -133,15 +133,21 @@ def run_group(name: str, group: dict, mutmut: dict, children: int) -> None:
     work = _workspace(name, group, mutmut)
     from_scratch = not (work / "mutants").is_dir()
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
-        cwd=work,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"mutmut failed on group {name}:\n{done.stderr[-4000:]}")
+    for attempt in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode == 0:
+            break
+        # mutmut keeps each verdict as it comes, so a second run goes on where the first
+        # stopped: once (seen once in many runs) it quit near the end with no message.
+        output = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
+        print(f"mutmut stopped on group {name} (attempt {attempt}):\n{output}", file=sys.stderr)
+    else:
+        raise SystemExit(f"mutmut failed on group {name} twice")
     if from_scratch:
         (work / "seconds").write_text(str(round(time.monotonic() - started)))
 
