@@ -566,3 +566,17 @@ def test_a_chat_grown_past_every_mirrored_message_is_mirrored(mirrored):
     store.mirror.sync_dirty()
     assert_conversations_mirrored(store, "s1")
     assert not MemoryMessage.objects.filter(content_text="first").exists()
+
+
+def test_more_stale_messages_than_one_delete_takes_all_leave_the_mirror(db, settings):
+    """A rewritten conversation compared message by message deletes its stale rows 500 a
+    query (within every database's limit of parameters): past 1,000 of them, none is left."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred", "MAX_MESSAGES": 1100, "MAX_BATCH": 1100}
+    store = get_store()
+    store.add_messages("s1", [{"role": "user", "content": f"old {n}"} for n in range(1001)])
+    store.mirror.sync_dirty()
+    store.clear_messages("s1")
+    store.add_messages("s1", [{"role": "user", "content": f"new {n}"} for n in range(1001)])
+    store.mirror.sync_dirty()
+    contents = MemoryMessage.objects.order_by("seq").values_list("content_text", flat=True)
+    assert list(contents) == [f"new {n}" for n in range(1001)]
