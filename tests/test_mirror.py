@@ -610,7 +610,7 @@ def test_a_full_sync_of_one_owner_keeps_the_other_owners_marks(mirrored):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_restore_that_failed_is_retried_by_the_worker(settings):
+def test_a_restore_that_failed_is_retried_by_the_worker(settings, caplog):
     settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
     get_store().create_session("kept", ttl_seconds=0, idle_ttl_seconds=0)  # never expires
     get_store().record_answer("kept", "hello")
@@ -618,10 +618,19 @@ def test_a_restore_that_failed_is_retried_by_the_worker(settings):
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
     try:
-        fresh = MemoryStore.from_settings()  # the database cannot give the sessions back yet
-        fresh.mirror.stop()  # the test flushes, not the worker
-        assert fresh.mirror.restore_pending
-        assert mirror_health(fresh)["status"] == "unavailable"
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
+            fresh = MemoryStore.from_settings()  # the database cannot give the sessions back yet
+            fresh.mirror.stop()  # the test flushes, not the worker
+            assert fresh.mirror.restore_pending
+            assert mirror_health(fresh)["status"] == "unavailable"
+            # Said once, with the database's error; not again at each retry that fails alike.
+            assert not fresh.mirror.restore_safely() and fresh.mirror.restore_pending
+        (warning,) = [r for r in caplog.records if "restore" in r.getMessage()]
+        assert warning.levelno == logging.WARNING and warning.getMessage() == (
+            "persistent_memory: could not restore sessions from the mirror; will retry"
+        )
+        assert warning.exc_info is not None and "pm_away" not in str(warning.exc_info[1])
+        assert "persistent_memory_memorysession" in str(warning.exc_info[1])
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
@@ -654,3 +663,24 @@ def test_a_checkpoint_written_again_is_mirrored_in_place(db, settings):
     assert store.mirror.sync_dirty().synced == 1
     mirrored = {e.name: e.value for e in CheckpointEntry.objects.all()}
     assert mirrored == store.checkpoint_entries("thread") and '{"v": 2}' in mirrored.values()
+
+
+def test_a_restart_from_the_mirror_keeps_an_idle_ttl(db, settings):
+    """A session that also expires when idle comes back still expiring when idle, with the
+    same expiry (not the fixed TTL's, nor none)."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.create_session("idle", ttl_seconds=3600, idle_ttl_seconds=600)
+    store.put("idle", "k", 1)
+    before = store.session_info("idle")
+    assert (before["idle_ttl_seconds"], before["expires_by"]) == (600, "idle")
+    store.mirror.sync_dirty()
+    reset_store()
+    restarted = get_store()
+    try:
+        assert restarted.mirror.restore() == 1
+        after = restarted.session_info("idle")
+        assert (after["idle_ttl_seconds"], after["expires_by"], after["ttl_seconds"]) == (600, "idle", 3600)
+        assert after["expires_at"] == pytest.approx(before["expires_at"], abs=1e-3)
+    finally:
+        restarted.close()
