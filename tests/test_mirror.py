@@ -16,6 +16,7 @@ from persistent_memory.mirror import ERROR_TEXT_LIMIT, _error_text
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
+from tests.test_journal import crash, journaled  # noqa: F401  (journaled is a fixture)
 from tests.timing import LIVE_TTL, wait_past, wait_until
 
 
@@ -684,3 +685,46 @@ def test_a_restart_from_the_mirror_keeps_an_idle_ttl(db, settings):
         assert after["expires_at"] == pytest.approx(before["expires_at"], abs=1e-3)
     finally:
         restarted.close()
+
+
+def test_a_restart_loads_every_mirrored_session_and_none_the_database_never_took(db, settings):
+    """A row made only to say why a session could not be mirrored holds none of it: a
+    restart from the mirror leaves it out. A session mirrored before and refused since, and
+    a row written before rows had a history digest, are loaded."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    for sid, value in (("before", 1), ("older", 2)):
+        store.create_session(sid)
+        store.put(sid, "k", value)
+    store.mirror.sync_dirty()
+    MemorySession.objects.filter(session_id="older").update(history_digest="")  # as 0002 left them
+    store.put("before", "refused", 3)
+    store.create_session("never")
+    store.put("never", "refused", 4)
+    with refusing("refused", "not_here"):
+        assert store.mirror.sync_dirty().failed == 2
+    errors = dict(MemorySession.objects.values_list("session_id", "sync_error"))
+    assert "not_here" in errors["before"] and "not_here" in errors["never"] and errors["older"] == ""
+    reset_store()
+    restarted = get_store()
+    try:
+        assert restarted.mirror.restore() == 2
+        assert restarted.list_sessions() == ["before", "older"]
+        assert (restarted.get_all("before"), restarted.get_all("older")) == ({"k": 1}, {"k": 2})
+    finally:
+        restarted.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restart_replays_only_the_writes_an_owners_rows_lack(journaled):  # noqa: F811
+    """The journal still holds writes the mirror has (no checkpoint let them go): a restart
+    replays, for each session of each owner, only those after its row's position."""
+    store = journaled()
+    owned = store.for_owner("user:1")
+    owned.record_answer("s", "first")
+    store.mirror.sync_dirty()  # the row holds it; the journal keeps it too
+    owned.record_answer("s", "second")
+    crash(store)
+    fresh = journaled().for_owner("user:1")
+    assert (fresh.get("s", "answer_count"), fresh.get("s", "last_answer")) == (2, "second")
+    assert [e["op"] for e in fresh.get_history("s", 0)] == [e["op"] for e in owned.get_history("s", 0)]
