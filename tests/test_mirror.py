@@ -264,6 +264,9 @@ def test_immediate_mode_flushes_without_a_sync(configure):
         # long a loaded machine takes to schedule it.
         wait_until(lambda: _row_exists_yet(MemoryValue.objects.filter(session__session_id="s1", key="k")))
         assert_mirrored(store, "s1")
+        # A daemon: it keeps no process from exiting (the atexit hook that stops it runs
+        # only once the threads that are not daemons have ended).
+        assert store.mirror._worker.daemon
     finally:
         reset_store()
 
@@ -728,3 +731,104 @@ def test_a_restart_replays_only_the_writes_an_owners_rows_lack(journaled):  # no
     fresh = journaled().for_owner("user:1")
     assert (fresh.get("s", "answer_count"), fresh.get("s", "last_answer")) == (2, "second")
     assert [e["op"] for e in fresh.get_history("s", 0)] == [e["op"] for e in owned.get_history("s", 0)]
+
+
+def test_a_restore_leaves_out_only_what_a_backend_rule_refuses(db, settings, caplog, monkeypatch):
+    """A backend with a rule of its own for restores (here one that refuses a session with
+    QuotaExceeded): that session stays in the mirror only, said in a warning, and the
+    others are loaded. A session the store holds already is left as it is."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    for sid in ("oldest", "refused", "held", "newest"):  # a restore loads the newest first
+        store.create_session(sid)
+        store.put(sid, "k", sid)
+    store.mirror.sync_dirty()
+    reset_store()
+    restarted = get_store()
+    restarted.create_session("held")
+    restarted.put("held", "k", "this process's")
+    restore = restarted.backend.restore_session
+
+    def with_a_rule(snapshot, *, replace):
+        if snapshot["info"]["session_id"] == "refused":
+            raise QuotaExceeded("over a cap of its own")
+        restore(snapshot, replace=replace)
+
+    monkeypatch.setattr(restarted.backend, "restore_session", with_a_rule)
+    try:
+        with caplog.at_level(logging.WARNING, "persistent_memory.mirror"):
+            assert restarted.mirror.restore() == 2
+        assert restarted.list_sessions() == ["held", "newest", "oldest"]
+        assert [restarted.get(sid, "k") for sid in ("held", "newest")] == ["this process's", "newest"]
+        assert caplog.messages == [
+            "persistent_memory: over a cap of its own; session refused stays in the mirror only"
+        ]
+    finally:
+        restarted.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flush_mirrors_nothing_until_the_restore_worked(journaled, caplog):  # noqa: F811
+    """While the restore fails, a flush neither syncs nor checkpoints (a checkpoint would
+    let the journal drop writes not yet replayed); the flush whose restore works replays
+    the journal and mirrors what it brought back at once."""
+    store = journaled()
+    store.create_session("s")
+    store.put("s", "k", 1)
+    store.mirror.sync_dirty()
+    store.put("s", "k", 2)  # in the journal only
+    crash(store)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        fresh = journaled()
+        assert fresh.mirror.restore_pending
+        fresh.mirror._flush()
+        assert fresh.mirror.restore_pending
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    with caplog.at_level(logging.INFO, "persistent_memory.mirror"):
+        fresh.mirror._flush()
+    assert not fresh.mirror.restore_pending and fresh.get("s", "k") == 2
+    assert MemoryValue.objects.get(session__session_id="s", key="k").decoded_value == 2
+    assert "persistent_memory: restored 1 sessions from the mirror" in caplog.messages
+    assert "persistent_memory: replayed the journal's writes to 1 sessions" in caplog.messages
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_checkpoint_mirrors_what_was_written_then_lets_the_journal_go(journaled):  # noqa: F811
+    store = journaled()
+    journal = store.backend.journal
+    store.create_session("s")
+    store.put("s", "k", 1)
+    assert store.mirror.checkpoint() is True
+    assert MemoryValue.objects.get(session__session_id="s", key="k").decoded_value == 1
+    assert [record[1] for _, record in journal.records()] == []  # all in the mirror now
+    assert store.mirror.checkpoint() is True  # nothing written since: nothing to do
+    store.put("s", "k", 2)
+    segments = len(journal.segments())
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memoryvalue RENAME TO pm_broken")
+    try:
+        assert store.mirror.checkpoint() is False  # the sync failed: the journal keeps it all
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_broken RENAME TO persistent_memory_memoryvalue")
+    assert len(journal.segments()) == segments + 1
+    assert [record[1] for _, record in journal.records()] == ["put"]
+
+
+def test_a_flush_that_fails_says_so_and_the_worker_goes_on(db, settings, caplog, monkeypatch):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store.backend, "checkpoint", broken)
+    with caplog.at_level(logging.ERROR, "persistent_memory.mirror"):
+        store.mirror._flush()  # returns: the worker's loop calls it again
+    (record,) = caplog.records
+    assert record.getMessage() == "persistent_memory: mirror flush failed"
+    assert isinstance(record.exc_info[1], RuntimeError)
