@@ -35,7 +35,7 @@ def chat(store: MemoryStore, session_id: str, conversation: str = "default") -> 
         session_id,
         [
             {"id": "sys", "role": "system", "content": "You answer in one sentence."},
-            {"id": "u1", "role": "user", "content": "Weather in Paris?"},
+            {"id": "u1", "role": "user", "name": "ann", "content": "Weather in Paris?"},
             {"id": "a1", "role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
             {"id": "t1", "role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
             {"id": "a2", "role": "assistant", "content": "21 degrees."},
@@ -558,6 +558,7 @@ def test_a_row_written_before_summaries_were_kept_per_branch_reads_as_a_list():
 def test_content_parts_without_a_type_show_as_parts():
     parts = [{"type": "text", "text": "Look:"}, {"image": "..."}, "raw", {"type": "input_audio"}]
     assert mirror_conversations.content_text(parts) == "Look:\n[part]\n[part]\n[input_audio]"
+    assert mirror_conversations.content_text([{"type": "text"}, {"type": "text", "text": "x"}]) == "\nx"
     assert mirror_conversations.content_text(None) == ""
 
 
@@ -584,3 +585,18 @@ def test_more_stale_messages_than_one_delete_takes_all_leave_the_mirror(db, sett
     store.mirror.sync_dirty()
     contents = MemoryMessage.objects.order_by("seq").values_list("content_text", flat=True)
     assert list(contents) == [f"new {n}" for n in range(1001)]
+
+
+#: A tokenizer named by a dotted path longer than the message column holds (200 characters).
+LONG_TOKENIZER = f"{__name__}.counter_{'x' * 200}"
+globals()[LONG_TOKENIZER.rsplit(".", 1)[1]] = len
+
+
+def test_a_tokenizer_name_longer_than_its_column_is_cut(db, settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred", "TOKENIZER": LONG_TOKENIZER}
+    store = get_store()
+    store.add_messages("s1", [{"role": "user", "content": "Hello"}])
+    store.mirror.sync_dirty()
+    message = MemoryMessage.objects.get()
+    assert json.loads(message.stored)["tokenizer"] == LONG_TOKENIZER
+    assert message.tokenizer == LONG_TOKENIZER[:200]

@@ -6,11 +6,11 @@ import logging
 from contextlib import contextmanager
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection
 
 from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
-from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded
+from persistent_memory.exceptions import BackendUnavailable, CapacityExceeded, QuotaExceeded
 from persistent_memory.health import mirror_health
 from persistent_memory.mirror import ERROR_TEXT_LIMIT, _error_text
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
@@ -832,3 +832,88 @@ def test_a_flush_that_fails_says_so_and_the_worker_goes_on(db, settings, caplog,
     (record,) = caplog.records
     assert record.getMessage() == "persistent_memory: mirror flush failed"
     assert isinstance(record.exc_info[1], RuntimeError)
+
+
+def test_a_sync_with_a_limit_over_a_batch_takes_that_many(mirrored):
+    """A limit past BATCH_SIZE is taken over several batches, and no more than it."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    for n in range(BATCH_SIZE + 3):
+        store.create_session(f"s{n}")
+    assert store.mirror.sync_dirty(limit=BATCH_SIZE + 1).synced == BATCH_SIZE + 1
+    assert MemorySession.objects.count() == BATCH_SIZE + 1
+    assert store.backend.dirty_count() == 2
+
+
+def test_a_full_sync_of_an_owner_notices_sessions_gone_without_a_mark(mirrored):
+    """Marks lost (a backend down when they were to be kept): ``memory_mirror --all``
+    still finds the owner's mirrored sessions the store no longer has."""
+    store = mirrored
+    alice = store.for_owner("user:alice")
+    alice.create_session("kept")
+    alice.create_session("gone")
+    store.mirror.sync_dirty()
+    alice.delete_session("gone")
+    store.backend.pop_dirty(10)  # the mark is lost
+    result = store.mirror.sync_all(owner="user:alice")
+    assert (result.synced, result.gone) == (1, 1)
+    states = dict(MemorySession.objects.values_list("session_id", "state"))
+    assert states == {"kept": MemorySession.State.LIVE, "gone": MemorySession.State.DELETED}
+
+
+def test_a_full_sync_that_fails_keeps_the_marks_it_took(mirrored):
+    store = mirrored
+    alice = store.for_owner("user:alice")
+    alice.create_session("s")
+    store.create_session("t")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        with pytest.raises(DatabaseError):
+            store.mirror.sync_all(owner="user:alice")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    assert sorted(store.backend.pop_dirty(10)) == sorted([storage_id("user:alice", "s"), "t"])
+
+
+def test_marks_that_cannot_be_kept_are_said_in_a_warning(mirrored, caplog, monkeypatch):
+    """The database fails and then the backend cannot mark the batch again: a warning says
+    how many sessions wait for a full sync."""
+    store = mirrored
+    store.create_session("s1")
+    store.create_session("s2")
+
+    def down(session_ids: list[str]) -> None:
+        raise BackendUnavailable("the backend is down")
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        monkeypatch.setattr(store.backend, "mark_dirty", down)
+        with caplog.at_level(logging.WARNING, "persistent_memory.mirror"):
+            assert store.mirror.sync_dirty().failed == 2
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "persistent_memory: could not mark 2 sessions for a later sync" in warnings
+
+
+def test_history_entries_the_mirror_cannot_read_whole_still_get_rows(mirrored):
+    """An imported history may hold entries without an op or a time, or an op longer than
+    the column: each still gets its row (op "unknown", op cut to 32 characters, the sync's
+    time)."""
+    from django.utils import timezone
+
+    store = mirrored
+    store.create_session("s1")
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    snapshot["history"] = [{"key": "a", "timestamp": 1000.0}, {"op": "x" * 40, "key": "b"}]
+    store.backend.restore_session(snapshot, replace=True)
+    before = timezone.now()
+    store.mirror.sync_dirty()
+    rows = list(HistoryEntry.objects.order_by("position"))
+    assert [(e.op, e.key) for e in rows] == [("unknown", "a"), ("x" * 32, "b")]
+    assert rows[0].timestamp.timestamp() == 1000.0 and before <= rows[1].timestamp <= timezone.now()
