@@ -917,3 +917,31 @@ def test_history_entries_the_mirror_cannot_read_whole_still_get_rows(mirrored):
     rows = list(HistoryEntry.objects.order_by("position"))
     assert [(e.op, e.key) for e in rows] == [("unknown", "a"), ("x" * 32, "b")]
     assert rows[0].timestamp.timestamp() == 1000.0 and before <= rows[1].timestamp <= timezone.now()
+
+
+def test_checkpoint_rows_follow_removals_and_each_session_of_a_batch(db, settings):
+    """Every session of a batch gets its checkpoints, after one that has none; a removal
+    rewrites the session's entries once, and the syncs after it write only what changed."""
+    from persistent_memory.models import CheckpointEntry
+
+    def mirrored() -> dict[str, tuple[int, str]]:
+        return {e.name: (e.pk, e.value) for e in CheckpointEntry.objects.all()}
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.create_session("plain")
+    store.put_checkpoint("thread", "", "cp-1", '{"v": 1}')
+    store.put_checkpoint("thread", "", "cp-2", '{"v": 2}')
+    assert store.mirror.sync_sessions(["plain", "thread"]).synced == 2
+    assert {name: value for name, (_, value) in mirrored().items()} == store.checkpoint_entries("thread")
+    plain = MemorySession.objects.get(session_id="plain")
+    assert (plain.checkpoint_epoch, plain.checkpoint_seq) == ("", 0)  # no checkpoints, no counters
+    assert store.prune_checkpoints("thread") == 1
+    store.mirror.sync_dirty()
+    before = mirrored()
+    assert {name: value for name, (_, value) in before.items()} == store.checkpoint_entries("thread")
+    store.put_checkpoint("thread", "", "cp-3", '{"v": 3}')
+    store.mirror.sync_dirty()
+    after = mirrored()
+    assert {name: value for name, (_, value) in after.items()} == store.checkpoint_entries("thread")
+    assert {name: after[name] for name in before} == before and len(after) > len(before)
