@@ -600,3 +600,15 @@ def test_a_tokenizer_name_longer_than_its_column_is_cut(db, settings):
     message = MemoryMessage.objects.get()
     assert json.loads(message.stored)["tokenizer"] == LONG_TOKENIZER
     assert message.tokenizer == LONG_TOKENIZER[:200]
+
+
+def test_a_conversation_without_a_head_is_mirrored_without_one(mirrored):
+    """A thread written with no head (the next append starts a new root) keeps its
+    messages; its row says it has none."""
+    store = mirrored
+    message = {"id": "q", "role": "user", "content": "recorded"}
+    store.write_thread("s1", key="rec", expected=None, record={"revision": "1"}, messages=[message])
+    assert store.get_messages("s1")["head"] is None
+    store.mirror.sync_dirty()
+    row = assert_conversations_mirrored(store, "s1")
+    assert row.conversations.get().head == ""
