@@ -75,7 +75,9 @@ def test_writes_sync_and_match(mirrored):
     store.record_answer("s2", "hello")
     result = store.mirror.sync_dirty()
     assert (result.synced, result.gone, result.failed) == (2, 0, 0)
-    assert_mirrored(store, "s1")
+    assert mirror_health(store)["last_sync_at"] is not None
+    row = assert_mirrored(store, "s1")
+    assert len(row.history_digest) == MemorySession._meta.get_field("history_digest").max_length
     assert_mirrored(store, "s2")
     # Nothing is dirty any more: a second pass does nothing.
     assert store.mirror.sync_dirty().synced == 0
@@ -117,6 +119,11 @@ def test_a_sync_writes_only_the_history_added_since_the_last(mirrored):
     # The rows already mirrored are the same rows; only the new entry was written.
     assert {position: after[position] for position in before} == before
     assert set(after) == {0, 1, 2}
+    store.increment("s1", "n")  # and again: the rows of every sync before are kept
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
+    again = dict(HistoryEntry.objects.values_list("position", "pk"))
+    assert {position: again[position] for position in after} == after and set(again) == {0, 1, 2, 3}
 
 
 def test_a_fold_or_a_replaced_history_rewrites_the_rows(mirrored):
@@ -179,8 +186,11 @@ def test_sync_is_idempotent(mirrored):
     store.create_session("s1")
     store.put("s1", "a", 1)
     store.put("s1", "b", [1, 2])
+    store.mirror.sync_sessions(["s1"])
+    written = set(HistoryEntry.objects.values_list("pk", flat=True))
     for _ in range(3):
         store.mirror.sync_sessions(["s1"])
+    assert set(HistoryEntry.objects.values_list("pk", flat=True)) == written  # kept, not rewritten
     assert MemorySession.objects.count() == 1
     assert MemoryValue.objects.count() == 2
     assert HistoryEntry.objects.count() == 2
@@ -526,6 +536,9 @@ def test_a_session_the_database_refuses_fails_alone_and_says_why(mirrored, caplo
             logging.WARNING,
             logging.DEBUG,
         ]
+        said = next(r.getMessage() for r in caplog.records if "one at a time" in r.getMessage())
+        assert said.startswith("persistent_memory: mirror sync of 3 sessions failed (IntegrityError: ")
+        assert "no_such_key_here" in said and said.endswith("); writing them one at a time")
     with refusing("refused", "another_reason"), caplog.at_level(logging.DEBUG, "persistent_memory.mirror"):
         assert store.mirror.sync_dirty().failed == 1
         assert "another_reason" in MemorySession.objects.get(session_id="s2").sync_error
@@ -899,6 +912,8 @@ def test_marks_that_cannot_be_kept_are_said_in_a_warning(mirrored, caplog, monke
             cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "persistent_memory: could not mark 2 sessions for a later sync" in warnings
+    assert "persistent_memory: mirror sync of 2 sessions failed; will retry" in caplog.messages
+    assert "persistent_memory_memorysession" in mirror_health(store)["last_error"]
 
 
 def test_history_entries_the_mirror_cannot_read_whole_still_get_rows(mirrored):
@@ -945,3 +960,22 @@ def test_checkpoint_rows_follow_removals_and_each_session_of_a_batch(db, setting
     after = mirrored()
     assert {name: value for name, (_, value) in after.items()} == store.checkpoint_entries("thread")
     assert {name: after[name] for name in before} == before and len(after) > len(before)
+
+
+def test_the_figures_of_a_sync_add_up_over_its_batches(mirrored):
+    """Three batches: one gone and one refused in the first, all written in the second,
+    one refused in the third."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    store.create_session("gone")
+    store.mirror.sync_dirty()
+    store.delete_session("gone")
+    others = [f"s{n}" for n in range(2 * BATCH_SIZE - 2)]
+    for sid in ["refused-a", "refused-b", *others]:
+        store.create_session(sid)
+    store.put("refused-a", "refused", 1)
+    store.put("refused-b", "refused", 1)
+    with refusing("refused", "not_this_one"):
+        result = store.mirror.sync_sessions(["gone", "refused-a", *others, "refused-b"])
+    assert (result.synced, result.gone, result.failed) == (len(others), 1, 2)
