@@ -979,3 +979,56 @@ def test_the_figures_of_a_sync_add_up_over_its_batches(mirrored):
     with refusing("refused", "not_this_one"):
         result = store.mirror.sync_sessions(["gone", "refused-a", *others, "refused-b"])
     assert (result.synced, result.gone, result.failed) == (len(others), 1, 2)
+
+
+def test_a_sync_goes_on_past_a_batch_where_some_sessions_were_refused(mirrored):
+    """Only a batch that wrote nothing stops sync_dirty: with two of BATCH_SIZE + 1 sessions
+    refused, the first batch holds one at least, and the one left for the next is written."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    for n in range(BATCH_SIZE + 1):
+        store.create_session(f"s{n}")
+    store.put("s0", "refused", 1)
+    store.put("s1", "refused", 1)
+    with refusing("refused", "not_these"):
+        result = store.mirror.sync_dirty()
+    assert (result.synced, result.gone, result.failed) == (BATCH_SIZE - 1, 0, 2)
+
+
+def test_a_batch_that_fails_whole_adds_to_the_failures_before_it(mirrored, monkeypatch):
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    ids = [f"s{n}" for n in range(BATCH_SIZE + 3)]
+    for sid in ids:
+        store.create_session(sid)
+    store.put("s0", "refused", 1)
+    store.backend.pop_dirty(len(ids) + 1)
+    snapshots, calls = store.backend.snapshots, []
+
+    def second_fails(batch: list[str]):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise BackendUnavailable("the backend went away")
+        return snapshots(batch)
+
+    monkeypatch.setattr(store.backend, "snapshots", second_fails)
+    with refusing("refused", "not_this_one"):
+        result = store.mirror.sync_sessions(ids)
+    assert (result.synced, result.failed) == (BATCH_SIZE - 1, 1 + 3)
+    assert sorted(store.backend.pop_dirty(10)) == sorted(["s0", *ids[BATCH_SIZE:]])
+
+
+def test_a_bug_in_a_sync_keeps_the_batch_marked(mirrored, monkeypatch):
+    store = mirrored
+    store.create_session("s1")
+    store.backend.pop_dirty(10)
+
+    def bug(batch: list[str]):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store.backend, "snapshots", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        store.mirror.sync_sessions(["s1"])
+    assert store.backend.pop_dirty(10) == ["s1"]
