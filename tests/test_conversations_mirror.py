@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from persistent_memory import get_store, mirror_conversations, reset_store
 from persistent_memory.backends.conversations import text_digest
@@ -34,7 +35,7 @@ def chat(store: MemoryStore, session_id: str, conversation: str = "default") -> 
         session_id,
         [
             {"id": "sys", "role": "system", "content": "You answer in one sentence."},
-            {"id": "u1", "role": "user", "content": "Weather in Paris?"},
+            {"id": "u1", "role": "user", "name": "ann", "content": "Weather in Paris?"},
             {"id": "a1", "role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
             {"id": "t1", "role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
             {"id": "a2", "role": "assistant", "content": "21 degrees."},
@@ -201,9 +202,12 @@ def test_a_sync_of_a_grown_chat_reads_only_what_it_gained(mirrored, monkeypatch)
     parsed: list[str] = []
     counting = SimpleNamespace(loads=lambda text: parsed.append(text) or json.loads(text), dumps=json.dumps)
     monkeypatch.setattr(mirror_conversations, "json", counting)
-    store.mirror.sync_dirty()
+    with CaptureQueriesContext(connection) as queries:
+        store.mirror.sync_dirty()
     monkeypatch.undo()
     assert_conversations_mirrored(store, "s1")
+    # Nor are the mirrored messages read back to compare: the digest says they are the same.
+    assert not [q for q in queries if q["sql"].startswith("SELECT") and "_memorymessage" in q["sql"]]
     # The memory backend's snapshot says what the rows must hold: only the new message is
     # read (and the one before it, where the walk back stops); Redis's is read whole.
     assert len(parsed) == (2 if store.backend.name == "memory" else 7)
@@ -554,6 +558,7 @@ def test_a_row_written_before_summaries_were_kept_per_branch_reads_as_a_list():
 def test_content_parts_without_a_type_show_as_parts():
     parts = [{"type": "text", "text": "Look:"}, {"image": "..."}, "raw", {"type": "input_audio"}]
     assert mirror_conversations.content_text(parts) == "Look:\n[part]\n[part]\n[input_audio]"
+    assert mirror_conversations.content_text([{"type": "text"}, {"type": "text", "text": "x"}]) == "\nx"
     assert mirror_conversations.content_text(None) == ""
 
 
@@ -566,3 +571,44 @@ def test_a_chat_grown_past_every_mirrored_message_is_mirrored(mirrored):
     store.mirror.sync_dirty()
     assert_conversations_mirrored(store, "s1")
     assert not MemoryMessage.objects.filter(content_text="first").exists()
+
+
+def test_more_stale_messages_than_one_delete_takes_all_leave_the_mirror(db, settings):
+    """A rewritten conversation compared message by message deletes its stale rows 500 a
+    query (within every database's limit of parameters): past 1,000 of them, none is left."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred", "MAX_MESSAGES": 1100, "MAX_BATCH": 1100}
+    store = get_store()
+    store.add_messages("s1", [{"role": "user", "content": f"old {n}"} for n in range(1001)])
+    store.mirror.sync_dirty()
+    store.clear_messages("s1")
+    store.add_messages("s1", [{"role": "user", "content": f"new {n}"} for n in range(1001)])
+    store.mirror.sync_dirty()
+    contents = MemoryMessage.objects.order_by("seq").values_list("content_text", flat=True)
+    assert list(contents) == [f"new {n}" for n in range(1001)]
+
+
+#: A tokenizer named by a dotted path longer than the message column holds (200 characters).
+LONG_TOKENIZER = f"{__name__}.counter_{'x' * 200}"
+globals()[LONG_TOKENIZER.rsplit(".", 1)[1]] = len
+
+
+def test_a_tokenizer_name_longer_than_its_column_is_cut(db, settings):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred", "TOKENIZER": LONG_TOKENIZER}
+    store = get_store()
+    store.add_messages("s1", [{"role": "user", "content": "Hello"}])
+    store.mirror.sync_dirty()
+    message = MemoryMessage.objects.get()
+    assert json.loads(message.stored)["tokenizer"] == LONG_TOKENIZER
+    assert message.tokenizer == LONG_TOKENIZER[:200]
+
+
+def test_a_conversation_without_a_head_is_mirrored_without_one(mirrored):
+    """A thread written with no head (the next append starts a new root) keeps its
+    messages; its row says it has none."""
+    store = mirrored
+    message = {"id": "q", "role": "user", "content": "recorded"}
+    store.write_thread("s1", key="rec", expected=None, record={"revision": "1"}, messages=[message])
+    assert store.get_messages("s1")["head"] is None
+    store.mirror.sync_dirty()
+    row = assert_conversations_mirrored(store, "s1")
+    assert row.conversations.get().head == ""

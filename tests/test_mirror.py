@@ -6,16 +6,17 @@ import logging
 from contextlib import contextmanager
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection
 
 from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
-from persistent_memory.exceptions import CapacityExceeded, QuotaExceeded
+from persistent_memory.exceptions import BackendUnavailable, CapacityExceeded, QuotaExceeded
 from persistent_memory.health import mirror_health
 from persistent_memory.mirror import ERROR_TEXT_LIMIT, _error_text
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
+from tests.test_journal import crash, journaled  # noqa: F401  (journaled is a fixture)
 from tests.timing import LIVE_TTL, wait_past, wait_until
 
 
@@ -74,7 +75,9 @@ def test_writes_sync_and_match(mirrored):
     store.record_answer("s2", "hello")
     result = store.mirror.sync_dirty()
     assert (result.synced, result.gone, result.failed) == (2, 0, 0)
-    assert_mirrored(store, "s1")
+    assert mirror_health(store)["last_sync_at"] is not None
+    row = assert_mirrored(store, "s1")
+    assert len(row.history_digest) == MemorySession._meta.get_field("history_digest").max_length
     assert_mirrored(store, "s2")
     # Nothing is dirty any more: a second pass does nothing.
     assert store.mirror.sync_dirty().synced == 0
@@ -116,6 +119,11 @@ def test_a_sync_writes_only_the_history_added_since_the_last(mirrored):
     # The rows already mirrored are the same rows; only the new entry was written.
     assert {position: after[position] for position in before} == before
     assert set(after) == {0, 1, 2}
+    store.increment("s1", "n")  # and again: the rows of every sync before are kept
+    store.mirror.sync_dirty()
+    assert_mirrored(store, "s1")
+    again = dict(HistoryEntry.objects.values_list("position", "pk"))
+    assert {position: again[position] for position in after} == after and set(again) == {0, 1, 2, 3}
 
 
 def test_a_fold_or_a_replaced_history_rewrites_the_rows(mirrored):
@@ -178,8 +186,11 @@ def test_sync_is_idempotent(mirrored):
     store.create_session("s1")
     store.put("s1", "a", 1)
     store.put("s1", "b", [1, 2])
+    store.mirror.sync_sessions(["s1"])
+    written = set(HistoryEntry.objects.values_list("pk", flat=True))
     for _ in range(3):
         store.mirror.sync_sessions(["s1"])
+    assert set(HistoryEntry.objects.values_list("pk", flat=True)) == written  # kept, not rewritten
     assert MemorySession.objects.count() == 1
     assert MemoryValue.objects.count() == 2
     assert HistoryEntry.objects.count() == 2
@@ -263,6 +274,9 @@ def test_immediate_mode_flushes_without_a_sync(configure):
         # long a loaded machine takes to schedule it.
         wait_until(lambda: _row_exists_yet(MemoryValue.objects.filter(session__session_id="s1", key="k")))
         assert_mirrored(store, "s1")
+        # A daemon: it keeps no process from exiting (the atexit hook that stops it runs
+        # only once the threads that are not daemons have ended).
+        assert store.mirror._worker.daemon
     finally:
         reset_store()
 
@@ -522,6 +536,9 @@ def test_a_session_the_database_refuses_fails_alone_and_says_why(mirrored, caplo
             logging.WARNING,
             logging.DEBUG,
         ]
+        said = next(r.getMessage() for r in caplog.records if "one at a time" in r.getMessage())
+        assert said.startswith("persistent_memory: mirror sync of 3 sessions failed (IntegrityError: ")
+        assert "no_such_key_here" in said and said.endswith("); writing them one at a time")
     with refusing("refused", "another_reason"), caplog.at_level(logging.DEBUG, "persistent_memory.mirror"):
         assert store.mirror.sync_dirty().failed == 1
         assert "another_reason" in MemorySession.objects.get(session_id="s2").sync_error
@@ -610,7 +627,7 @@ def test_a_full_sync_of_one_owner_keeps_the_other_owners_marks(mirrored):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_restore_that_failed_is_retried_by_the_worker(settings):
+def test_a_restore_that_failed_is_retried_by_the_worker(settings, caplog):
     settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "immediate"}
     get_store().create_session("kept", ttl_seconds=0, idle_ttl_seconds=0)  # never expires
     get_store().record_answer("kept", "hello")
@@ -618,10 +635,19 @@ def test_a_restore_that_failed_is_retried_by_the_worker(settings):
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
     try:
-        fresh = MemoryStore.from_settings()  # the database cannot give the sessions back yet
-        fresh.mirror.stop()  # the test flushes, not the worker
-        assert fresh.mirror.restore_pending
-        assert mirror_health(fresh)["status"] == "unavailable"
+        with caplog.at_level(logging.WARNING, logger="persistent_memory.mirror"):
+            fresh = MemoryStore.from_settings()  # the database cannot give the sessions back yet
+            fresh.mirror.stop()  # the test flushes, not the worker
+            assert fresh.mirror.restore_pending
+            assert mirror_health(fresh)["status"] == "unavailable"
+            # Said once, with the database's error; not again at each retry that fails alike.
+            assert not fresh.mirror.restore_safely() and fresh.mirror.restore_pending
+        (warning,) = [r for r in caplog.records if "restore" in r.getMessage()]
+        assert warning.levelno == logging.WARNING and warning.getMessage() == (
+            "persistent_memory: could not restore sessions from the mirror; will retry"
+        )
+        assert warning.exc_info is not None and "pm_away" not in str(warning.exc_info[1])
+        assert "persistent_memory_memorysession" in str(warning.exc_info[1])
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
@@ -654,3 +680,355 @@ def test_a_checkpoint_written_again_is_mirrored_in_place(db, settings):
     assert store.mirror.sync_dirty().synced == 1
     mirrored = {e.name: e.value for e in CheckpointEntry.objects.all()}
     assert mirrored == store.checkpoint_entries("thread") and '{"v": 2}' in mirrored.values()
+
+
+def test_a_restart_from_the_mirror_keeps_an_idle_ttl(db, settings):
+    """A session that also expires when idle comes back still expiring when idle, with the
+    same expiry (not the fixed TTL's, nor none)."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.create_session("idle", ttl_seconds=3600, idle_ttl_seconds=600)
+    store.put("idle", "k", 1)
+    before = store.session_info("idle")
+    assert (before["idle_ttl_seconds"], before["expires_by"]) == (600, "idle")
+    store.mirror.sync_dirty()
+    reset_store()
+    restarted = get_store()
+    try:
+        assert restarted.mirror.restore() == 1
+        after = restarted.session_info("idle")
+        assert (after["idle_ttl_seconds"], after["expires_by"], after["ttl_seconds"]) == (600, "idle", 3600)
+        assert after["expires_at"] == pytest.approx(before["expires_at"], abs=1e-3)
+    finally:
+        restarted.close()
+
+
+def test_a_restart_loads_every_mirrored_session_and_none_the_database_never_took(db, settings):
+    """A row made only to say why a session could not be mirrored holds none of it: a
+    restart from the mirror leaves it out. A session mirrored before and refused since, and
+    a row written before rows had a history digest, are loaded."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    for sid, value in (("before", 1), ("older", 2)):
+        store.create_session(sid)
+        store.put(sid, "k", value)
+    store.mirror.sync_dirty()
+    MemorySession.objects.filter(session_id="older").update(history_digest="")  # as 0002 left them
+    store.put("before", "refused", 3)
+    store.create_session("never")
+    store.put("never", "refused", 4)
+    with refusing("refused", "not_here"):
+        assert store.mirror.sync_dirty().failed == 2
+    errors = dict(MemorySession.objects.values_list("session_id", "sync_error"))
+    assert "not_here" in errors["before"] and "not_here" in errors["never"] and errors["older"] == ""
+    reset_store()
+    restarted = get_store()
+    try:
+        assert restarted.mirror.restore() == 2
+        assert restarted.list_sessions() == ["before", "older"]
+        assert (restarted.get_all("before"), restarted.get_all("older")) == ({"k": 1}, {"k": 2})
+    finally:
+        restarted.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restart_replays_only_the_writes_an_owners_rows_lack(journaled):  # noqa: F811
+    """The journal still holds writes the mirror has (no checkpoint let them go): a restart
+    replays, for each session of each owner, only those after its row's position."""
+    store = journaled()
+    owned = store.for_owner("user:1")
+    owned.record_answer("s", "first")
+    store.mirror.sync_dirty()  # the row holds it; the journal keeps it too
+    owned.record_answer("s", "second")
+    crash(store)
+    fresh = journaled().for_owner("user:1")
+    assert (fresh.get("s", "answer_count"), fresh.get("s", "last_answer")) == (2, "second")
+    assert [e["op"] for e in fresh.get_history("s", 0)] == [e["op"] for e in owned.get_history("s", 0)]
+
+
+def test_a_restore_leaves_out_only_what_a_backend_rule_refuses(db, settings, caplog, monkeypatch):
+    """A backend with a rule of its own for restores (here one that refuses a session with
+    QuotaExceeded): that session stays in the mirror only, said in a warning, and the
+    others are loaded. A session the store holds already is left as it is."""
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    for sid in ("oldest", "refused", "held", "newest"):  # a restore loads the newest first
+        store.create_session(sid)
+        store.put(sid, "k", sid)
+    store.mirror.sync_dirty()
+    reset_store()
+    restarted = get_store()
+    restarted.create_session("held")
+    restarted.put("held", "k", "this process's")
+    restore = restarted.backend.restore_session
+
+    def with_a_rule(snapshot, *, replace):
+        if snapshot["info"]["session_id"] == "refused":
+            raise QuotaExceeded("over a cap of its own")
+        restore(snapshot, replace=replace)
+
+    monkeypatch.setattr(restarted.backend, "restore_session", with_a_rule)
+    try:
+        with caplog.at_level(logging.WARNING, "persistent_memory.mirror"):
+            assert restarted.mirror.restore() == 2
+        assert restarted.list_sessions() == ["held", "newest", "oldest"]
+        assert [restarted.get(sid, "k") for sid in ("held", "newest")] == ["this process's", "newest"]
+        assert caplog.messages == [
+            "persistent_memory: over a cap of its own; session refused stays in the mirror only"
+        ]
+    finally:
+        restarted.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flush_mirrors_nothing_until_the_restore_worked(journaled, caplog):  # noqa: F811
+    """While the restore fails, a flush neither syncs nor checkpoints (a checkpoint would
+    let the journal drop writes not yet replayed); the flush whose restore works replays
+    the journal and mirrors what it brought back at once."""
+    store = journaled()
+    store.create_session("s")
+    store.put("s", "k", 1)
+    store.mirror.sync_dirty()
+    store.put("s", "k", 2)  # in the journal only
+    crash(store)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        fresh = journaled()
+        assert fresh.mirror.restore_pending
+        fresh.mirror._flush()
+        assert fresh.mirror.restore_pending
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    with caplog.at_level(logging.INFO, "persistent_memory.mirror"):
+        fresh.mirror._flush()
+    assert not fresh.mirror.restore_pending and fresh.get("s", "k") == 2
+    assert MemoryValue.objects.get(session__session_id="s", key="k").decoded_value == 2
+    assert "persistent_memory: restored 1 sessions from the mirror" in caplog.messages
+    assert "persistent_memory: replayed the journal's writes to 1 sessions" in caplog.messages
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_checkpoint_mirrors_what_was_written_then_lets_the_journal_go(journaled):  # noqa: F811
+    store = journaled()
+    journal = store.backend.journal
+    store.create_session("s")
+    store.put("s", "k", 1)
+    assert store.mirror.checkpoint() is True
+    assert MemoryValue.objects.get(session__session_id="s", key="k").decoded_value == 1
+    assert [record[1] for _, record in journal.records()] == []  # all in the mirror now
+    assert store.mirror.checkpoint() is True  # nothing written since: nothing to do
+    store.put("s", "k", 2)
+    segments = len(journal.segments())
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memoryvalue RENAME TO pm_broken")
+    try:
+        assert store.mirror.checkpoint() is False  # the sync failed: the journal keeps it all
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_broken RENAME TO persistent_memory_memoryvalue")
+    assert len(journal.segments()) == segments + 1
+    assert [record[1] for _, record in journal.records()] == ["put"]
+
+
+def test_a_flush_that_fails_says_so_and_the_worker_goes_on(db, settings, caplog, monkeypatch):
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store.backend, "checkpoint", broken)
+    with caplog.at_level(logging.ERROR, "persistent_memory.mirror"):
+        store.mirror._flush()  # returns: the worker's loop calls it again
+    (record,) = caplog.records
+    assert record.getMessage() == "persistent_memory: mirror flush failed"
+    assert isinstance(record.exc_info[1], RuntimeError)
+
+
+def test_a_sync_with_a_limit_over_a_batch_takes_that_many(mirrored):
+    """A limit past BATCH_SIZE is taken over several batches, and no more than it."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    for n in range(BATCH_SIZE + 3):
+        store.create_session(f"s{n}")
+    assert store.mirror.sync_dirty(limit=BATCH_SIZE + 1).synced == BATCH_SIZE + 1
+    assert MemorySession.objects.count() == BATCH_SIZE + 1
+    assert store.backend.dirty_count() == 2
+
+
+def test_a_full_sync_of_an_owner_notices_sessions_gone_without_a_mark(mirrored):
+    """Marks lost (a backend down when they were to be kept): ``memory_mirror --all``
+    still finds the owner's mirrored sessions the store no longer has."""
+    store = mirrored
+    alice = store.for_owner("user:alice")
+    alice.create_session("kept")
+    alice.create_session("gone")
+    store.mirror.sync_dirty()
+    alice.delete_session("gone")
+    store.backend.pop_dirty(10)  # the mark is lost
+    result = store.mirror.sync_all(owner="user:alice")
+    assert (result.synced, result.gone) == (1, 1)
+    states = dict(MemorySession.objects.values_list("session_id", "state"))
+    assert states == {"kept": MemorySession.State.LIVE, "gone": MemorySession.State.DELETED}
+
+
+def test_a_full_sync_that_fails_keeps_the_marks_it_took(mirrored):
+    store = mirrored
+    alice = store.for_owner("user:alice")
+    alice.create_session("s")
+    store.create_session("t")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        with pytest.raises(DatabaseError):
+            store.mirror.sync_all(owner="user:alice")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    assert sorted(store.backend.pop_dirty(10)) == sorted([storage_id("user:alice", "s"), "t"])
+
+
+def test_marks_that_cannot_be_kept_are_said_in_a_warning(mirrored, caplog, monkeypatch):
+    """The database fails and then the backend cannot mark the batch again: a warning says
+    how many sessions wait for a full sync."""
+    store = mirrored
+    store.create_session("s1")
+    store.create_session("s2")
+
+    def down(session_ids: list[str]) -> None:
+        raise BackendUnavailable("the backend is down")
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE persistent_memory_memorysession RENAME TO pm_away")
+    try:
+        monkeypatch.setattr(store.backend, "mark_dirty", down)
+        with caplog.at_level(logging.WARNING, "persistent_memory.mirror"):
+            assert store.mirror.sync_dirty().failed == 2
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pm_away RENAME TO persistent_memory_memorysession")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "persistent_memory: could not mark 2 sessions for a later sync" in warnings
+    assert "persistent_memory: mirror sync of 2 sessions failed; will retry" in caplog.messages
+    assert "persistent_memory_memorysession" in mirror_health(store)["last_error"]
+
+
+def test_history_entries_the_mirror_cannot_read_whole_still_get_rows(mirrored):
+    """An imported history may hold entries without an op or a time, or an op longer than
+    the column: each still gets its row (op "unknown", op cut to 32 characters, the sync's
+    time)."""
+    from django.utils import timezone
+
+    store = mirrored
+    store.create_session("s1")
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    snapshot["history"] = [{"key": "a", "timestamp": 1000.0}, {"op": "x" * 40, "key": "b"}]
+    store.backend.restore_session(snapshot, replace=True)
+    before = timezone.now()
+    store.mirror.sync_dirty()
+    rows = list(HistoryEntry.objects.order_by("position"))
+    assert [(e.op, e.key) for e in rows] == [("unknown", "a"), ("x" * 32, "b")]
+    assert rows[0].timestamp.timestamp() == 1000.0 and before <= rows[1].timestamp <= timezone.now()
+
+
+def test_checkpoint_rows_follow_removals_and_each_session_of_a_batch(db, settings):
+    """Every session of a batch gets its checkpoints, after one that has none; a removal
+    rewrites the session's entries once, and the syncs after it write only what changed."""
+    from persistent_memory.models import CheckpointEntry
+
+    def mirrored() -> dict[str, tuple[int, str]]:
+        return {e.name: (e.pk, e.value) for e in CheckpointEntry.objects.all()}
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.create_session("plain")
+    store.put_checkpoint("thread", "", "cp-1", '{"v": 1}')
+    store.put_checkpoint("thread", "", "cp-2", '{"v": 2}')
+    assert store.mirror.sync_sessions(["plain", "thread"]).synced == 2
+    assert {name: value for name, (_, value) in mirrored().items()} == store.checkpoint_entries("thread")
+    plain = MemorySession.objects.get(session_id="plain")
+    assert (plain.checkpoint_epoch, plain.checkpoint_seq) == ("", 0)  # no checkpoints, no counters
+    assert store.prune_checkpoints("thread") == 1
+    store.mirror.sync_dirty()
+    before = mirrored()
+    assert {name: value for name, (_, value) in before.items()} == store.checkpoint_entries("thread")
+    store.put_checkpoint("thread", "", "cp-3", '{"v": 3}')
+    store.mirror.sync_dirty()
+    after = mirrored()
+    assert {name: value for name, (_, value) in after.items()} == store.checkpoint_entries("thread")
+    assert {name: after[name] for name in before} == before and len(after) > len(before)
+
+
+def test_the_figures_of_a_sync_add_up_over_its_batches(mirrored):
+    """Three batches: one gone and one refused in the first, all written in the second,
+    one refused in the third."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    store.create_session("gone")
+    store.mirror.sync_dirty()
+    store.delete_session("gone")
+    others = [f"s{n}" for n in range(2 * BATCH_SIZE - 2)]
+    for sid in ["refused-a", "refused-b", *others]:
+        store.create_session(sid)
+    store.put("refused-a", "refused", 1)
+    store.put("refused-b", "refused", 1)
+    with refusing("refused", "not_this_one"):
+        result = store.mirror.sync_sessions(["gone", "refused-a", *others, "refused-b"])
+    assert (result.synced, result.gone, result.failed) == (len(others), 1, 2)
+
+
+def test_a_sync_goes_on_past_a_batch_where_some_sessions_were_refused(mirrored):
+    """Only a batch that wrote nothing stops sync_dirty: with two of BATCH_SIZE + 1 sessions
+    refused, the first batch holds one at least, and the one left for the next is written."""
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    for n in range(BATCH_SIZE + 1):
+        store.create_session(f"s{n}")
+    store.put("s0", "refused", 1)
+    store.put("s1", "refused", 1)
+    with refusing("refused", "not_these"):
+        result = store.mirror.sync_dirty()
+    assert (result.synced, result.gone, result.failed) == (BATCH_SIZE - 1, 0, 2)
+
+
+def test_a_batch_that_fails_whole_adds_to_the_failures_before_it(mirrored, monkeypatch):
+    from persistent_memory.mirror import BATCH_SIZE
+
+    store = mirrored
+    ids = [f"s{n}" for n in range(BATCH_SIZE + 3)]
+    for sid in ids:
+        store.create_session(sid)
+    store.put("s0", "refused", 1)
+    store.backend.pop_dirty(len(ids) + 1)
+    snapshots, calls = store.backend.snapshots, []
+
+    def second_fails(batch: list[str]):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise BackendUnavailable("the backend went away")
+        return snapshots(batch)
+
+    monkeypatch.setattr(store.backend, "snapshots", second_fails)
+    with refusing("refused", "not_this_one"):
+        result = store.mirror.sync_sessions(ids)
+    assert (result.synced, result.failed) == (BATCH_SIZE - 1, 1 + 3)
+    assert sorted(store.backend.pop_dirty(10)) == sorted(["s0", *ids[BATCH_SIZE:]])
+
+
+def test_a_bug_in_a_sync_keeps_the_batch_marked(mirrored, monkeypatch):
+    store = mirrored
+    store.create_session("s1")
+    store.backend.pop_dirty(10)
+
+    def bug(batch: list[str]):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store.backend, "snapshots", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        store.mirror.sync_sessions(["s1"])
+    assert store.backend.pop_dirty(10) == ["s1"]
