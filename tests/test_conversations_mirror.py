@@ -612,3 +612,20 @@ def test_a_conversation_without_a_head_is_mirrored_without_one(mirrored):
     store.mirror.sync_dirty()
     row = assert_conversations_mirrored(store, "s1")
     assert row.conversations.get().head == ""
+
+
+def test_a_sync_writes_grown_conversations_after_one_written_again(mirrored):
+    """A conversation compared message by message does not stop the sync from appending
+    to the conversations after it (each session here has one of each, in either order)."""
+    store = mirrored
+    for sid in ("s1", "s2"):
+        chat(store, sid)
+        chat(store, sid, "other")
+    store.mirror.sync_dirty()
+    for sid, rewritten, grown in (("s1", "default", "other"), ("s2", "other", "default")):
+        store.clear_messages(sid, conversation=rewritten)
+        store.add_messages(sid, [{"role": "user", "content": f"new {n}"} for n in range(7)], conversation=rewritten)
+        store.add_messages(sid, [{"id": "u2", "role": "user", "content": "And tomorrow?"}], conversation=grown)
+    store.mirror.sync_dirty()
+    assert_conversations_mirrored(store, "s1")
+    assert_conversations_mirrored(store, "s2")

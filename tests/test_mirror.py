@@ -177,7 +177,8 @@ def test_expiry_is_noticed_by_a_full_sync(mirrored):
     wait_past(short["expires_at"])
     result = store.mirror.sync_all()
     assert result.gone == 1
-    assert MemorySession.objects.get(session_id="short").state == MemorySession.State.EXPIRED
+    row = MemorySession.objects.get(session_id="short")
+    assert row.state == MemorySession.State.EXPIRED and row.gone_at is not None
     assert MemorySession.objects.get(session_id="kept").state == MemorySession.State.LIVE
 
 
@@ -1032,3 +1033,113 @@ def test_a_bug_in_a_sync_keeps_the_batch_marked(mirrored, monkeypatch):
     with pytest.raises(RuntimeError, match="a bug"):
         store.mirror.sync_sessions(["s1"])
     assert store.backend.pop_dirty(10) == ["s1"]
+
+
+def test_a_fresh_mirror_reports_no_sync_and_no_error(mirrored):
+    health = mirror_health(mirrored)
+    assert (health["last_sync_at"], health["last_error"], health["last_error_at"]) == (None, None, None)
+
+
+def test_sessions_of_one_name_under_two_owners_keep_rows_of_their_own(mirrored):
+    """Rows are found by owner and session id: one owner's sync neither rewrites nor
+    marks gone the same-named session of another."""
+    store = mirrored
+    alice, bob = store.for_owner("user:alice"), store.for_owner("user:bob")
+    for owned in (alice, bob):
+        owned.create_session("s")
+        owned.put("s", "k", 1)
+    store.mirror.sync_dirty()
+
+    def alices_history() -> set[int]:
+        return set(HistoryEntry.objects.filter(session__owner="user:alice").values_list("pk", flat=True))
+
+    before = alices_history()
+    alice.put("s", "k", 2)
+    store.mirror.sync_dirty()
+    assert before < alices_history()  # the rows already mirrored are kept, one row added
+    bob.delete_session("s")
+    assert store.mirror.sync_dirty().gone == 1
+    states = dict(MemorySession.objects.values_list("owner", "state"))
+    assert states == {"user:alice": MemorySession.State.LIVE, "user:bob": MemorySession.State.DELETED}
+
+
+def test_a_snapshot_read_at_the_moment_of_the_row_is_written(mirrored):
+    """Only a row synced from a LATER read is left alone; the row says when it was read."""
+    from django.utils import timezone
+
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "k", "first")
+    moment = timezone.now()
+    store.mirror._apply(store.backend.snapshots(["s1"]), moment)
+    assert MemorySession.objects.get(session_id="s1").synced_at == moment
+    store.put("s1", "k", "second")
+    store.mirror._apply(store.backend.snapshots(["s1"]), moment)
+    assert MemoryValue.objects.get(session__session_id="s1", key="k").decoded_value == "second"
+
+
+def test_without_a_journal_the_rows_hold_no_journal_position(mirrored):
+    store = mirrored
+    for sid in ("a", "b"):
+        store.create_session(sid)
+        store.put(sid, "k", 1)
+    store.mirror.sync_dirty()
+    store.put("a", "k", 2)
+    store.delete_session("b")
+    assert store.mirror.sync_dirty().synced == 1  # one batch: "a" written, "b" marked gone
+    assert dict(MemorySession.objects.values_list("session_id", "journal_seq")) == {"a": 0, "b": 0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_gone_in_a_batch_takes_the_batchs_journal_position(journaled):  # noqa: F811
+    """A replay from a gone row's position must not bring back writes before its end."""
+    store = journaled()
+    store.record_answer("a", "x")
+    store.record_answer("b", "y")
+    store.mirror.sync_dirty()
+    first = dict(MemorySession.objects.values_list("session_id", "journal_seq"))
+    store.record_answer("a", "z")
+    store.delete_session("b")
+    store.mirror.sync_dirty()
+    after = dict(MemorySession.objects.values_list("session_id", "journal_seq"))
+    assert after["b"] == after["a"] > first["b"]
+    assert MemorySession.objects.get(session_id="b").state == MemorySession.State.DELETED
+
+
+def test_a_session_that_failed_then_went_loses_its_error(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    store.put("s1", "refused", 1)
+    with refusing("refused", "gone_reason"):
+        assert store.mirror.sync_dirty().failed == 1
+    assert "gone_reason" in MemorySession.objects.get(session_id="s1").sync_error
+    store.delete_session("s1")
+    assert store.mirror.sync_dirty().gone == 1
+    row = MemorySession.objects.get(session_id="s1")
+    assert (row.state, row.sync_error, row.sync_failed_at) == (MemorySession.State.DELETED, "", None)
+
+
+def test_a_history_time_the_mirror_cannot_read_leaves_the_activity_at_creation(mirrored):
+    store = mirrored
+    store.create_session("s1")
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    snapshot["history"] = [{"op": "put", "key": "a", "timestamp": "soon"}]
+    store.backend.restore_session(snapshot, replace=True)
+    store.mirror.sync_dirty()
+    row = MemorySession.objects.get(session_id="s1")
+    assert row.last_activity == row.created_at
+
+
+def test_a_sync_stores_moments_with_their_time_zone(mirrored):
+    """Every moment the mirror writes is aware (a naive one would be read in the
+    project's TIME_ZONE, with a RuntimeWarning)."""
+    import warnings
+
+    store = mirrored
+    store.create_session("s1", ttl_seconds=3600)
+    store.put("s1", "k", 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.mirror.sync_dirty()
+    assert not [w for w in caught if "naive datetime" in str(w.message)]
+    assert_mirrored(store, "s1")
