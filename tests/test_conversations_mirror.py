@@ -629,3 +629,29 @@ def test_a_sync_writes_grown_conversations_after_one_written_again(mirrored):
     store.mirror.sync_dirty()
     assert_conversations_mirrored(store, "s1")
     assert_conversations_mirrored(store, "s2")
+
+
+def test_message_times_no_column_can_hold_are_stored_as_the_syncs_time(mirrored):
+    """An import takes any finite time for a message, even past any date: the message
+    still gets its row, with the sync's time, whether new or compared with the rows."""
+    from django.utils import timezone
+
+    from persistent_memory.conversations.records import export_conversations, import_conversations
+
+    store = mirrored
+    chat(store, "s1")
+    store.mirror.sync_dirty()  # s1's rows are written first: its next sync compares them
+    chat(store, "s2")
+    for sid in ("s1", "s2"):
+        snapshot = store.backend.snapshots([sid])[sid]
+        exported = export_conversations(snapshot["conversations"])
+        exported["default"]["messages"][0]["created_at"] = 1e300
+        snapshot["conversations"] = import_conversations(exported, max_message_bytes=1 << 20, max_depth=32)
+        store.backend.restore_session(snapshot, replace=True)
+    before = timezone.now()
+    assert store.mirror.sync_dirty().synced == 2
+    for sid in ("s1", "s2"):
+        first = MemoryMessage.objects.get(conversation__session__session_id=sid, message_id="sys")
+        assert before <= first.created_at <= timezone.now()
+        held = len(store.backend.snapshots([sid])[sid]["conversations"]["default"]["messages"])
+        assert MemoryMessage.objects.filter(conversation__session__session_id=sid).count() == held

@@ -1143,3 +1143,20 @@ def test_a_sync_stores_moments_with_their_time_zone(mirrored):
         store.mirror.sync_dirty()
     assert not [w for w in caught if "naive datetime" in str(w.message)]
     assert_mirrored(store, "s1")
+
+
+def test_session_times_no_column_can_hold_are_stored_as_the_syncs_time(db, settings):
+    """A restored info may hold times past any date (the memory backend takes any number):
+    the row still gets written, with the sync's time in their place."""
+    from django.utils import timezone
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    store.create_session("s1", ttl_seconds=3600)
+    snapshot = store.backend.snapshots(["s1"])["s1"]
+    snapshot["info"]["created_at"] = snapshot["info"]["expires_at"] = 1e300
+    store.backend.restore_session(snapshot, replace=True)
+    before = timezone.now()
+    assert store.mirror.sync_dirty().synced == 1
+    row = MemorySession.objects.get(session_id="s1")
+    assert before <= row.created_at == row.expires_at == row.synced_at <= timezone.now()
