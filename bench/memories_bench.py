@@ -25,8 +25,8 @@ taking turns call by call so that a machine slowing down shifts them all alike:
 
 Then extraction: the rule-based extractor over a fixed corpus of conversations, alone
 (its floor), then through ``extract_messages`` into an owner with no memories, then
-again over the same corpus (nothing changes): messages read and memories upserted per
-second.
+again over the same corpus (nothing changes): messages read and memories written (created
+or changed) per second.
 
 Prints p50 and p99 in ms, the searches' also as multiples of the floor's p50 (p99 of
 --rounds calls: below 100 calls, the slowest), and writes every figure as JSON to

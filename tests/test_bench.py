@@ -181,12 +181,14 @@ def test_a_short_memories_run_reports_search_injection_and_extraction(tmp_path):
         assert extraction["messages"] == 100 and extraction["rules alone"]["messages_per_s"] > 0
         first, again = extraction["first run (inserts)"], extraction["again (nothing changes)"]
         assert first["candidates"] == again["candidates"] == extraction["rules alone"]["candidates"] > 0
-        # Every candidate is upserted; the second run changes nothing and adds nothing.
-        assert first["upserts"] == again["upserts"] == first["candidates"]
+        # Every candidate is written; the second run reads them all again and changes nothing
+        # (the count is of memories created or changed).
+        assert first["upserts"] == first["candidates"] and again["upserts"] == 0
         assert 0 < first["memories_after"] == again["memories_after"] <= first["upserts"]
         assert first["refused"] == again["refused"] == 0
+        assert first["upserts_per_s"] > 0 and again["upserts_per_s"] == 0
         for run in (first, again):  # the ratio of two timings is the machine's: reported, not bounded
-            assert run["messages_per_s"] > 0 and run["upserts_per_s"] > 0 and run["of_rules_alone"] >= 0
+            assert run["messages_per_s"] > 0 and run["of_rules_alone"] >= 0
 
 
 def test_a_quick_cluster_run_counts_one_round_trip_per_operation(tmp_path):

@@ -310,7 +310,7 @@ def test_the_transcript_gives_each_line_its_time_and_speaker_and_the_prompt_asks
     )
     system, transcript = server.requests[0]["body"]["messages"]
     assert transcript["content"] == (
-        "[c1] 2023-05-08 14:03 Caroline (user): I hiked.\n"
+        "[c1] 2023-05-08 14:03 Caroline (user): I went hiking last week.\n"
         "[m1] 2023-05-08 14:04 Melanie (assistant): Where?\n"
         "[u1] user: No name, no time."
     )

@@ -248,7 +248,7 @@ class MemoryService:
         row.said_at = fields["said_at"] or row.said_at
         row.updated_at = timezone.now()
         row.save()
-        return row
+        return row, True
 
     def _upsert(self, key: str, fields: dict[str, Any]) -> tuple[LongTermMemory, bool]:
         now = timezone.now()
