@@ -576,7 +576,12 @@ def test_a_chat_grown_past_every_mirrored_message_is_mirrored(mirrored):
 def test_more_stale_messages_than_one_delete_takes_all_leave_the_mirror(db, settings):
     """A rewritten conversation compared message by message deletes its stale rows 500 a
     query (within every database's limit of parameters): past 1,000 of them, none is left."""
-    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred", "MAX_MESSAGES": 1100, "MAX_BATCH": 1100}
+    settings.PERSISTENT_MEMORY = {
+        "BACKEND": "memory",
+        "MIRROR_MODE": "deferred",
+        "MAX_MESSAGES": 1100,
+        "MAX_BATCH": 1100,
+    }
     store = get_store()
     store.add_messages("s1", [{"role": "user", "content": f"old {n}"} for n in range(1001)])
     store.mirror.sync_dirty()
@@ -624,8 +629,12 @@ def test_a_sync_writes_grown_conversations_after_one_written_again(mirrored):
     store.mirror.sync_dirty()
     for sid, rewritten, grown in (("s1", "default", "other"), ("s2", "other", "default")):
         store.clear_messages(sid, conversation=rewritten)
-        store.add_messages(sid, [{"role": "user", "content": f"new {n}"} for n in range(7)], conversation=rewritten)
-        store.add_messages(sid, [{"id": "u2", "role": "user", "content": "And tomorrow?"}], conversation=grown)
+        store.add_messages(
+            sid, [{"role": "user", "content": f"new {n}"} for n in range(7)], conversation=rewritten
+        )
+        store.add_messages(
+            sid, [{"id": "u2", "role": "user", "content": "And tomorrow?"}], conversation=grown
+        )
     store.mirror.sync_dirty()
     assert_conversations_mirrored(store, "s1")
     assert_conversations_mirrored(store, "s2")
