@@ -35,7 +35,8 @@ def test_add_upserts_by_key_and_derives_stable_keys() -> None:
     derived = alice.add("Likes green tea", type="semantic")
     assert derived["key"].startswith("semantic.likes-green-tea.")
     assert alice.add("likes GREEN tea.", type="semantic")["id"] == derived["id"]
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 2
+    assert alice.list()[0] == 2  # two memories; each rewrite kept what it replaced
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=False).count() == 2
     assert derived["tokens"] > 0 and derived["source"] == "api"
 
 

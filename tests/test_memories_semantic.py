@@ -191,13 +191,15 @@ def test_duplicates_merge_at_write_time_within_one_owner_and_type(settings, sema
     assert merged["metadata"] == {"confidence": 0.9, "via": "chat"}
     assert [h["content"] for h in merged["history"]] == ["I prefer dark mode."]
     assert merged["history"][0]["reason"] == "merged"
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 1
+    # One memory; what it said before, a superseded version of it.
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=True).count() == 1
+    assert LongTermMemory.objects.get(superseded_by=first["id"]).content == "I prefer dark mode."
     # Another type, another owner, an explicit key, or a distinct fact: a row of its own.
     alice.add("I prefer dark mode.", type="procedural")
     memories_for("user:bob").add("I prefer dark mode.")
     alice.add("I prefer dark mode.", key="ui.theme")
     alice.add("Has a dog called Rex.")
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 4
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=True).count() == 4
     assert LongTermMemory.objects.filter(owner="user:bob").count() == 1
     # An extraction never changes a memory another source wrote.
     kept = alice.add("Drinks coffee every day.")

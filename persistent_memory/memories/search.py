@@ -139,7 +139,9 @@ def _where(rows: QuerySet[LongTermMemory]) -> tuple[str, list[Any]]:
     the database list every memory of the owner on each search (at 100,000 memories,
     60 to 90 ms whatever the query matched). Raises ``EmptyResultSet`` when it matches
     nothing."""
-    if len(rows.query.alias_map) > 1:  # a join's columns would not resolve in the raw SQL
+    # A join's columns would not resolve in the raw SQL (a join Django set up for a foreign
+    # key's own column, ``superseded_by__isnull``, then trimmed, is none: it has no references).
+    if sum(1 for alias in rows.query.alias_map if rows.query.alias_refcount[alias]) > 1:
         raise ValueError("The keyword search filters on the memories table's own columns only.")
     try:
         sql, params = rows.query.get_compiler(connection=connection).compile(rows.query.where)
