@@ -302,6 +302,16 @@ def test_the_admin_shows_the_chain_read_only() -> None:
     assert client.post(f"{ADMIN}{oldest.pk}/change/", {"content": "edited"}).status_code == 403
     assert client.post(f"{ADMIN}{oldest.pk}/delete/", {"post": "yes"}).status_code == 403
     assert LongTermMemory.objects.get(pk=oldest.pk).content == "My dog is called Rex."
+    # happened_at is edited on the memory's form (a correction: no version kept).
+    form = {"session_id": "", "type": "factual", "key": "dog", "content": "My dog is called Bo.",
+            "metadata": "{}", "said_at_0": "2025-03-01", "said_at_1": "00:00:00",
+            "happened_at_0": "2024-05-01", "happened_at_1": "10:00:00",
+            "expires_at_0": "", "expires_at_1": ""}  # fmt: skip
+    assert client.post(f"{ADMIN}{memory['id']}/change/", form).status_code == 302
+    edited = memories_for(OWNER).get(memory["id"])
+    assert edited["happened_at"] == timezone.make_aware(datetime(2024, 5, 1, 10))
+    assert edited["source"] == "admin"
+    assert len(versions(memory["id"])) == 2
 
 
 API = "/api/memory/memories/"
@@ -347,3 +357,34 @@ def test_rest_as_of_and_happened_at() -> None:
         assert bad.json()["code"] == "invalid" and "as_of" in bad.json()["errors"]
     assert client.delete(f"{API}{first['id']}/").status_code == 200
     assert not LongTermMemory.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0017_goes_both_ways_and_keeps_keyword_search() -> None:
+    """Undone, 0017 drops the versions (the unconditional constraint would refuse them);
+    done again, keyword search still follows every write (SQLite rebuilds the table to
+    change its constraint, which dropped the full-text triggers: 0017 makes them again)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    chain()
+    executor = MigrationExecutor(connection)
+    target = ("persistent_memory", "0017_memories_supersession")
+    before = executor.loader.graph.node_map[target].parents
+    executor.migrate([parent.key for parent in before if parent.key[0] == "persistent_memory"])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT content FROM persistent_memory_longtermmemory")
+            assert [row[0] for row in cursor.fetchall()] == ["My dog is called Bo."]
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("persistent_memory"))
+    alice = memories_for(OWNER)
+    tom = alice.add("My cat is called Tom.", key="cat")
+    alice.add("My cat is called Felix.", key="cat")
+    assert [m["content"] for m in alice.search("Felix", strategy="keyword")] == ["My cat is called Felix."]
+    assert alice.search("Tom", strategy="keyword") == []
+    then = alice.search("Tom", strategy="keyword", as_of=tom["created_at"])
+    assert [m["content"] for m in then] == ["My cat is called Tom."]
+    assert [m["content"] for m in alice.search("Bo", strategy="keyword")] == ["My dog is called Bo."]

@@ -25,6 +25,10 @@ def _nothing(apps, schema_editor):
 def _drop_versions(apps, schema_editor):
     # Undoing: the superseded versions would break the unconditional constraint again.
     apps.get_model("persistent_memory", "LongTermMemory").objects.filter(superseded_by__isnull=False).delete()
+    if schema_editor.connection.vendor == "postgresql":
+        # The deletes' deferred foreign key checks now: PostgreSQL alters no table that
+        # has pending trigger events.
+        schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
 class Migration(migrations.Migration):
