@@ -274,6 +274,14 @@ DEFAULTS: dict[str, Any] = {
     # How the enrich lane searches the memories it attaches (INJECT_MEMORIES): "recent",
     # "keyword", "semantic" (needs an EMBEDDER, else E012) or "hybrid".
     "MEMORY_SEARCH_STRATEGY": "hybrid",
+    # What a search finds when the caller does not say (the API, MCP, injection, Python):
+    # "memory" (long-term memories) and "message" (what was said in the owner's
+    # conversations, as the mirror holds it: see persistent_memory.memories.message_search).
+    "MEMORY_SEARCH_KINDS": ["memory", "message"],
+    # Whether conversation messages get vectors from the EMBEDDER (one embedder input per
+    # message, in the background), so semantic and hybrid search compare them by meaning.
+    # None: whenever an EMBEDDER is set; False: messages are found by their words only.
+    "MESSAGE_EMBEDDINGS": None,
     # The MCP endpoint over streamable HTTP keeps one server per owner: at most this many, a new
     # owner evicting the least recently used.
     "MCP_MAX_SERVERS": 100,

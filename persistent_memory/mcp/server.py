@@ -165,10 +165,13 @@ def build_server(owner: str) -> MCPServer:
         limit: int = 10,
         said_after: str | None = None,
         said_before: str | None = None,
+        kinds: list[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Long-term memories relevant to ``query``, best first, each with its score.
+        """Long-term memories, and messages of the caller's conversations, relevant to
+        ``query``, best first, each with its ``kind`` ("memory" or "message") and score.
         ``strategy``: hybrid, keyword, semantic or recent. ``said_after`` / ``said_before``
-        (ISO 8601 times): only memories said at or after / before then."""
+        (ISO 8601 times): only what was said at or after / before then. ``kinds``: what to
+        look through (default: both)."""
         found = await _call(
             lambda: memories().search(
                 query,
@@ -176,6 +179,7 @@ def build_server(owner: str) -> MCPServer:
                 limit=limit,
                 said_after=_moment(said_after, "said_after"),
                 said_before=_moment(said_before, "said_before"),
+                kinds=kinds,
             )
         )
         return _plain(found)
