@@ -138,6 +138,7 @@ def record_and_extract(conversations: list[int]) -> dict[str, Any]:
     from django.core.management import call_command
 
     from persistent_memory import get_store
+    from persistent_memory.memories import embedders
 
     store = get_store()
     for number in conversations:
@@ -158,14 +159,25 @@ def record_and_extract(conversations: list[int]) -> dict[str, Any]:
                 scoped.add_messages(f"c{number}-s{session}", messages)
     out = StringIO()
     call_command("memory_extract", json=True, stdout=out)
-    return json.loads(out.getvalue())
+    extracted = json.loads(out.getvalue())
+    # What a search finds of the messages themselves: mirrored (the worker would have,
+    # within half a second), and embedded where an embedder is set (the worker's job too).
+    store.mirror.sync_dirty()
+    if embedders.current() is not None:
+        call_command("memory_embed", stdout=StringIO())
+    return extracted
 
 
 def _turns_found(setup: str, memories: list[dict[str, Any]]) -> list[list[str]]:
     """The turns each result stands for: its key (turns), its source messages (recorded)."""
-    if setup in ("turns", "pooled"):
-        return [[memory["key"]] for memory in memories]
-    return [list(memory.get("source_messages") or []) for memory in memories]
+    return [
+        [found["id"]]
+        if found.get("kind") == "message"
+        else [found["key"]]
+        if setup in ("turns", "pooled")
+        else list(found.get("source_messages") or [])
+        for found in memories
+    ]
 
 
 def _search(owner: Any, question: str, strategy: str) -> list[dict[str, Any]]:

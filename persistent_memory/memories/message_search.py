@@ -245,21 +245,46 @@ def as_dicts(ids: list[int]) -> dict[int, dict[str, Any]]:
     }
 
 
-def embed_batch(ids: list[int], *, embedder: embedders.Embedder, gate: Any = None) -> int | None:
-    """Embed the messages ``ids`` still without a vector of the embedder's model in one
-    call; how many got one, or None when the embedder failed."""
-    batch = list(
-        MemoryMessage.objects.filter(pk__in=ids)
-        .exclude(embedding_model=embedder.model, embedding_f32__isnull=False)
-        .exclude(content_text="")
-        .order_by("pk")
-        .values_list("pk", "content_text")
+def unembedded(embedder: embedders.Embedder) -> QuerySet[MemoryMessage]:
+    """Messages with text and no vector of ``embedder``'s model."""
+    return MemoryMessage.objects.exclude(content_text="").filter(
+        ~Q(embedding_model=embedder.model) | Q(embedding_f32__isnull=True)
     )
+
+
+def embed_later(conversation_messages: list[tuple[int, str]]) -> None:
+    """Have the embedding worker embed these newly mirrored messages (``(conversation
+    row id, message id)``) once the mirror's transaction commits, where messages get
+    vectors (:func:`embeds_messages`)."""
+    from persistent_memory.memories.embedding_worker import embed_messages_later
+
+    if not conversation_messages or not embeds_messages():
+        return
+    wanted = set(conversation_messages)
+    ids: list[int] = []
+    for start in range(0, len(wanted), 500):  # within any database's limit of parameters
+        chunk = list(wanted)[start : start + 500]
+        found = MemoryMessage.objects.filter(
+            conversation_id__in={c for c, _ in chunk}, message_id__in={m for _, m in chunk}
+        ).values_list("pk", "conversation_id", "message_id")
+        ids += [pk for pk, conversation, message in found if (conversation, message) in wanted]
+    embed_messages_later(ids)
+
+
+def embed_batch(
+    ids: list[int], *, embedder: embedders.Embedder, gate: Any = None, stop: Any = None
+) -> int | None:
+    """Embed the messages ``ids`` still without a vector of the embedder's model in one
+    call; how many got one, or None when the embedder failed. Nothing is written once
+    ``stop`` (an Event) is set."""
+    batch = list(unembedded(embedder).filter(pk__in=ids).order_by("pk").values_list("pk", "content_text"))
     if not batch:
         return 0
     found = embedders.embed_or_none([text for _, text in batch], embedder=embedder, gate=gate)
     if found is None:
         return None
+    if stop is not None and stop.is_set():
+        return 0
     embedded = 0
     for (pk, _), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
         if vector is not None:
