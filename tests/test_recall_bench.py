@@ -216,19 +216,20 @@ def test_the_recorded_llm_setup_extracts_through_the_standin_and_measures_what_i
     assert 0 < llm["memories"] == llm["extraction"]["written"] < llm["extraction"]["messages"]
     with sqlite3.connect(database) as db:
         rows = db.execute(
-            "SELECT owner, key, content, source_messages FROM persistent_memory_longtermmemory"
+            "SELECT owner, key, content, source_messages, said_at FROM persistent_memory_longtermmemory"
         ).fetchall()
     assert len(rows) == llm["memories"]
     turns = {
-        turn_id(1, session, n): (speaker, text, when[:10])
+        turn_id(1, session, n): (speaker, text, when)
         for session, (when, lines) in enumerate(sessions, start=1)
         for n, speaker, text in lines
     }
-    for owner, key, content, sources in rows:
+    for owner, key, content, sources, said_at in rows:
         [turn] = json.loads(sources)
-        speaker, text, day = turns[turn]
+        speaker, text, when = turns[turn]
         assert owner == "recorded_llm:c1" and key.endswith(turn)
-        assert content == f"{speaker} said on {day}: {text}"
+        assert content == f"{speaker} said on {when[:10]}: {text}"
+        assert said_at.startswith(when.replace("T", " "))  # the session's time
     assert 0 < llm["coverage"]["all"] <= 1 and set(llm["coverage"]) == {*KINDS, "all"}
     assert set(llm["strategies"]) == {"keyword", "hybrid_no_embedder"}
     for strategy in llm["strategies"].values():
