@@ -13,7 +13,8 @@ store marked dirty (at most ADMIN_SYNC_LIMIT): it sees every message written bef
 it. With MIRROR_MODE "off" no message is searchable.
 
 Messages are compared by meaning where MESSAGE_EMBEDDINGS is on (by default, whenever
-an EMBEDDER is set): the mirror hands each new message to the embedding worker, and
+an EMBEDDER is set), each embedded with its speaker's name ("Caroline: ..."): the
+mirror hands each new message to the embedding worker, and
 ``memory_embed`` catches up. Their vectors are compared with sqlite-vec where it loads,
 else with numpy over the owner's newest MEMORY_VECTOR_SCAN_LIMIT messages.
 
@@ -277,16 +278,21 @@ def embed_batch(
     """Embed the messages ``ids`` still without a vector of the embedder's model in one
     call; how many got one, or None when the embedder failed. Nothing is written once
     ``stop`` (an Event) is set."""
-    batch = list(unembedded(embedder).filter(pk__in=ids).order_by("pk").values_list("pk", "content_text"))
+    batch = list(
+        unembedded(embedder).filter(pk__in=ids).order_by("pk").values_list("pk", "content_text", "name")
+    )
     if not batch:
         return 0
-    found = embedders.embed_or_none([text for _, text in batch], embedder=embedder, gate=gate)
+    # The speaker is part of what was said: "What did Caroline adopt?" is nearer
+    # "Caroline: We adopted a puppy" than the text alone.
+    texts = [f"{name}: {text}" if name else text for _, text, name in batch]
+    found = embedders.embed_or_none(texts, embedder=embedder, gate=gate)
     if found is None:
         return None
     if stop is not None and stop.is_set():
         return 0
     embedded = 0
-    for (pk, _), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
+    for (pk, *_), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
         if vector is not None:
             embedded += MemoryMessage.objects.filter(pk=pk).update(
                 embedding_f32=array("f", vector).tobytes(),
