@@ -43,6 +43,7 @@ def aged(memory: dict, days: float) -> None:
 def test_query_words_leave_out_stop_words_repeats_and_case():
     assert query_words("Do I like THE dog, Dog and dogs?") == ["like", "dog", "dogs"]
     assert query_words("What is it? Who are you?") == []
+    assert query_words("Grace's 5 dogs, don't") == ["grace", "5", "dogs", "don"]  # no lone letters
     many = [f"w{n}" for n in range(40)]
     assert query_words(" ".join(many)) == many[:32]
 
@@ -272,3 +273,5 @@ def test_coverage_is_the_share_of_the_questions_words_a_text_holds_stemmed_loose
     assert coverage("international", "internal") == 0.0  # "internatio" is not held
     assert coverage("the and of", "anything") == 0.0  # no words left
     assert coverage("Caroline", "") == 0.0
+    # A possessive's "s" is no word of the question: it would be held by every "that's".
+    assert coverage("Grace's home", "That's lovely, Grace") == 0.5

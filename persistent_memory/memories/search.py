@@ -126,10 +126,12 @@ STOP_WORDS = frozenset(
 
 
 def query_words(query: str) -> list[str]:
-    """The query's words (letters, digits, _) but stop words, deduplicated, at most 32."""
+    """The query's words (letters, digits, _) but stop words and single letters,
+    deduplicated, at most 32. A single letter is mostly what a possessive or a
+    contraction leaves ("Grace's": "grace" and "s"), and matched every "that's"."""
     seen: dict[str, None] = {}
     for word in _WORDS.findall(query.casefold()):
-        if word not in STOP_WORDS:
+        if word not in STOP_WORDS and (len(word) > 1 or word.isdigit()):
             seen.setdefault(word, None)
     return list(seen)[:32]
 
