@@ -246,6 +246,13 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "E012",
     ),
     (
+        "MEMORY_SEARCH_KINDS",
+        lambda v: isinstance(v, list | tuple) and bool(v) and set(v) <= {"memory", "message"},
+        'Use a non-empty list of "memory" and "message".',
+        "E012",
+    ),
+    ("MESSAGE_EMBEDDINGS", lambda v: v is None or isinstance(v, bool), "Use None, True or False.", "E012"),
+    (
         "EMBEDDER",
         lambda v: v is None or (v == "openai" and _import_string("openai.OpenAI")) or _import_string(v),
         'Use None, "openai" (with the openai package: pip install "django-persistent-memory[openai]"), '

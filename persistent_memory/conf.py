@@ -244,9 +244,11 @@ DEFAULTS: dict[str, Any] = {
     # merged) keeps the old content as a superseded version, true until the new said_at (else
     # the write's time), for searches `as_of` a past moment. False: overwritten in place.
     "MEMORY_KEEP_SUPERSEDED": True,
-    # How much the semantic list weighs in "hybrid" search, from 0 to 1 (the keyword list weighs the
-    # rest): each list's scores are scaled to 0..1 and added with these weights.
-    "MEMORY_HYBRID_ALPHA": 0.75,
+    # How much the semantic list weighs in "hybrid" search, from 0 to 1, when the best keyword match
+    # holds every word of the question: each list's scores are scaled to 0..1 and added, the keyword
+    # list weighing (1 - this) times the share of the question's words its best match holds, the
+    # semantic list the rest. 1: meaning alone.
+    "MEMORY_HYBRID_ALPHA": 0.5,
     # Days after which a memory's search score halves since its last use (update or access).
     # None: no decay.
     "MEMORY_HALF_LIFE_DAYS": None,
@@ -278,6 +280,14 @@ DEFAULTS: dict[str, Any] = {
     # How the enrich lane searches the memories it attaches (INJECT_MEMORIES): "recent",
     # "keyword", "semantic" (needs an EMBEDDER, else E012) or "hybrid".
     "MEMORY_SEARCH_STRATEGY": "hybrid",
+    # What a search finds when the caller does not say (the API, MCP, injection, Python):
+    # "memory" (long-term memories) and "message" (what was said in the owner's
+    # conversations, as the mirror holds it: see persistent_memory.memories.message_search).
+    "MEMORY_SEARCH_KINDS": ["memory", "message"],
+    # Whether conversation messages get vectors from the EMBEDDER (one embedder input per
+    # message, in the background), so semantic and hybrid search compare them by meaning.
+    # None: whenever an EMBEDDER is set; False: messages are found by their words only.
+    "MESSAGE_EMBEDDINGS": None,
     # The MCP endpoint over streamable HTTP keeps one server per owner: at most this many, a new
     # owner evicting the least recently used.
     "MCP_MAX_SERVERS": 100,

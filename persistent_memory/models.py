@@ -222,6 +222,13 @@ class MemoryMessage(models.Model):
     stored = models.TextField(help_text="JSON text, as the store holds it.")
     #: Of ``stored``: tells a message from another one stored under the same id since.
     digest = models.CharField(max_length=32, editable=False)
+    #: The EMBEDDER's vector of ``content_text`` as float32 bytes, its model and length
+    #: (None: not embedded; see persistent_memory.memories.message_search). Messages are
+    #: searched by meaning only where MESSAGE_EMBEDDINGS is on.
+    embedding_f32 = models.BinaryField(null=True, blank=True, editable=False)
+    # db_default: the mirror inserts rows by raw SQL, naming only the columns it copies.
+    embedding_model = models.CharField(max_length=200, blank=True, db_default="", editable=False)
+    embedding_dimensions = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["conversation", "seq"]

@@ -114,7 +114,7 @@ class MemoryFilter:
         # Imported here: the models behind it need Django's apps, the pipeline does not.
         from persistent_memory.memories.injection import MEMORIES, relevant_memories
 
-        memories = relevant_memories(self.memory_store.owner, question.get("text"))
+        memories = relevant_memories(self.memory_store.owner, question.get("text"), session_id)
         if memories is not None:
             question["metadata"][MEMORIES] = memories
         if not context:

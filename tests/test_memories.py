@@ -176,6 +176,15 @@ def test_the_guide_memories_example_runs_as_shown() -> None:
     assert alice.search("Which colours does she like?", strategy="keyword") == []
 
 
+def test_the_guide_message_search_example_runs_as_shown(store, settings) -> None:
+    """docs/guide/memories.md's ``<!-- example: message-search -->`` on each backend, with
+    the mirror on as sites have it (the suite's default is off): a message written is
+    found by the next search, by its owner alone."""
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MIRROR_MODE": "deferred"}
+    readme_blocks.run_example("message-search", {})
+    assert memories_for("user:42").search("puppy", kinds=["memory"]) == []
+
+
 def seed(svc):
     svc.add("I prefer espresso in the morning", key="coffee")
     svc.add("My favourite editor is vim for Python code", key="editor")

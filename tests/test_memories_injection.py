@@ -40,7 +40,7 @@ def test_enrich_attaches_the_owners_relevant_memories_within_budget(store: Memor
     injected = enriched["metadata"]["memories"]
     # The long one matches too but is over the budget; the dog and Bob's never come.
     assert [m["id"] for m in injected] == [tea["id"]] and long["tokens"] > 30
-    assert set(injected[0]) == {"id", "key", "type", "content", "score", "tokens"}
+    assert set(injected[0]) == {"kind", "id", "key", "type", "content", "score", "tokens"}
     assert outcome["session_id"] == "chat"
     nothing = filter_.enrich(question("Where is the Louvre?"))[0]
     assert nothing["metadata"]["memories"] == []

@@ -146,8 +146,10 @@ class MemorySearchView(MemoryView):
         responses={200: m.MemorySearchResults, **errors()},
         operation_id="memories_search",
         tags=[TAG],
-        summary="Search the caller's memories",
-        description="`keyword` is full-text search (PostgreSQL's, SQLite's FTS5); `semantic` needs "
+        summary="Search the caller's memories and what was said in their conversations",
+        description="Each result's `kind` says what it is: a long-term `memory`, or a conversation "
+        "`message` with its session, conversation, speaker and time (`kinds` chooses). "
+        "`keyword` is full-text search (PostgreSQL's, SQLite's FTS5); `semantic` needs "
         "an EMBEDDER (400 `invalid_memory` otherwise); `hybrid` fuses keyword with semantic, or "
         "ranks as keyword without one (recency breaking ties); `recent` ignores the query. When "
         "the embedder does not answer within EMBEDDER_REQUEST_TIMEOUT (or is known to be failing), "

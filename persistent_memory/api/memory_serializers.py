@@ -7,11 +7,11 @@ callers and the API, and answered as 400 ``invalid_memory``.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from persistent_memory.memories.records import SOURCES, TYPES
-from persistent_memory.memories.search import STRATEGIES
+from persistent_memory.memories.search import KINDS, STRATEGIES
 from persistent_memory.memories.service import MAX_LIMIT
 
 KEY_HELP = (
@@ -103,6 +103,14 @@ class MemorySearch(serializers.Serializer):
     said_before = serializers.DateTimeField(
         required=False, help_text="Only memories said before this moment (said_at, else created_at)."
     )
+    kinds = serializers.ListField(
+        child=serializers.ChoiceField(choices=KINDS),
+        required=False,
+        min_length=1,
+        max_length=2,
+        help_text="What to look through: `memory` (long-term memories) and `message` (what was said in "
+        "the caller's conversations). Default: MEMORY_SEARCH_KINDS (both), or memories alone with `types`.",
+    )
     as_of = serializers.DateTimeField(required=False, help_text=AS_OF_HELP)
 
 
@@ -149,7 +157,7 @@ class Memory(serializers.Serializer):
     )
 
 
-class FoundMemory(Memory):
+class Scored(serializers.Serializer):
     score = serializers.FloatField(help_text="The strategy's score: higher is better.")
     score_parts = serializers.DictField(
         child=serializers.FloatField(allow_null=True),
@@ -157,6 +165,36 @@ class FoundMemory(Memory):
         "found that way), relevance (their fusion), recency and frequency (its weights by use); "
         "recent for the recent strategy.",
     )
+
+
+class FoundMemory(Memory, Scored):
+    pass
+
+
+class SearchedMemory(FoundMemory):
+    kind = serializers.ChoiceField(choices=["memory"])
+
+
+class SearchedMessage(Scored):
+    kind = serializers.ChoiceField(choices=["message"])
+    id = serializers.CharField(help_text="The message's id in its conversation.")
+    owner = serializers.CharField()
+    session_id = serializers.CharField()
+    conversation = serializers.CharField()
+    role = serializers.CharField()
+    name = serializers.CharField(help_text="The speaker's name; empty: none given.")
+    content = serializers.CharField(help_text="The message's text.")
+    said_at = serializers.DateTimeField(help_text="When it was said (the message's created_at).")
+    seq = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+
+
+Found = PolymorphicProxySerializer(
+    component_name="Found",
+    serializers={"memory": SearchedMemory, "message": SearchedMessage},
+    resource_type_field_name="kind",
+    many=True,
+)
 
 
 class MemoryPage(serializers.Serializer):
@@ -168,7 +206,8 @@ class MemoryResults(serializers.Serializer):
     results = FoundMemory(many=True)
 
 
-class MemorySearchResults(MemoryResults):
+class MemorySearchResults(serializers.Serializer):
+    results = Found
     strategy = serializers.ChoiceField(
         choices=["recent", "keyword", "semantic", "hybrid"],
         help_text="The strategy that ranked the results: the one asked for, or `keyword` when a "

@@ -166,11 +166,14 @@ def build_server(owner: str) -> MCPServer:
         said_after: str | None = None,
         said_before: str | None = None,
         as_of: str | None = None,
+        kinds: list[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Long-term memories relevant to ``query``, best first, each with its score.
+        """Long-term memories, and messages of the caller's conversations, relevant to
+        ``query``, best first, each with its ``kind`` ("memory" or "message") and score.
         ``strategy``: hybrid, keyword, semantic or recent. ``said_after`` / ``said_before``
-        (ISO 8601 times): only memories said at or after / before then. ``as_of`` (an ISO
-        8601 time): what was true then, older versions of changed memories included."""
+        (ISO 8601 times): only what was said at or after / before then. ``kinds``: what to
+        look through (default: both). ``as_of`` (an ISO 8601 time):
+        what was true then, older versions of changed memories included."""
         found = await _call(
             lambda: memories().search(
                 query,
@@ -179,6 +182,7 @@ def build_server(owner: str) -> MCPServer:
                 said_after=_moment(said_after, "said_after"),
                 said_before=_moment(said_before, "said_before"),
                 as_of=_moment(as_of, "as_of"),
+                kinds=kinds,
             )
         )
         return _plain(found)

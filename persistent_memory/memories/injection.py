@@ -17,14 +17,28 @@ logger = logging.getLogger("persistent_memory")
 #: Where the enrich lane puts them in the question's metadata.
 MEMORIES = "memories"
 #: What each injected memory carries (JSON-safe: no datetimes).
-INJECTED_FIELDS = ("id", "key", "type", "content", "score", "tokens")
+INJECTED_FIELDS = ("kind", "id", "key", "type", "content", "score", "tokens")
+#: What each injected message (something said in an earlier conversation) carries.
+INJECTED_MESSAGE_FIELDS = (
+    "kind",
+    "id",
+    "session_id",
+    "conversation",
+    "role",
+    "name",
+    "content",
+    "score",
+    "tokens",
+)
 
 HEADER = "What you know about the user from earlier conversations:"
 
 
-def relevant_memories(owner: str, text: Any) -> list[dict[str, Any]] | None:
-    """The owner's memories relevant to ``text`` within MEMORY_MAX_TOKENS, best first;
-    None when injection is off or there is no text. A database that cannot answer
+def relevant_memories(owner: str, text: Any, session_id: str | None = None) -> list[dict[str, Any]] | None:
+    """The owner's memories (and messages of earlier conversations, by
+    MEMORY_SEARCH_KINDS) relevant to ``text`` within MEMORY_MAX_TOKENS, best first;
+    None when injection is off or there is no text. The messages of ``session_id`` (the
+    conversation the prompt holds already) are left out. A database that cannot answer
     costs the question its memories, never the lane."""
     if not memory_settings.INJECT_MEMORIES or not isinstance(text, str) or not text.strip():
         return None
@@ -33,11 +47,26 @@ def relevant_memories(owner: str, text: Any) -> list[dict[str, Any]] | None:
             text[: memory_settings.MEMORY_MAX_CONTENT_CHARS],
             strategy=memory_settings.MEMORY_SEARCH_STRATEGY,
             max_tokens=memory_settings.MEMORY_MAX_TOKENS,
+            exclude_session_id=session_id,
         )
     except (DatabaseError, PersistentMemoryError) as exc:
         logger.warning("memory: no memories injected for owner %r: %s", owner, exc)
         return None
-    return [{name: memory[name] for name in INJECTED_FIELDS} for memory in found]
+    return [_injected(item) for item in found]
+
+
+def _injected(item: dict[str, Any]) -> dict[str, Any]:
+    if item["kind"] == "memory":
+        return {name: item[name] for name in INJECTED_FIELDS}
+    return {**{name: item[name] for name in INJECTED_MESSAGE_FIELDS}, "said_at": item["said_at"].isoformat()}
+
+
+def _line(item: dict[str, Any]) -> str:
+    """A memory as it says; a message with when and by whom it was said."""
+    if item.get("kind") != "message":
+        return f"- {item['content']}"
+    speaker = item.get("name") or item.get("role", "")
+    return f"- {item['said_at'][:10]} {speaker}: {item['content']}"
 
 
 def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> dict[str, str] | None:
@@ -47,7 +76,7 @@ def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> 
         raise ValueError(f"role must be 'system' or 'user', not {role!r}.")
     if not memories:
         return None
-    lines = "\n".join(f"- {memory['content']}" for memory in memories)
+    lines = "\n".join(_line(memory) for memory in memories)
     return {"role": role, "content": f"{HEADER}\n{lines}"}
 
 

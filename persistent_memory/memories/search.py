@@ -1,23 +1,29 @@
-"""Search strategies over one owner's memories: each returns ``[(id, score), ...]``,
-best first.
+"""Search strategies over one owner's memories and (see
+:mod:`persistent_memory.memories.message_search`) what was said in their conversations:
+each ranks :class:`Hit` s of both kinds in one list, best first.
 
-* ``recent``: newest update first (score 1/(1+rank)).
+* ``recent``: newest first, a memory by its last update, a message by when it was said
+  (score 1/(1+rank)).
 * ``keyword``: full text of the content and the key (the key's parts, split on ``.``,
   ``_`` and ``-``, count half as much as the content's words: ``ui.theme`` is found by
   "theme"). PostgreSQL: ``to_tsvector('english', ...)`` of both (stored in
   ``search_tsv`` with a GIN index, migrations 0010 and 0011) matched by any of the
   query's words, ranked by ``ts_rank``. SQLite: the FTS5 table of migrations 0009 and
   0011, ranked by BM25. Other databases (or SQLite without FTS5): ``icontains`` per
-  word, scored by words matched. Scores are given relative to the best match's (1).
+  word, scored by words matched. Memories and messages are ranked by those scores in
+  one list, given relative to the best match's (1).
 * ``semantic``: with an ``EMBEDDER``, the vectors nearest the query's, compared where
   :mod:`persistent_memory.memories.vectors` says (pgvector, sqlite-vec or numpy); when
   no query vector comes within EMBEDDER_REQUEST_TIMEOUT (or the embedder's circuit is
   open, or its vector has no direction), keyword instead, and :class:`Ranking` says so.
 * ``hybrid``: with an embedder that answers, keyword and semantic by relative score
-  fusion (each list's scores scaled to 0..1, MEMORY_HYBRID_ALPHA of the semantic one
-  plus the rest of the keyword one: reciprocal rank fusion let any memory sharing a
-  word with the question outrank the one that answered it in other words, recall@5
-  0.76 against 0.90 on bench/semantic_bench.py's set); else keyword's own ranking,
+  fusion (each list's scores scaled to 0..1 and added: reciprocal rank fusion let any
+  memory sharing a word with the question outrank the one that answered it in other
+  words, recall@5 0.76 against 0.90 on bench/semantic_bench.py's set). The keyword
+  list weighs ``(1 - MEMORY_HYBRID_ALPHA)`` times the share of the question's words
+  that its best match holds (:func:`coverage`), the semantic list the rest: a keyword
+  match of every word weighs as much as meaning (at the default 0.5), one of a name
+  alone little. Without an embedder, keyword's own ranking,
   recency breaking only its ties (a newer memory never outranks a better match;
   unrelated recent memories are not brought in). Each fused score is then
   weighed by use (MEMORY_HALF_LIFE_DAYS, MEMORY_ACCESS_WEIGHT). A hit's ``parts`` say
@@ -31,7 +37,7 @@ import math
 import re
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import DatabaseError, connection
@@ -56,6 +62,7 @@ _BM25_WEIGHTS = "1.0, 0.5"
 _TABLE = LongTermMemory._meta.db_table
 
 Ranked = list[tuple[int, float]]
+_T = TypeVar("_T")
 
 
 #: Left out of queries on every database (PostgreSQL's English configuration drops
@@ -119,18 +126,14 @@ STOP_WORDS = frozenset(
 
 
 def query_words(query: str) -> list[str]:
-    """The query's words (letters, digits, _) but stop words, deduplicated, at most 32."""
+    """The query's words (letters, digits, _) but stop words and single letters,
+    deduplicated, at most 32. A single letter is mostly what a possessive or a
+    contraction leaves ("Grace's": "grace" and "s"), and matched every "that's"."""
     seen: dict[str, None] = {}
     for word in _WORDS.findall(query.casefold()):
-        if word not in STOP_WORDS:
+        if word not in STOP_WORDS and (len(word) > 1 or word.isdigit()):
             seen.setdefault(word, None)
     return list(seen)[:32]
-
-
-def recent(rows: QuerySet[LongTermMemory], limit: int) -> Ranked:
-    """Newest update first."""
-    ids = rows.order_by("-updated_at", "-id").values_list("id", flat=True)[:limit]
-    return [(pk, 1.0 / (1 + rank)) for rank, pk in enumerate(ids)]
 
 
 def _where(rows: QuerySet[LongTermMemory]) -> tuple[str, list[Any]]:
@@ -201,14 +204,19 @@ def _icontains(rows: QuerySet[LongTermMemory], words: list[str], limit: int) -> 
     return scored[:limit]
 
 
-@lru_cache(maxsize=1)
-def _sqlite_fts_ready(alias: str) -> bool:
+@lru_cache(maxsize=8)
+def _fts_table(alias: str, table: str) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pm_memory_fts'")
+        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [table])
         return cursor.fetchone() is not None
 
 
-def _relative(ranked: Ranked) -> Ranked:
+def fts_ready(table: str = "pm_memory_fts") -> bool:
+    """Whether SQLite's FTS5 table ``table`` exists (an SQLite without FTS5 has none)."""
+    return _fts_table(connection.alias, table)
+
+
+def _relative(ranked: list[tuple[_T, float]]) -> list[tuple[_T, float]]:
     """Scores as fractions of the best one (1 for the best match): the databases' own
     ranks mean little to a reader (SQLite's BM25 gives ``2e-06`` in a small collection,
     where every word is in half the memories) and differ between databases. The order,
@@ -230,7 +238,7 @@ def _keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
     try:
         if connection.vendor == "postgresql":
             return _postgresql(rows, words, limit)
-        if connection.vendor == "sqlite" and _sqlite_fts_ready(connection.alias):
+        if connection.vendor == "sqlite" and fts_ready():
             try:
                 return _sqlite(rows, words, limit)
             except DatabaseError:  # a query FTS5 cannot parse: fall back, never fail
@@ -265,79 +273,174 @@ def query_vector(query: str) -> tuple[list[float], str] | None:
     return (vector, current.model) if vector else None
 
 
-def semantic(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked | None:
-    """The memories whose vectors are nearest the query's (see
-    :mod:`persistent_memory.memories.vectors`); None when there is no query vector (see
-    :func:`query_vector`)."""
-    found = query_vector(query)
-    if found is None:
-        return None
-    return _vectors.nearest(rows, compiled_where(rows), *found, limit)
-
-
-def _normalized(ranking: Ranked) -> dict[int, float]:
+def _normalized(ranking: Scored) -> dict[Key, float]:
     """Scores scaled to 0..1 over the list (min-max): 1 for a list of one."""
     if not ranking:
         return {}
     low, high = min(score for _, score in ranking), max(score for _, score in ranking)
-    return {pk: (score - low) / (high - low) if high > low else 1.0 for pk, score in ranking}
+    return {key: (score - low) / (high - low) if high > low else 1.0 for key, score in ranking}
 
 
-def blend(matches: Ranked, near: Ranked, alpha: float) -> Ranked:
+def blend(matches: Scored, near: Scored, alpha: float) -> Scored:
     """Relative score fusion: each list's scores scaled to 0..1, then ``alpha`` of the
     semantic one plus ``1 - alpha`` of the keyword one, best first."""
     keyword_part, semantic_part = _normalized(matches), _normalized(near)
     scores = {
-        pk: alpha * semantic_part.get(pk, 0.0) + (1 - alpha) * keyword_part.get(pk, 0.0)
-        for pk in {**keyword_part, **semantic_part}
+        key: alpha * semantic_part.get(key, 0.0) + (1 - alpha) * keyword_part.get(key, 0.0)
+        for key in {**keyword_part, **semantic_part}
     }
     return sorted(scores.items(), key=lambda item: -item[1])
 
 
+MEMORY, MESSAGE = "memory", "message"
+KINDS = (MEMORY, MESSAGE)
+#: A candidate of either kind: ``(kind, row id)``.
+Key = tuple[str, int]
+Scored = list[tuple[Key, float]]
+
+
 class Hit(NamedTuple):
-    """One found memory: its id, its score (higher is better) and the score's parts."""
+    """One found memory or message: its row id, its score (higher is better), the
+    score's parts, and its kind."""
 
     id: int
     score: float
     parts: dict[str, float | None]
+    kind: str = MEMORY
 
 
-def _hits(ranked: Ranked, name: str) -> list[Hit]:
-    return [Hit(pk, score, {name: round(score, 6)}) for pk, score in ranked]
+def _tagged(kind: str, ranked: Ranked) -> Scored:
+    return [((kind, pk), score) for pk, score in ranked]
 
 
-def _usage(fused: Ranked, parts: dict[int, dict[str, float | None]], limit: int) -> list[Hit]:
-    """``fused`` with each score times its recency decay (MEMORY_HALF_LIFE_DAYS, from the
-    memory's last update or access) and its access weight (MEMORY_ACCESS_WEIGHT), best first."""
+def _best_first(scored: Scored, limit: int) -> Scored:
+    return sorted(scored, key=lambda item: -item[1])[:limit]  # stable: memories first among equals
+
+
+class Pool(NamedTuple):
+    """What one search looks through: the owner's memories and (None: not searched) messages."""
+
+    memories: QuerySet[LongTermMemory] | None
+    messages: QuerySet[Any] | None = None
+
+    def recent(self, limit: int) -> Scored:
+        """Newest first: a memory by its last update, a message by when it was said."""
+        dated: list[tuple[Key, datetime]] = []
+        if self.memories is not None:
+            found = self.memories.order_by("-updated_at", "-id").values_list("id", "updated_at")[:limit]
+            dated += [((MEMORY, pk), at) for pk, at in found]
+        if self.messages is not None:
+            found = self.messages.order_by("-created_at", "-id").values_list("id", "created_at")[:limit]
+            dated += [((MESSAGE, pk), at) for pk, at in found]
+        dated.sort(key=lambda item: item[1], reverse=True)
+        return [(key, 1.0 / (1 + place)) for place, (key, _) in enumerate(dated[:limit])]
+
+    def keyword(self, query: str, limit: int) -> Scored:
+        """Full-text matches of either kind, by the database's own scores, relative to the best."""
+        from persistent_memory.memories import message_search
+
+        scored: Scored = []
+        if self.memories is not None:
+            scored += _tagged(MEMORY, _keyword(self.memories, query, limit))
+        if self.messages is not None:
+            scored += _tagged(MESSAGE, message_search.keyword(self.messages, query_words(query), limit))
+        return _relative(_best_first(scored, limit))
+
+    def semantic(self, query: str, limit: int) -> Scored | None:
+        """Nearest by meaning, of either kind (messages where they have vectors); None
+        without a query vector (see :func:`query_vector`)."""
+        from persistent_memory.memories import message_search
+
+        found = query_vector(query)
+        if found is None:
+            return None
+        scored: Scored = []
+        if self.memories is not None:
+            near = _vectors.nearest(self.memories, compiled_where(self.memories), *found, limit)
+            scored += _tagged(MEMORY, near)
+        if self.messages is not None and message_search.embeds_messages():
+            scored += _tagged(MESSAGE, message_search.semantic(self.messages, *found, limit))
+        return _best_first(scored, limit)
+
+
+def coverage(query: str, text: str) -> float:
+    """The share of the query's words (:func:`query_words`) that ``text`` holds: the word,
+    or for a word of five letters or more its first letters but the last three (at least
+    four), at the start of one of the text's words ("adopting" is held by "adopted", as
+    the databases' stemming would find it)."""
+    words = query_words(query)
+    if not words:
+        return 0.0
+    held = set(_WORDS.findall(text.casefold()))
+
+    def holds(word: str) -> bool:
+        stem = word if len(word) < 5 else word[: max(4, len(word) - 3)]
+        return any(found.startswith(stem) for found in held)
+
+    return sum(holds(word) for word in words) / len(words)
+
+
+def _text(key: Key) -> str:
+    """What keyword search reads of one candidate: a memory's content and key, a
+    message's text and speaker's name."""
+    from persistent_memory.models import MemoryMessage
+
+    kind, pk = key
+    if kind == MEMORY:
+        found = LongTermMemory.objects.filter(pk=pk).values_list("content", "key").first()
+    else:
+        found = MemoryMessage.objects.filter(pk=pk).values_list("content_text", "name").first()
+    return " ".join(found or ()).replace(".", " ").replace("_", " ")
+
+
+def _hits(ranked: Scored, name: str) -> list[Hit]:
+    return [Hit(pk, score, {name: round(score, 6)}, kind) for (kind, pk), score in ranked]
+
+
+def _usage(fused: Scored, parts: dict[Key, dict[str, float | None]], limit: int) -> list[Hit]:
+    """``fused`` with each score times its recency decay (MEMORY_HALF_LIFE_DAYS, from a
+    memory's last update or access, a message's time) and a memory's access weight
+    (MEMORY_ACCESS_WEIGHT), best first."""
+    from persistent_memory.models import MemoryMessage
+
     half_life, weight = memory_settings.MEMORY_HALF_LIFE_DAYS, memory_settings.MEMORY_ACCESS_WEIGHT
-    usage: dict[int, tuple[datetime, datetime | None, int]] = {}
+    usage: dict[Key, tuple[datetime, datetime | None, int]] = {}
     if half_life or weight:
+        ids = {kind: [pk for (of, pk), _ in fused if of == kind] for kind in (MEMORY, MESSAGE)}
         usage = {
-            pk: (updated, accessed, count)
-            for pk, updated, accessed, count in LongTermMemory.objects.filter(pk__in=[pk for pk, _ in fused])
+            (MEMORY, pk): (updated, accessed, count)
+            for pk, updated, accessed, count in LongTermMemory.objects.filter(pk__in=ids[MEMORY])
             .order_by()
             .values_list("id", "updated_at", "last_accessed_at", "access_count")
         }
+        if half_life and ids[MESSAGE]:
+            usage.update(
+                ((MESSAGE, pk), (said, None, 0))
+                for pk, said in MemoryMessage.objects.filter(pk__in=ids[MESSAGE])
+                .order_by()
+                .values_list("id", "created_at")
+            )
     now = timezone.now()
     hits = []
-    for pk, relevance in fused:
+    for key, relevance in fused:
         recency, frequency = 1.0, 1.0
-        if pk in usage:
-            updated, accessed, count = usage[pk]
+        if key in usage:
+            updated, accessed, count = usage[key]
             if half_life:
                 days = max(0.0, (now - max(updated, accessed or updated)).total_seconds() / 86400)
                 recency = 0.5 ** (days / half_life)
             frequency = 1.0 + weight * math.log1p(count)
         hits.append(
             Hit(
-                pk,
+                key[1],
                 relevance * recency * frequency,
                 {
-                    **parts.get(pk, {}),
+                    **parts.get(key, {}),
                     "relevance": round(relevance, 6),
                     "recency": round(recency, 6),
                     "frequency": round(frequency, 6),
                 },
+                key[0],
             )
         )
     hits.sort(key=lambda hit: -hit.score)
@@ -353,42 +456,62 @@ class Ranking(NamedTuple):
     strategy: str
 
 
-def hybrid(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranking:
+def hybrid(pool: Pool, query: str, limit: int) -> Ranking:
     """Keyword fused with semantic (with an embedder that answers) or with recency among
     the matches, then weighed by use; each hit's parts say what it scored in each list."""
     if not query.strip() or (not query_words(query) and embedder() is None):
-        return Ranking(_hits(recent(rows, limit), "recent"), "recent")
-    matches = keyword(rows, query, CANDIDATES) if query_words(query) else []
-    near = semantic(rows, query, CANDIDATES) if embedder() is not None else None
-    parts: dict[int, dict[str, float | None]] = {}
+        return Ranking(_hits(pool.recent(limit), "recent"), "recent")
+    matches = pool.keyword(query, CANDIDATES) if query_words(query) else []
+    near = pool.semantic(query, CANDIDATES) if embedder() is not None else None
+    parts: dict[Key, dict[str, float | None]] = {}
     for name, ranking in (("keyword", matches), ("semantic", near or [])):
-        for pk, score in ranking:
-            parts.setdefault(pk, {"keyword": None, "semantic": None})[name] = round(score, 6)
+        for key, score in ranking:
+            parts.setdefault(key, {"keyword": None, "semantic": None})[name] = round(score, 6)
     if near is not None:
-        fused = blend(matches, near, memory_settings.MEMORY_HYBRID_ALPHA)
+        # The keyword list weighs what the best keyword match covers of the question: a
+        # match of the speaker's name alone (in half the turns of a conversation) must not
+        # outweigh the answer found by meaning (paraphrased questions: recall@5 0.49 at a
+        # fixed weight, semantic alone 0.68; bench/results/2026-11-29-recall-fusion.md).
+        covered = coverage(query, _text(matches[0][0])) if matches else 0.0
+        keyword_weight = (1 - memory_settings.MEMORY_HYBRID_ALPHA) * covered
+        fused = blend(matches, near, 1 - keyword_weight)
         return Ranking(_usage(fused, parts, limit), "hybrid")
     # Keyword's order, recency breaking its ties only: fused with equal weight, the newest
     # memories naming a speaker outranked the one that answered (recall@5 0.18 against
     # keyword's 0.53 on real conversations). The matches are rows already: looked up by id
     # alone (with the owner's filters again, SQLite without table statistics walks every
     # memory of the owner instead).
-    by_recency = recent(LongTermMemory.objects.filter(id__in=[pk for pk, _ in matches]), CANDIDATES)
-    place = {pk: place for place, (pk, _) in enumerate(by_recency)}
+    from persistent_memory.models import MemoryMessage
+
+    ids = {kind: [pk for (of, pk), _ in matches if of == kind] for kind in (MEMORY, MESSAGE)}
+    newest = Pool(
+        LongTermMemory.objects.filter(id__in=ids[MEMORY]),
+        MemoryMessage.objects.filter(id__in=ids[MESSAGE]) if ids[MESSAGE] else None,
+    ).recent(CANDIDATES)
+    place = {key: place for place, (key, _) in enumerate(newest)}
     ordered = sorted(matches, key=lambda match: (-match[1], place.get(match[0], len(place))))
     return Ranking(_usage(ordered, parts, limit), "keyword")
 
 
-def rank(rows: QuerySet[LongTermMemory], query: str, strategy: str, limit: int) -> Ranking:
-    """The strategy's hits (candidates: the budget is applied by the service) and the
-    strategy that ranked them: "semantic" and "hybrid" answer by keyword when there is no
-    query vector (the embedder does not answer in time, or its circuit is open)."""
+def rank(
+    rows: QuerySet[LongTermMemory] | None,
+    query: str,
+    strategy: str,
+    limit: int,
+    messages: QuerySet[Any] | None = None,
+) -> Ranking:
+    """The strategy's hits among the memories ``rows`` and the messages ``messages``
+    (either None: not searched) and the strategy that ranked them: "semantic" and
+    "hybrid" answer by keyword when there is no query vector (the embedder does not answer
+    in time, or its circuit is open)."""
+    pool = Pool(rows, messages)
     if strategy == "recent":
-        return Ranking(_hits(recent(rows, limit), "recent"), "recent")
+        return Ranking(_hits(pool.recent(limit), "recent"), "recent")
     if strategy == "keyword":
-        return Ranking(_hits(keyword(rows, query, limit), "keyword"), "keyword")
+        return Ranking(_hits(pool.keyword(query, limit), "keyword"), "keyword")
     if strategy == "semantic":
-        near = semantic(rows, query, limit)
+        near = pool.semantic(query, limit)
         if near is not None:
             return Ranking(_hits(near, "semantic"), "semantic")
-        return Ranking(_hits(keyword(rows, query, limit), "keyword"), "keyword")
-    return hybrid(rows, query, limit)
+        return Ranking(_hits(pool.keyword(query, limit), "keyword"), "keyword")
+    return hybrid(pool, query, limit)

@@ -23,7 +23,7 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
-from persistent_memory.memories import embedders, embedding_worker, records, search, vectors
+from persistent_memory.memories import embedders, embedding_worker, message_search, records, search, vectors
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 from persistent_memory.validation import validate_int
@@ -593,14 +593,23 @@ class MemoryService:
         said_after: datetime | None = None,
         said_before: datetime | None = None,
         as_of: datetime | None = None,
+        kinds: Iterable[str] | None = None,
+        exclude_session_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The owner's memories matching ``query``, best first, each with its ``score``.
+        """The owner's memories, and what was said in their conversations, matching
+        ``query``, best first, each with its ``kind`` ("memory" or "message") and ``score``.
 
-        At most ``limit``; with ``max_tokens``, accepted in order while their tokens add up
-        within it, but at least one when anything matched. Found memories count an access.
-        ``said_after`` / ``said_before``: only memories said at or after / before that
-        moment (``said_at``, or ``created_at`` where it is unknown). ``as_of``: what was
-        true at that moment (see :func:`as_of_filter`), superseded versions included.
+        ``kinds``: what to look through (default MEMORY_SEARCH_KINDS; with ``types``,
+        memories of those types only). At most ``limit``; with ``max_tokens``, accepted
+        in order while their tokens add up within it, but at least one when anything
+        matched. Found memories count an access. ``said_after`` / ``said_before``: only
+        what was said at or after / before that moment (a memory's ``said_at``, or
+        ``created_at`` where it is unknown; a message's time). A message found carries
+        its ``session_id``, ``conversation``, ``role``, ``name`` and ``said_at`` (see
+        :mod:`persistent_memory.memories.message_search`); ``exclude_session_id``: not
+        the messages of that session (the one a prompt already holds).
+        ``as_of``: what was true at that moment (see :func:`as_of_filter`), superseded
+        versions of memories included, and the messages said by then.
         """
         return self.search_results(
             query,
@@ -612,6 +621,8 @@ class MemoryService:
             said_after=said_after,
             said_before=said_before,
             as_of=as_of,
+            kinds=kinds,
+            exclude_session_id=exclude_session_id,
         ).results
 
     def search_results(
@@ -626,6 +637,8 @@ class MemoryService:
         said_after: datetime | None = None,
         said_before: datetime | None = None,
         as_of: datetime | None = None,
+        kinds: Iterable[str] | None = None,
+        exclude_session_id: str | None = None,
     ) -> SearchResults:
         """:meth:`search`'s results and the strategy that ranked them: the one asked for,
         or ``"keyword"`` when a semantic or hybrid search had no query vector in time
@@ -640,50 +653,98 @@ class MemoryService:
         limit = min(validate_int(limit, name="limit", minimum=1), MAX_LIMIT)
         if max_tokens is not None:
             max_tokens = validate_int(max_tokens, name="max_tokens", minimum=0)
-        rows = self._filtered(types=types, session_id=session_id, as_of=as_of).filter(
-            _said_between(
-                records.validate_moment(said_after, name="said_after"),
-                records.validate_moment(said_before, name="said_before"),
+        kinds = _kinds(kinds, types)
+        after = records.validate_moment(said_after, name="said_after")
+        before = records.validate_moment(said_before, name="said_before")
+        as_of = records.validate_moment(as_of, name="as_of")
+        rows = self._filtered(types=types, session_id=session_id, as_of=as_of)
+        rows = rows.filter(_said_between(after, before))
+        messages = None
+        if search.MESSAGE in kinds:
+            messages = message_search.rows(
+                self.owner,
+                session_id=None if session_id is None else records.validate_memory_session(session_id),
+                said_after=after,
+                said_before=before,
             )
-        )
+            if as_of is not None:  # what had been said by then
+                messages = messages.filter(created_at__lte=as_of)
+            if exclude_session_id is not None:
+                messages = messages.exclude(
+                    conversation__session__session_id=records.validate_memory_session(exclude_session_id)
+                )
+            message_search.catch_up()
         candidates = max(limit, search.CANDIDATES if max_tokens else limit)
-        ranked, ranked_by = search.rank(rows, query, strategy, candidates)
-        # Every strategy ranks ``rows``, so the ids are the owner's: they are looked up by id
-        # alone (with the owner's filters again, SQLite without table statistics walks every
-        # memory of the owner). With a budget, the candidates' tokens first: only the
-        # memories accepted are read whole.
+        ranked, ranked_by = search.rank(
+            rows if search.MEMORY in kinds else None, query, strategy, candidates, messages
+        )
+        # Every strategy ranks the owner's rows, so the ids are the owner's: they are looked
+        # up by id alone (with the owner's filters again, SQLite without table statistics
+        # walks every memory of the owner). With a budget, the candidates' tokens first:
+        # only what is accepted is read whole.
         accepted = ranked[:limit]
         if max_tokens is not None:
-            tokens = dict(
-                LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])
-                .order_by()
-                .values_list("id", "tokens")
-            )
+            tokens = _tokens(ranked)
             accepted, used = [], 0
             for hit in ranked:
-                if hit.id not in tokens:
+                if (hit.kind, hit.id) not in tokens:
                     continue
-                if len(accepted) >= limit or (accepted and used + tokens[hit.id] > max_tokens):
+                cost = tokens[hit.kind, hit.id]
+                if len(accepted) >= limit or (accepted and used + cost > max_tokens):
                     break
-                used += tokens[hit.id]
+                used += cost
                 accepted.append(hit)
-        by_id = {
+        memory_rows = {
             row.pk: row
-            for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in accepted]).order_by()
+            for row in LongTermMemory.objects.filter(
+                pk__in=[hit.id for hit in accepted if hit.kind == search.MEMORY]
+            ).order_by()
             if row.owner == self.owner
         }
-        found = [
-            {**records.as_dict(by_id[hit.id]), "score": round(hit.score, 6), "score_parts": hit.parts}
-            for hit in accepted
-            if hit.id in by_id
-        ]
-        if found:
+        said = message_search.as_dicts([hit.id for hit in accepted if hit.kind == search.MESSAGE])
+        found = []
+        for hit in accepted:
+            if hit.kind == search.MEMORY and hit.id in memory_rows:
+                item = {"kind": search.MEMORY, **records.as_dict(memory_rows[hit.id])}
+            elif hit.kind == search.MESSAGE and said.get(hit.id, {}).get("owner") == self.owner:
+                item = said[hit.id]
+            else:
+                continue
+            found.append({**item, "score": round(hit.score, 6), "score_parts": hit.parts})
+        counted = [item for item in found if item["kind"] == search.MEMORY]
+        if counted:
             now = timezone.now()
-            _count_access([m["id"] for m in found], now)
-            for memory in found:
+            _count_access([m["id"] for m in counted], now)
+            for memory in counted:
                 memory["access_count"] += 1
                 memory["last_accessed_at"] = now
         return SearchResults(found, ranked_by)
+
+
+def _kinds(kinds: Iterable[str] | None, types: Iterable[str] | None) -> set[str]:
+    """What a search looks through: ``kinds``, else memories alone when ``types`` narrows
+    them, else MEMORY_SEARCH_KINDS."""
+    if kinds is None:
+        kinds = [search.MEMORY] if types is not None else memory_settings.MEMORY_SEARCH_KINDS
+    elif isinstance(kinds, str):
+        kinds = [kinds]
+    chosen = {records.validate_choice(kind, name="kind", choices=search.KINDS) for kind in kinds}
+    if not chosen:
+        raise InvalidMemory("Invalid kinds: name at least one of memory, message.")
+    return chosen
+
+
+def _tokens(hits: list[search.Hit]) -> dict[tuple[str, int], int]:
+    """The tokens of each hit, by (kind, id)."""
+    from persistent_memory.models import MemoryMessage
+
+    tokens: dict[tuple[str, int], int] = {}
+    for kind, model in ((search.MEMORY, LongTermMemory), (search.MESSAGE, MemoryMessage)):
+        ids = [hit.id for hit in hits if hit.kind == kind]
+        if ids:
+            found = model.objects.filter(pk__in=ids).order_by().values_list("id", "tokens")
+            tokens.update(((kind, pk), count) for pk, count in found)
+    return tokens
 
 
 def _vector_of(content: str) -> dict[str, Any] | None:

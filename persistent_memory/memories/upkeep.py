@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
-from persistent_memory.memories import embedders, records, search, vectors
+from persistent_memory.memories import embedders, message_search, records, search, vectors
 from persistent_memory.memories.service import current_filter, delete_memories, expired_filter, supersede
 from persistent_memory.models import LongTermMemory
 
@@ -84,6 +84,9 @@ class EmbedReport:
     #: What still has no vector of the current model.
     pending: int = 0
     vector_backend: str = ""
+    #: Mirrored conversation messages (where MESSAGE_EMBEDDINGS gives them vectors).
+    messages_embedded: int = 0
+    messages_failed: int = 0
 
 
 def embed_memories(
@@ -114,6 +117,17 @@ def embed_memories(
         if progress is not None:
             progress(min(start + batch_size, len(ids)), len(ids))
     report.pending = unembedded(embedder, owner).count()
+    if message_search.embeds_messages():
+        messages = message_search.unembedded(embedder)
+        if owner is not None:
+            messages = messages.filter(conversation__session__owner=owner)
+        ids = list(messages.order_by("pk").values_list("pk", flat=True))
+        for start in range(0, len(ids), batch_size):
+            embedded = message_search.embed_batch(ids[start : start + batch_size], embedder=embedder)
+            if embedded is None:
+                report.messages_failed += len(ids[start : start + batch_size])
+            else:
+                report.messages_embedded += embedded
     return report
 
 

@@ -245,15 +245,22 @@ def _sqlite_vec(
         return [(pk, 1.0 - float(distance)) for pk, distance in cursor.fetchall()]
 
 
-def _numpy(
-    rows: QuerySet[LongTermMemory], vector: list[float], model: str, limit: int
+def scan(
+    rows: QuerySet[Any],
+    vector: list[float],
+    model: str,
+    limit: int,
+    newest: tuple[str, ...] = ("-updated_at", "-id"),
 ) -> list[tuple[int, float]]:
+    """The rows (memories, or messages: any with the three vector columns) whose vectors
+    of ``model`` are nearest ``vector``, comparing the newest MEMORY_VECTOR_SCAN_LIMIT in
+    one matrix product."""
     import numpy as np
 
     dims = len(vector)
     candidates = list(
         rows.filter(embedding_model=model, embedding_dimensions=dims, embedding_f32__isnull=False)
-        .order_by("-updated_at", "-id")
+        .order_by(*newest)
         .values_list("id", "embedding_f32")[: memory_settings.MEMORY_VECTOR_SCAN_LIMIT]
     )
     if not candidates:
@@ -290,4 +297,4 @@ def nearest(
         return _pgvector(*where, vector, model, limit)
     if kind == SQLITE_VEC:
         return _sqlite_vec(*where, vector, model, limit)
-    return _numpy(rows, vector, model, limit)
+    return scan(rows, vector, model, limit)

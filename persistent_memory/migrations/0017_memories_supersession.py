@@ -33,7 +33,7 @@ def _drop_versions(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("persistent_memory", "0015_memories_said_at"),
+        ("persistent_memory", "0016_message_search"),
     ]
 
     operations = [
