@@ -213,10 +213,10 @@ def follow_the_page(folder: Path, env: dict[str, str], model: ChatServer) -> Non
         (second,) = chat_answers(second_block, env, folder, port)
         assert second == {**shown(second_block), "reply": REPLIES[5]}
         sent = model.requests[-1]["body"]["messages"]
-        assert sent[1] == {
-            "role": "system",
-            "content": f"What you know about the user from earlier conversations:\n- {fact}",
-        }
+        # The fact, then what the assistant said in the other chat, with its date.
+        header, first_line, said = sent[1]["content"].split("\n")
+        assert sent[1]["role"] == "system" and header.startswith("What you know about the user")
+        assert first_line == f"- {fact}" and said.endswith(f" assistant: {REPLIES[1]}")
 
         # 7: the admin shows the chats, the transcript, the summary and the memory.
         browser = Browser(f"http://127.0.0.1:{port}")
@@ -249,9 +249,12 @@ def follow_the_page(folder: Path, env: dict[str, str], model: ChatServer) -> Non
         (answer,) = chat_answers(block, env, folder, server.port)
         assert answer == {**shown(block), "reply": REPLIES[6]}
     sent = model.requests[-1]["body"]["messages"]
-    assert sent[0]["role"] == "system" and sent[0]["content"].endswith(
-        f"What you know about the user from earlier conversations:\n- {fact}"
+    # Ada's fact, and what was said in her other chat; nothing of this one (the session has it).
+    instructions, known = sent[0]["content"].split(
+        "\nWhat you know about the user from earlier conversations:\n"
     )
+    assert sent[0]["role"] == "system" and f"- {fact}" in known.split("\n")
+    assert "Porto" not in known and "Casa do Conto" not in known
     assert [message["content"] for message in sent[1:]] == [
         "Can you suggest a hotel in Porto?",
         REPLIES[5],

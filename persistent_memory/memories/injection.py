@@ -66,7 +66,7 @@ def _line(item: dict[str, Any]) -> str:
     if item.get("kind") != "message":
         return f"- {item['content']}"
     speaker = item.get("name") or item.get("role", "")
-    return f"- {item['said_at'][:10]} {speaker}: {item['content']}"
+    return f"- {str(item['said_at'])[:10]} {speaker}: {item['content']}"  # ISO text, or a datetime
 
 
 def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> dict[str, str] | None:

@@ -602,9 +602,11 @@ class MemoryService:
         ``kinds``: what to look through (default MEMORY_SEARCH_KINDS; with ``types``,
         memories of those types only). At most ``limit``; with ``max_tokens``, accepted
         in order while their tokens add up within it, but at least one when anything
-        matched. Found memories count an access. ``said_after`` / ``said_before``: only
-        what was said at or after / before that moment (a memory's ``said_at``, or
-        ``created_at`` where it is unknown; a message's time). A message found carries
+        matched. A message and a memory that came from it are found once, as the memory
+        (at the better place of the two). Found memories count an access.
+        ``said_after`` / ``said_before``: only what was said at or after / before that
+        moment (a memory's ``said_at``, or ``created_at`` where it is unknown; a
+        message's time). A message found carries
         its ``session_id``, ``conversation``, ``role``, ``name`` and ``said_at`` (see
         :mod:`persistent_memory.memories.message_search`); ``exclude_session_id``: not
         the messages of that session (the one a prompt already holds).
@@ -674,10 +676,12 @@ class MemoryService:
                     conversation__session__session_id=records.validate_memory_session(exclude_session_id)
                 )
             message_search.catch_up()
-        candidates = max(limit, search.CANDIDATES if max_tokens else limit)
+        # Both kinds: twice the results, for those a memory and the message it came from share.
+        candidates = max(limit, search.CANDIDATES if max_tokens else limit * len(kinds))
         ranked, ranked_by = search.rank(
             rows if search.MEMORY in kinds else None, query, strategy, candidates, messages
         )
+        ranked = _distinct(ranked)
         # Every strategy ranks the owner's rows, so the ids are the owner's: they are looked
         # up by id alone (with the owner's filters again, SQLite without table statistics
         # walks every memory of the owner). With a budget, the candidates' tokens first:
@@ -732,6 +736,35 @@ def _kinds(kinds: Iterable[str] | None, types: Iterable[str] | None) -> set[str]
     if not chosen:
         raise InvalidMemory("Invalid kinds: name at least one of memory, message.")
     return chosen
+
+
+def _distinct(hits: list[search.Hit]) -> list[search.Hit]:
+    """``hits`` where a memory and a message it came from (its ``source_messages`` names
+    the message's id) are both found: the memory alone, at the better place of the two
+    (the same thing said twice; the memory says it as a fact)."""
+    from persistent_memory.models import MemoryMessage
+
+    ids = {kind: [hit.id for hit in hits if hit.kind == kind] for kind in search.KINDS}
+    if not ids[search.MEMORY] or not ids[search.MESSAGE]:
+        return hits
+    memories = {hit.id: hit for hit in hits if hit.kind == search.MEMORY}
+    made_of: dict[str, int] = {}  # message id -> the first memory found that came from it
+    for pk, sources in LongTermMemory.objects.filter(pk__in=ids[search.MEMORY]).values_list(
+        "id", "source_messages"
+    ):
+        for message_id in sources or ():
+            made_of.setdefault(message_id, pk)
+    said = dict(MemoryMessage.objects.filter(pk__in=ids[search.MESSAGE]).values_list("id", "message_id"))
+    kept: list[search.Hit] = []
+    placed: set[int] = set()
+    for hit in hits:
+        memory = hit.id if hit.kind == search.MEMORY else made_of.get(said.get(hit.id, ""))
+        if memory is None:
+            kept.append(hit)  # a message no memory found came from
+        elif memory not in placed:
+            placed.add(memory)
+            kept.append(memories[memory])
+    return kept
 
 
 def _tokens(hits: list[search.Hit]) -> dict[tuple[str, int], int]:
