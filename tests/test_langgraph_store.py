@@ -893,6 +893,10 @@ def said(db: Any, configure: Any) -> PersistentMemoryStore:
         "trip", [{"id": "p1", "role": "user", "content": "Book the Lisbon dinner."}], conversation="planning"
     )
     mine.add_messages("work", [{"id": "w1", "role": "user", "content": "The quarterly report is due."}])
+    # A "." in a conversation's name: no LangGraph label can hold it, so no item is made of it.
+    mine.add_messages(
+        "trip", [{"id": "d1", "role": "user", "content": "Lisbon, v2."}], conversation="plan.v2"
+    )
     store.for_owner("user:2").add_messages(
         "theirs", [{"id": "x1", "role": "user", "content": "Lisbon again."}]
     )

@@ -31,6 +31,7 @@ store's ``conversations``; None turns it off): each of the owner's messages (see
 messages alone by the same search, ``get`` and ``list_namespaces`` read them, ``put`` and
 ``delete`` there raise LangGraph's ``InvalidNamespaceError``. Memory items never come
 under that root, and messages never come under any other (``search(())`` is memories).
+Conversations whose name holds a ``.`` (which LangGraph forbids in labels) are left out.
 """
 
 from __future__ import annotations
@@ -275,6 +276,9 @@ class PersistentMemoryStore(BaseStore):
             return None
         message_search.catch_up()
         found = message_search.rows(self.owner, session_id=labels[1] if len(labels) > 1 else None)
+        # A conversation name may hold a ".", which LangGraph forbids in a label: such a
+        # conversation would be an item no get could address. It is left out.
+        found = found.exclude(conversation__name__contains=".")
         return found.filter(conversation__name=labels[2]) if len(labels) > 2 else found
 
     def _said_item(self, said: dict[str, Any]) -> dict[str, Any]:
@@ -386,7 +390,8 @@ class PersistentMemoryStore(BaseStore):
         )
         if self.conversations is not None:
             message_search.catch_up()
-            said = ((self.conversations, *pair) for pair in message_search.conversations(self.owner))
+            pairs = message_search.conversations(self.owner)
+            said = ((self.conversations, *pair) for pair in pairs if "." not in pair[1])
             namespaces = itertools.chain((n for n in namespaces if not self._said(n)), said)
         for namespace in namespaces:
             if op.match_conditions and not all(_namespace_matches(c, namespace) for c in op.match_conditions):
