@@ -11,17 +11,18 @@ in a database the benchmark creates and drops (it refuses one that exists; when
 PostgreSQL does not answer, it is left out with a note).
 
 At each count (ascending; the tables grow in place) one owner holds that many messages,
-written straight into the mirror's tables (MemorySession, MemoryConversation,
-MemoryMessage rows, as a sync writes them): sessions of 20 to 200 messages, each a
-two-person chat whose turns are the sentences of bench/recall_corpus.py recombined
-(one turn, sometimes two), the speakers' names on the rows; a word in one message of 250
-("xylophone") and one of 2,500 ("Quillon") for rare matches. One
-session in twenty has expired and one in forty was deleted (the search must pass them
-over), and three other owners hold a tenth as many messages with the same words. The
-owner also has --memories long-term memories (bench/memories_corpus.py), since the
-default search looks through both kinds. On SQLite the FTS5 table follows through
-migration 0016's triggers; on PostgreSQL the rows are COPYed, the GIN index rebuilt
-after the load, and the table analyzed (what autovacuum does a little later).
+written straight into the mirror's tables (MemorySession, MemoryConversation and
+MemoryMessage rows, the columns a sync fills; the store never holds them, so the worker
+makes its store first and nothing restores them into it): sessions of 20 to 200
+messages, said in time order, each a two-person chat whose turns are the sentences of
+bench/recall_corpus.py recombined (one turn, sometimes two), the speakers' names on the
+rows; a word in one message of 250 ("xylophone") and one of 2,500 ("Quillon") for rare
+matches. One session in twenty has expired and one in forty was deleted (the search
+must pass them over), and three other owners hold a tenth as many messages with the
+same words. The owner also has --memories long-term memories (bench/memories_corpus.py),
+since the default search looks through both kinds. On SQLite the FTS5 table follows
+through migration 0016's triggers; on PostgreSQL the rows are COPYed, the GIN index
+rebuilt after the load, and the tables analyzed (what autovacuum does a little later).
 
 It then times, taking turns call by call, ``memories_for(owner).search(query)`` with
 the default settings (hybrid, no embedder, both kinds, limit 10) and with
