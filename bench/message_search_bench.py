@@ -26,11 +26,11 @@ rebuilt after the load, and the tables analyzed (what autovacuum does a little l
 
 It then times, taking turns call by call, ``memories_for(owner).search(query)`` with
 the default settings (hybrid, no embedder, both kinds, limit 10) and with
-``strategy="keyword"``, for each of QUERIES; and ``message_search.catch_up()`` alone
-(the mirror sync a search runs first: nothing is dirty here, so it is the floor every
-search pays). Prints p50 / p95 in ms with the matching messages' count, and writes
-every figure as JSON to bench/results/local/message-search.json (git ignores
-bench/results/local/) or --output.
+``strategy="keyword"``, for each of QUERIES; ``message_search.catch_up()`` alone (the
+mirror sync a search runs first: nothing is dirty here, so it is the floor every search
+pays), and again right after a turn is written through the store. Prints p50 / p95 in
+ms with the matching messages' count, and writes every figure as JSON to
+bench/results/local/message-search.json (git ignores bench/results/local/) or --output.
 """
 
 from __future__ import annotations
@@ -65,9 +65,11 @@ from recall_corpus import CONVERSATIONS  # noqa: E402
 from timing import percentile  # noqa: E402
 
 OWNER = "user:bench"
+LIVE_OWNER = "user:bench-live"
 OTHER_OWNERS = ("user:bench-other-1", "user:bench-other-2", "user:bench-other-3")
 STRATEGIES = ("hybrid", "keyword")
 CATCH_UP = "catch_up() alone"
+AFTER_A_TURN = "catch_up() after a turn"
 SPACING = timedelta(seconds=30)
 DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/pm_bench_messages"
 #: From no match to words in many messages; "xylophone" is in one message of 250,
@@ -297,6 +299,7 @@ def search_figures(rounds: int) -> dict[str, Any]:
         for strategy in STRATEGIES:
             operations[f"{strategy}: {name}"] = lambda q=query, s=strategy: service.search(q, strategy=s)
     timed = take_turns(operations, rounds)
+    timed[AFTER_A_TURN] = catch_up_after_a_turn(rounds)
     queries: dict[str, Any] = {}
     for name, query in QUERIES.items():
         owned = message_search.rows(OWNER)
@@ -310,7 +313,32 @@ def search_figures(rounds: int) -> dict[str, Any]:
                 "messages": sum(item["kind"] == "message" for item in found),
                 "foreign": sum(item.get("owner", OWNER) != OWNER for item in found),
             }
-    return {"catch_up": timed[CATCH_UP], "queries": queries}
+    return {"catch_up": timed[CATCH_UP], "catch_up_after_a_turn": timed[AFTER_A_TURN], "queries": queries}
+
+
+def catch_up_after_a_turn(rounds: int) -> dict[str, Any]:
+    """``catch_up()`` right after a turn (a question and its answer) is written through
+    the store: what a search asked just after pays when the mirror's own worker (the
+    memory backend's default, "immediate") has not synced that session yet."""
+    from persistent_memory.memories import message_search
+    from persistent_memory.store import get_store
+
+    # Another owner's session: the catch-up syncs whatever is dirty, and the owner's
+    # messages stay the count measured.
+    store = get_store().for_owner(LIVE_OWNER)
+    clock = time.perf_counter
+    latencies = []
+    for n in range(rounds + 1):  # the first creates the session
+        turn = [
+            {"role": "user", "content": f"Turn {n}: did the xylophone lessons go well this week?"},
+            {"role": "assistant", "content": "They did; the teacher moved them to Thursdays."},
+        ]
+        store.add_messages("bench-live", turn)
+        started = clock()
+        message_search.catch_up()
+        if n:
+            latencies.append(clock() - started)
+    return latency(latencies)
 
 
 def database_figures(counts: list[int], rounds: int, memories: int) -> dict[str, Any]:
@@ -332,7 +360,7 @@ def database_figures(counts: list[int], rounds: int, memories: int) -> dict[str,
         progress(f"{server}: seeding {count:,} messages")
         seconds = load(count, seeded, memories)
         seeded = count
-        total = MemoryMessage.objects.count()
+        total = MemoryMessage.objects.exclude(conversation__session__owner=LIVE_OWNER).count()
         owned = MemoryMessage.objects.filter(conversation__session__owner=OWNER).count()
         progress(
             f"{server}: {owned:,} messages of the owner ({total:,} in all) in {seconds:.1f} s; searching"
@@ -377,6 +405,7 @@ def report(results: dict[str, Any]) -> str:
         for at in figures["counts"].values():
             owned = f"{at['messages_of_owner']:,}"
             rows.append([CATCH_UP, owned, "", _ms(at["catch_up"]), ""])
+            rows.append([AFTER_A_TURN, owned, "", _ms(at["catch_up_after_a_turn"]), ""])
             for name, query in at["queries"].items():
                 rows.append(
                     [name, owned, f"{query['matching_messages']:,}"] + [_ms(query[s]) for s in STRATEGIES]
