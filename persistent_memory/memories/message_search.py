@@ -19,8 +19,8 @@ else with numpy over the owner's newest MEMORY_VECTOR_SCAN_LIMIT messages.
 
 A keyword search ranks every match of the owner's (exact BM25 / ts_rank order): its cost
 grows with the matches, not the owner's messages. bench/message_search_bench.py measures
-it (docs/performance.md: a few ms at 6,000 messages; on PostgreSQL at a million, 14 ms
-for a rare word and about 400 for a question whose words are in a tenth of them).
+it (docs/performance.md: a few ms at 6,000 messages; on PostgreSQL at a million, 9 ms
+for a rare word and 300 to 400 for a question whose words are in a tenth of them).
 
 Memory blocks injected into a conversation (see
 :func:`persistent_memory.memories.injection.is_injected`) are never found: what they say
