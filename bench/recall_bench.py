@@ -1,7 +1,7 @@
 """Benchmark of long-term memory recall over conversations: recall@5 and recall@10 per
 kind of question, per strategy, per database.
 
-    python bench/recall_bench.py [--database-url URL] [--setups turns recorded pooled]
+    python bench/recall_bench.py [--database-url URL] [--setups turns recorded recorded_llm pooled]
                                  [--strategies keyword semantic hybrid ...]
                                  [--conversations 1 2 ...] [--output PATH] [--details PATH]
 
@@ -12,7 +12,7 @@ it. A question's recall@k is the share of its evidence turns found in the first 
 results; the figures are the means per kind and over all questions. Each conversation
 is one owner (but in ``pooled``): a question searches its own conversation's memories.
 
-Three setups:
+Four setups:
 
 * **turns**: every turn stored as one memory (content ``"Name: text"``, key the turn
   id, ``said_at`` the session's time), searched with each strategy: ``keyword``,
@@ -25,13 +25,23 @@ Three setups:
   extractors, then the same searches; a memory found brings the evidence turns among its
   ``source_messages``. ``coverage`` is the share of the questions' evidence turns that
   any memory came from: what no ranking can find.
+* **recorded_llm**: as recorded (owners of its own), but ``memory_extract`` runs the
+  chat-completions extractor (``MEMORY_EXTRACTORS``) against bench/llm_standin.py, a
+  deterministic extractive stand-in for a model that the bench starts and stops: one
+  memory per turn that states something, ``"<Name> said on <date>: <text>"``, citing
+  that turn. It measures the plumbing (transcript, request, parse, write, search, the
+  cited turns found again), not a model: its figures are an upper bound of what the
+  pipeline keeps. ``requests`` is how many requests the stand-in received.
 * **pooled**: as turns, but every conversation's turns are one owner's memories (567
   rather than 70 or so): a larger haystack, as a long-lived user's memories are.
 
-Each search is measured alone: the access counts a search records (which weigh the next
-hybrid searches) are reset after it. For facts that changed, ``earlier_first`` is the
-share of questions whose first result among their turns (the latest statement or an
-earlier one) in the first ten is an earlier one. The embedder is bench/semantic_bench.py's
+A result of ``"kind": "message"`` (a message the search found) stands for the turn
+its ``id`` names; a memory (``"kind": "memory"``, or no kind) for its key or its
+source messages, as above. Each search is measured alone: the access counts a search
+records (which weigh the next hybrid searches) are reset after it. For facts that
+changed, ``earlier_first`` is the share of questions whose first result among their
+turns (the latest statement or an earlier one) in the first ten is an earlier one. The
+embedder is bench/semantic_bench.py's
 all-MiniLM-L6-v2 (offline, bench-only dependencies: see there); it is loaded only when a
 strategy asked for needs it. Each run uses a database of its own: a temporary SQLite
 file by default, or the empty PostgreSQL at --database-url. Results go to
@@ -59,6 +69,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(1, str(ROOT))
 
+from llm_standin import standin  # noqa: E402
 from memories_bench import setup_django  # noqa: E402
 from recall_corpus import CONVERSATIONS, KINDS, QUESTIONS, Question, turn_id  # noqa: E402
 
@@ -75,7 +86,12 @@ VARIANTS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("recent", "recent", {}, False),
 ]
 KS = (5, 10)
-SETUPS = ("turns", "recorded", "pooled")
+SETUPS = ("turns", "recorded", "recorded_llm", "pooled")
+#: The setups whose memories come from recorded conversations (found by their source messages).
+RECORDED = ("recorded", "recorded_llm")
+#: recorded_llm's extractor, and its options over the site's (the stand-in's URL is added).
+LLM_EXTRACTOR = "persistent_memory.memories.extraction.chat_completions.extract"
+LLM_OPTIONS = {"model": "extractive-standin", "api_key_env": None, "timeout": 60}
 
 
 def session_time(when: str) -> datetime:
@@ -131,19 +147,22 @@ def store_turns(conversations: list[int], setup: str) -> int:
     return count
 
 
-def record_and_extract(conversations: list[int]) -> dict[str, Any]:
-    """Each session appended to the store, then ``memory_extract``; its counts."""
+def record_and_extract(conversations: list[int], setup: str) -> dict[str, Any]:
+    """Each session appended to the store under ``setup``'s owners, then ``memory_extract``
+    over those owners only (another recorded setup's sessions are not read again); the
+    counts, summed over the owners."""
     from io import StringIO
 
     from django.core.management import call_command
 
     from persistent_memory import get_store
+    from persistent_memory.memories import embedders
 
     store = get_store()
     for number in conversations:
         conversation = CONVERSATIONS[number]
         first = conversation.speakers[0]
-        scoped = store.for_owner(owner_of(number, "recorded"))
+        scoped = store.for_owner(owner_of(number, setup))
         for session, (when, turns) in enumerate(conversation.sessions, start=1):
             messages = [
                 {
@@ -156,16 +175,38 @@ def record_and_extract(conversations: list[int]) -> dict[str, Any]:
             ]
             with _clock(session_time(when).timestamp()):
                 scoped.add_messages(f"c{number}-s{session}", messages)
-    out = StringIO()
-    call_command("memory_extract", json=True, stdout=out)
-    return json.loads(out.getvalue())
+    counts: dict[str, Any] = {}
+    for number in conversations:
+        out = StringIO()
+        # Its note about the memory backend once, not once per owner.
+        notes = sys.stderr if number == conversations[0] else StringIO()
+        call_command("memory_extract", owner=owner_of(number, setup), json=True, stdout=out, stderr=notes)
+        for name, value in json.loads(out.getvalue()).items():
+            if isinstance(value, int):
+                counts[name] = counts.get(name, 0) + value
+            elif value is not None or name not in counts:
+                counts[name] = value  # last_error: the last one
+    # What a search finds of the messages themselves: mirrored (the worker would have,
+    # within half a second), and embedded where an embedder is set (the worker's job too).
+    store.mirror.sync_dirty()
+    if embedders.current() is not None:
+        call_command("memory_embed", stdout=StringIO())
+    return counts
 
 
-def _turns_found(setup: str, memories: list[dict[str, Any]]) -> list[list[str]]:
-    """The turns each result stands for: its key (turns), its source messages (recorded)."""
-    if setup in ("turns", "pooled"):
-        return [[memory["key"]] for memory in memories]
-    return [list(memory.get("source_messages") or []) for memory in memories]
+def _turns_found(setup: str, results: list[dict[str, Any]]) -> list[list[str]]:
+    """The turns each result stands for: a message's id (``"kind": "message"``); a
+    memory's (``"kind": "memory"``, or no kind) key in turns and pooled, its source
+    messages in the recorded setups."""
+
+    def turns(result: dict[str, Any]) -> list[str]:
+        if result.get("kind", "memory") == "message":
+            return [result["id"]]
+        if setup in RECORDED:
+            return list(result.get("source_messages") or [])
+        return [result["key"]]
+
+    return [turns(result) for result in results]
 
 
 def _search(owner: Any, question: str, strategy: str) -> list[dict[str, Any]]:
@@ -224,12 +265,12 @@ def measure(
     return figures
 
 
-def coverage(questions: list[Question]) -> dict[str, float]:
-    """The share of evidence turns some recorded memory came from, per kind and over all."""
+def coverage(questions: list[Question], setup: str) -> dict[str, float]:
+    """The share of evidence turns some memory of ``setup`` came from, per kind and over all."""
     from persistent_memory.models import LongTermMemory
 
     sourced: set[str] = set()
-    for sources in LongTermMemory.objects.filter(owner__startswith="recorded:").values_list(
+    for sources in LongTermMemory.objects.filter(owner__startswith=f"{setup}:").values_list(
         "source_messages", flat=True
     ):
         sourced.update(sources or [])
@@ -272,9 +313,23 @@ def run(setups: list[str], variants: list[str], conversations: list[int]) -> dic
             figures: dict[str, Any] = {}
             if setup in ("turns", "pooled"):
                 figures["memories"] = store_turns(conversations, setup)
+            elif setup == "recorded":
+                figures["extraction"] = record_and_extract(conversations, setup)
             else:
-                figures["extraction"] = record_and_extract(conversations)
-                figures["coverage"] = coverage(questions)
+                with (
+                    standin() as server,
+                    _settings(
+                        {
+                            "MEMORY_EXTRACTORS": [LLM_EXTRACTOR],
+                            "MEMORY_EXTRACTOR_OPTIONS": {**LLM_OPTIONS, "base_url": server.url},
+                        }
+                    ),
+                ):
+                    figures["extraction"] = record_and_extract(conversations, setup)
+                figures["requests"] = len(server.requests)
+            if setup in RECORDED:
+                figures["coverage"] = coverage(questions, setup)
+                figures["memories"] = LongTermMemory.objects.filter(owner__startswith=f"{setup}:").count()
             figures["write_s"] = round(time.perf_counter() - started, 1)
             _check_embedder()
             if embedder:
@@ -331,6 +386,8 @@ def table(results: dict[str, Any]) -> str:
             cells = "".join(f"{figures['coverage'].get(kind, float('nan')):>11.3f}" for kind in columns)
             lines.append(f"{'coverage':<20}{cells}")
             lines.append(f"extraction: {figures['extraction']}")
+        if "requests" in figures:
+            lines.append(f"requests to the stand-in: {figures['requests']}")
     return "\n".join(lines)
 
 

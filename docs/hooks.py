@@ -80,7 +80,7 @@ GROUPS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
         ("CONTEXT_",),
         ("TOKENIZER", "MAX_MESSAGES", "MAX_MESSAGE_BYTES", "RECORD_CONVERSATION"),
     ),
-    ("Long-term memories", ("MEMORY_", "EMBEDDER"), ("INJECT_MEMORIES",)),
+    ("Long-term memories", ("MEMORY_", "EMBEDDER"), ("INJECT_MEMORIES", "MESSAGE_EMBEDDINGS")),
     ("MCP", ("MCP_",), ()),
     ("Other", ("",), ()),
 ]

@@ -1,8 +1,10 @@
 """The admin's long-term memories: the database is their source of truth, so they are
 editable here. Saving goes through the service (the same rules as the API: validated,
 tokens counted, the vector renewed) and marks the memory as the admin's, which an
-extraction then never overwrites. Selected memories export as JSON Lines; "Forget
-everything about the owners of the selected long-term memories" is in admin_forget."""
+extraction then never overwrites. The list shows current memories; its "version" filter
+shows the superseded versions a write replaced, read-only, each linked from its memory's
+page. Selected memories export as JSON Lines; "Forget everything about the owners of the
+selected long-term memories" is in admin_forget."""
 
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ from persistent_memory.admin_forget import ForgetOwnersMixin
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories import memories_for, records
 from persistent_memory.memories.jsonl import export_lines
+from persistent_memory.memories.service import current_filter
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 
-EDITED = ("session_id", "type", "key", "content", "metadata", "said_at", "expires_at")
+EDITED = ("session_id", "type", "key", "content", "metadata", "said_at", "happened_at", "expires_at")
 #: After each separator of a key: where the list may break it.
 KEY_BREAKS = re.compile(r"(?<=[._:/-])")
 
@@ -54,10 +57,45 @@ class LongTermMemoryForm(forms.ModelForm):
                 except PersistentMemoryError as exc:
                     self.add_error(name, str(exc))
         owner = self.instance.owner if self.instance.pk else data.get("owner", "")
-        taken = LongTermMemory.objects.filter(owner=owner, key=data.get("key")).exclude(pk=self.instance.pk)
+        taken = (
+            LongTermMemory.objects.filter(owner=owner, key=data.get("key"))
+            .filter(current_filter())
+            .exclude(pk=self.instance.pk)
+        )
         if data.get("key") and taken.exists():
             self.add_error("key", "Another memory of this owner has this key.")
         return data
+
+
+class VersionFilter(admin.SimpleListFilter):
+    """Current memories by default; their superseded versions, or both, when asked."""
+
+    title = "version"
+    parameter_name = "version"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("superseded", "Superseded"), ("all", "All")]
+
+    def choices(self, changelist: Any) -> Any:
+        # "Current" stands where Django puts "All": it is what no parameter shows.
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "Current",
+        }
+        for value, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[LongTermMemory]) -> QuerySet[LongTermMemory]:
+        if self.value() == "all":
+            return queryset
+        if self.value() == "superseded":
+            return queryset.exclude(current_filter())
+        return queryset.filter(current_filter())
 
 
 @admin.register(LongTermMemory)
@@ -66,7 +104,7 @@ class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
     # What a reader scans for; uses and tokens are on each memory's page. With the
     # navigation and the filters open, these fit 1,280 px.
     list_display = ("key_display", "short_content", "owner", "type_and_source", "updated")
-    list_filter = ("type", "source", "owner")
+    list_filter = (VersionFilter, "type", "source", "owner")
     search_fields = ("content", "key", "owner")
     date_hierarchy = "updated_at"
     readonly_fields = (
@@ -80,6 +118,9 @@ class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
         "embedding_model",
         "embedding_dimensions",
         "history",
+        "superseded_by",
+        "valid_until",
+        "versions",
         "similar_memories",
     )
     actions = ("export_jsonl", "forget_owners")
@@ -132,6 +173,40 @@ class LongTermMemoryAdmin(ForgetOwnersMixin, admin.ModelAdmin):
                 ),
             ),
         )
+
+    @admin.display(description="older versions")
+    def versions(self, obj: LongTermMemory) -> str:
+        """What the memory said before writes replaced it, newest first (the service's ``versions``)."""
+        try:
+            found = memories_for(obj.owner).versions(obj.pk) if obj.pk else []
+        except PersistentMemoryError:
+            found = []
+        if not found:
+            return "None."
+        return format_html(
+            '<table class="memory-versions"><thead><tr><th>content</th><th>said at</th>'
+            "<th>valid until</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
+                (
+                    (
+                        reverse("admin:persistent_memory_longtermmemory_change", args=[version["id"]]),
+                        version["content"],
+                        when(version["said_at"]),
+                        when(version["valid_until"]),
+                    )
+                    for version in found
+                ),
+            ),
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: LongTermMemory | None = None) -> bool:
+        # A superseded version is a record of what was: read-only, deleted with its memory.
+        return (obj is None or obj.superseded_by_id is None) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: LongTermMemory | None = None) -> bool:
+        return (obj is None or obj.superseded_by_id is None) and super().has_delete_permission(request, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: LongTermMemory | None = None) -> tuple[str, ...]:
         # The owner is chosen on creation; moving a memory to another owner is a new one.

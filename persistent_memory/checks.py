@@ -231,6 +231,7 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "E002",
     ),
     ("INJECT_MEMORIES", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
+    ("MEMORY_KEEP_SUPERSEDED", lambda v: isinstance(v, bool), "Use True or False.", "E002"),
     ("MCP_MAX_SERVERS", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
     (
         "MCP_SERVER_IDLE_SECONDS",

@@ -240,9 +240,15 @@ DEFAULTS: dict[str, Any] = {
     # Cosine distance within which a new memory (written without a key) of the same owner and type
     # as an existing one updates it instead of adding a row. None: never merged.
     "MEMORY_DEDUP_DISTANCE": 0.05,
-    # How much the semantic list weighs in "hybrid" search, from 0 to 1 (the keyword list weighs the
-    # rest): each list's scores are scaled to 0..1 and added with these weights.
-    "MEMORY_HYBRID_ALPHA": 0.75,
+    # Whether a write that replaces a memory's content (the same key again, a near-duplicate
+    # merged) keeps the old content as a superseded version, true until the new said_at (else
+    # the write's time), for searches `as_of` a past moment. False: overwritten in place.
+    "MEMORY_KEEP_SUPERSEDED": True,
+    # How much the semantic list weighs in "hybrid" search, from 0 to 1, when the best keyword match
+    # holds every word of the question: each list's scores are scaled to 0..1 and added, the keyword
+    # list weighing (1 - this) times the share of the question's words its best match holds, the
+    # semantic list the rest. 1: meaning alone.
+    "MEMORY_HYBRID_ALPHA": 0.5,
     # Days after which a memory's search score halves since its last use (update or access).
     # None: no decay.
     "MEMORY_HALF_LIFE_DAYS": None,

@@ -427,17 +427,16 @@ class SweepReport:
 
 
 def sweep_memories(*, dry_run: bool = False, owner: str | None = None) -> int:
-    """Delete the long-term memories that expired (of ``owner`` only, when given); how many."""
-    from persistent_memory.memories.service import expired_filter
+    """Delete the long-term memories that expired, with their superseded versions (of
+    ``owner`` only, when given); how many memories."""
+    from persistent_memory.memories.service import current_filter, delete_memories, expired_filter
     from persistent_memory.models import LongTermMemory
 
-    rows = LongTermMemory.objects.filter(expired_filter())
+    # A version expires with its memory, never by its own times.
+    rows = LongTermMemory.objects.filter(current_filter()).filter(expired_filter())
     if owner is not None:
         rows = rows.filter(owner=owner)
-    if dry_run:
-        return rows.count()
-    deleted, _ = rows.delete()
-    return deleted
+    return rows.count() if dry_run else delete_memories(rows)
 
 
 def sweep(

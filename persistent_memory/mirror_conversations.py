@@ -251,6 +251,9 @@ def write_conversations(pks: dict[str, int], snapshots: dict[str, SessionSnapsho
     if compared:
         new.extend(_differences(compared, now))
     _insert(MemoryMessage, MESSAGE_COLUMNS, new)
+    from persistent_memory.memories import message_search  # the search's, which needs the models
+
+    message_search.embed_later([(row[0], row[1]) for row in new])
 
 
 def _differences(compared: dict[int, _Parsed], now: datetime) -> list[tuple[Any, ...]]:

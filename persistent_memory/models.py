@@ -270,7 +270,8 @@ class LongTermMemory(models.Model):
         max_length=128, blank=True, default="", db_index=True, help_text="Empty: not tied to a session."
     )
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.FACTUAL)
-    #: Stable per owner: writing the same key again updates the memory.
+    #: Stable per owner: writing the same key again updates the memory (its current
+    #: version: superseded ones keep the key too).
     key = models.CharField(max_length=256)
     content = models.TextField()
     metadata = models.JSONField(default=dict, blank=True)
@@ -284,9 +285,33 @@ class LongTermMemory(models.Model):
         help_text="When what it says was said (an extracted memory: its newest source message's time). "
         "Empty: unknown.",
     )
+    happened_at = models.DateTimeField(
+        null=True, blank=True, help_text="When what it describes happened. Empty: unknown (or not an event)."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now, db_index=True)
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True, help_text="Empty: never.")
+    #: A superseded version: what the memory ``superseded_by`` said until ``valid_until``,
+    #: when a write replaced its content (MEMORY_KEEP_SUPERSEDED). The memory keeps its id;
+    #: its versions are rows of their own, deleted with it (CASCADE: every delete path,
+    #: the ORM's and the admin's, takes the chain along; SET_NULL would turn old versions
+    #: into current memories under a taken key).
+    superseded_by = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="superseded",
+        editable=False,
+        help_text="The current memory this is an older version of. Empty: current.",
+    )
+    valid_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When it stopped being true (the new version's said_at, else the time of the "
+        "write). Empty: current.",
+    )
     access_count = models.PositiveIntegerField(default=0)
     last_accessed_at = models.DateTimeField(null=True, blank=True)
     tokens = models.PositiveIntegerField(default=0, help_text="Tokens of the content (TOKENIZER).")
@@ -301,14 +326,22 @@ class LongTermMemory(models.Model):
     #: text (at 10,000 memories, decoding the JSON of every vector took 0.8 s a search).
     embedding_f32 = models.BinaryField(null=True, blank=True, editable=False)
     #: What the memory said before a merge changed it, oldest first (at most
-    #: ``records.MAX_HISTORY`` entries): ``{"content", "key", "at", "reason"}``.
+    #: ``records.MAX_HISTORY`` entries): ``{"content", "key", "at", "reason"}``. Kept for
+    #: compatibility; the superseded versions (``superseded``) are the full record.
     history = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         ordering = ["-updated_at", "-id"]
         verbose_name = "long-term memory"
         verbose_name_plural = "long-term memories"
-        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="pm_unique_owner_memory_key")]
+        constraints = [
+            # One current memory per key: its superseded versions keep the key they had.
+            models.UniqueConstraint(
+                fields=["owner", "key"],
+                condition=models.Q(superseded_by__isnull=True),
+                name="pm_unique_owner_memory_key",
+            )
+        ]
         indexes = [
             models.Index(fields=["owner", "-updated_at"], name="pm_memory_owner_recent"),
             models.Index(fields=["owner", "type"], name="pm_memory_owner_type"),

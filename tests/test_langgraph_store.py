@@ -66,8 +66,8 @@ def sweepable(settings: Any) -> None:
 
 
 def row(namespace: tuple[str, ...], key: str, owner: str = OWNER) -> LongTermMemory:
-    """The memory that holds an item, expired or not."""
-    return LongTermMemory.objects.get(owner=owner, key=memory_key(namespace, key))
+    """The memory that holds an item, expired or not (not its superseded versions)."""
+    return LongTermMemory.objects.get(owner=owner, key=memory_key(namespace, key), superseded_by__isnull=True)
 
 
 def expire(namespace: tuple[str, ...], key: str, owner: str = OWNER) -> None:
@@ -777,8 +777,12 @@ def test_keys_and_labels_of_any_shape_round_trip(
     assert len(memory.key) <= 256
     lg.put(namespace, key, {"text": "changed"})
     assert lg.get(namespace, key).value == {"text": "changed"}
-    assert LongTermMemory.objects.filter(owner=OWNER).count() == 2  # updated in place
+    # Updated in place (the same memory); its old value kept as a superseded version.
+    assert memory.pk == row(namespace, key).pk
+    assert LongTermMemory.objects.filter(owner=OWNER, superseded_by__isnull=True).count() == 2
+    assert LongTermMemory.objects.get(superseded_by=memory.pk).metadata["value"] == value
     lg.delete(namespace, key)
+    assert not LongTermMemory.objects.filter(superseded_by=memory.pk).exists()  # with its item
     assert lg.get(namespace, key) is None and lg.get(namespace, "neighbour") is not None
 
 

@@ -13,6 +13,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,10 @@ async def memory_round(session: ClientSession) -> dict[str, Any]:
         await session.call_tool("add_memory", {"content": "Ada prefers tea to coffee.", "key": "drink"})
     )
     updated = payload(
-        await session.call_tool("add_memory", {"content": "Ada prefers green tea.", "key": "drink"})
+        await session.call_tool(
+            "add_memory",
+            {"content": "Ada prefers green tea.", "key": "drink", "happened_at": "2024-06-01T12:00:00Z"},
+        )
     )
     other = payload(
         await session.call_tool("add_memory", {"content": "Ada lives in London.", "type": "factual"})
@@ -169,6 +173,12 @@ async def memory_round(session: ClientSession) -> dict[str, Any]:
         )
     )
     bad_time = error_text(await session.call_tool("search_memories", {**said, "said_after": "last May"}))
+    # As of the first write's time (told to the millisecond: one more is still before the
+    # update, a tool call later): what the drink memory said before the update.
+    moment = datetime.fromisoformat(added["created_at"]) + timedelta(milliseconds=1)
+    then = {"query": "tea", "strategy": "keyword", "as_of": moment.isoformat()}
+    as_of = payload(await session.call_tool("search_memories", then))
+    bad_as_of = error_text(await session.call_tool("search_memories", {**then, "as_of": "yesterday"}))
     deleted = payload(await session.call_tool("delete_memory", {"memory_id": other["id"]}))
     recent = payload(await session.call_tool("search_memories", {"query": "", "strategy": "recent"}))
     missing = error_text(await session.call_tool("delete_memory", {"memory_id": other["id"]}))
@@ -184,6 +194,8 @@ async def memory_round(session: ClientSession) -> dict[str, Any]:
         "since": since,
         "before": before,
         "bad_time": bad_time,
+        "as_of": as_of,
+        "bad_as_of": bad_as_of,
     }
 
 
@@ -222,6 +234,12 @@ def check_memory_round(answers: dict[str, Any]) -> None:
     assert [m["content"] for m in answers["since"]] == ["Ada prefers green tea."]
     assert answers["before"] == []
     assert "invalid_memory" in answers["bad_time"] and "said_after" in answers["bad_time"]
+    # The update kept the old content as a version of the same memory, found as of then.
+    assert answers["updated"]["happened_at"] == "2024-06-01T12:00:00Z"
+    assert [(m["content"], m["superseded_by"]) for m in answers["as_of"]] == [
+        ("Ada prefers tea to coffee.", answers["added"]["id"])
+    ]
+    assert "invalid_memory" in answers["bad_as_of"] and "as_of" in answers["bad_as_of"]
 
 
 # The server itself, in this process ------------------------------------------------

@@ -35,7 +35,8 @@ def test_add_upserts_by_key_and_derives_stable_keys() -> None:
     derived = alice.add("Likes green tea", type="semantic")
     assert derived["key"].startswith("semantic.likes-green-tea.")
     assert alice.add("likes GREEN tea.", type="semantic")["id"] == derived["id"]
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 2
+    assert alice.list()[0] == 2  # two memories; each rewrite kept what it replaced
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=False).count() == 2
     assert derived["tokens"] > 0 and derived["source"] == "api"
 
 
@@ -173,6 +174,15 @@ def test_the_guide_memories_example_runs_as_shown() -> None:
     assert page[0]["content"] == "Prefers dark mode and large fonts."
     assert alice.search("Which colours does she like?") == []
     assert alice.search("Which colours does she like?", strategy="keyword") == []
+
+
+def test_the_guide_message_search_example_runs_as_shown(store, settings) -> None:
+    """docs/guide/memories.md's ``<!-- example: message-search -->`` on each backend, with
+    the mirror on as sites have it (the suite's default is off): a message written is
+    found by the next search, by its owner alone."""
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MIRROR_MODE": "deferred"}
+    readme_blocks.run_example("message-search", {})
+    assert memories_for("user:42").search("puppy", kinds=["memory"]) == []
 
 
 def seed(svc):

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.search import STOP_WORDS, query_words
+from persistent_memory.memories.search import STOP_WORDS, coverage, query_words
 from persistent_memory.models import LongTermMemory
 
 pytestmark = pytest.mark.django_db
@@ -43,6 +43,7 @@ def aged(memory: dict, days: float) -> None:
 def test_query_words_leave_out_stop_words_repeats_and_case():
     assert query_words("Do I like THE dog, Dog and dogs?") == ["like", "dog", "dogs"]
     assert query_words("What is it? Who are you?") == []
+    assert query_words("Grace's 5 dogs, don't") == ["grace", "5", "dogs", "don"]  # no lone letters
     many = [f"w{n}" for n in range(40)]
     assert query_words(" ".join(many)) == many[:32]
 
@@ -258,3 +259,19 @@ def test_without_an_embedder_hybrid_ranks_as_keyword_and_recency_only_breaks_tie
     assert set(found) == set(by_keyword)
     # The chatter matches equally (one word, the same length): the newest first.
     assert found[1:] == [memory["id"] for memory in reversed(chatter)]
+
+
+def test_coverage_is_the_share_of_the_questions_words_a_text_holds_stemmed_loosely():
+    """What hybrid search weighs its keyword list by: each word of the question (stop words
+    left out), found as it is or by its first letters (all but the last three, at least
+    four) at the start of a word of the text."""
+    assert coverage("What did Caroline adopt?", "Caroline: we adopted a puppy") == 1.0
+    assert coverage("What did Caroline adopt?", "Caroline went hiking") == 0.5
+    assert coverage("When is the party?", "We partied all night") == 1.0  # party -> part
+    assert coverage("Where do cats sleep?", "The cat sleeps") == 0.5  # "cats" (4 letters) whole
+    assert coverage("adopting", "adopted") == 1.0 and coverage("adopting", "adapted") == 0.0
+    assert coverage("international", "internal") == 0.0  # "internatio" is not held
+    assert coverage("the and of", "anything") == 0.0  # no words left
+    assert coverage("Caroline", "") == 0.0
+    # A possessive's "s" is no word of the question: it would be held by every "that's".
+    assert coverage("Grace's home", "That's lovely, Grace") == 0.5

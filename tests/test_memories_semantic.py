@@ -153,7 +153,10 @@ def test_semantic_and_hybrid_find_what_the_question_meant(semantic) -> None:
     # A question sharing a keyword ranks first in both lists: its fused score is higher.
     both = owner.search("Which language, python?")[0]
     assert both["id"] == python["id"] and both["score_parts"]["keyword"] > 0
-    assert both["score_parts"]["relevance"] > parts["relevance"]
+    assert all(
+        m["score_parts"]["relevance"] < both["score_parts"]["relevance"]
+        for m in owner.search("Which language, python?")[1:]
+    )
 
 
 def test_recency_decay_and_access_weight(settings, semantic) -> None:
@@ -191,13 +194,15 @@ def test_duplicates_merge_at_write_time_within_one_owner_and_type(settings, sema
     assert merged["metadata"] == {"confidence": 0.9, "via": "chat"}
     assert [h["content"] for h in merged["history"]] == ["I prefer dark mode."]
     assert merged["history"][0]["reason"] == "merged"
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 1
+    # One memory; what it said before, a superseded version of it.
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=True).count() == 1
+    assert LongTermMemory.objects.get(superseded_by=first["id"]).content == "I prefer dark mode."
     # Another type, another owner, an explicit key, or a distinct fact: a row of its own.
     alice.add("I prefer dark mode.", type="procedural")
     memories_for("user:bob").add("I prefer dark mode.")
     alice.add("I prefer dark mode.", key="ui.theme")
     alice.add("Has a dog called Rex.")
-    assert LongTermMemory.objects.filter(owner="user:alice").count() == 4
+    assert LongTermMemory.objects.filter(owner="user:alice", superseded_by__isnull=True).count() == 4
     assert LongTermMemory.objects.filter(owner="user:bob").count() == 1
     # An extraction never changes a memory another source wrote.
     kept = alice.add("Drinks coffee every day.")
@@ -435,13 +440,18 @@ def test_checks_refuse_bad_embedder_settings(settings) -> None:
 
 
 def test_alpha_weighs_the_lists(settings, semantic) -> None:
-    """MEMORY_HYBRID_ALPHA 0: the keyword list alone orders hybrid results; 1: meaning alone."""
+    """MEMORY_HYBRID_ALPHA 1: meaning alone orders hybrid results; 0: the keyword list
+    weighs the share of the question its best match holds (all of it: keyword alone)."""
     owner = memories_for("user:a")
     python = owner.add(PYTHON)
     worded = owner.add(
         "Use the stairs, not the lift, in the old office building downtown."
-    )  # a word, no meaning
+    )  # words, no meaning
+    question = "Office stairs language?"  # worded holds 2 of its 3 words; python means the third
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 0.0}
-    assert owner.search("Which language should I use?")[0]["id"] == worded["id"]
+    assert owner.search(question)[0]["id"] == worded["id"]
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 1.0}
+    assert owner.search(question)[0]["id"] == python["id"]
+    # The same match of one word in four: at the default, meaning outweighs it.
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 0.5}
     assert owner.search("Which language should I use?")[0]["id"] == python["id"]

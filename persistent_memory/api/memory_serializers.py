@@ -15,7 +15,8 @@ from persistent_memory.memories.search import KINDS, STRATEGIES
 from persistent_memory.memories.service import MAX_LIMIT
 
 KEY_HELP = (
-    "Stable per owner: writing the same key again updates that memory. 1-256 of letters, "
+    "Stable per owner: writing the same key again updates that memory (new content keeps the old "
+    "as a superseded version). 1-256 of letters, "
     "digits, '_', '.', '-' and ':'; omitted: derived from type and content."
 )
 
@@ -47,6 +48,15 @@ class MemoryFields(serializers.Serializer):
     said_at = serializers.DateTimeField(
         required=False, allow_null=True, help_text="When what it says was said. Empty: unknown."
     )
+    happened_at = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="When what it describes happened. Empty: unknown."
+    )
+
+
+AS_OF_HELP = (
+    "What was true at this moment: the memories and superseded versions said by then (said_at, "
+    "else created_at) and not superseded by then, one version a memory."
+)
 
 
 class MemoryCreate(MemoryFields):
@@ -67,6 +77,7 @@ class MemoryListQuery(serializers.Serializer):
     source = serializers.ChoiceField(choices=SOURCES, required=False)
     limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=50)
     offset = serializers.IntegerField(min_value=0, max_value=2**31, default=0)
+    as_of = serializers.DateTimeField(required=False, help_text=AS_OF_HELP)
 
 
 class MemorySearch(serializers.Serializer):
@@ -100,6 +111,7 @@ class MemorySearch(serializers.Serializer):
         help_text="What to look through: `memory` (long-term memories) and `message` (what was said in "
         "the caller's conversations). Default: MEMORY_SEARCH_KINDS (both), or memories alone with `types`.",
     )
+    as_of = serializers.DateTimeField(required=False, help_text=AS_OF_HELP)
 
 
 class SimilarQuery(serializers.Serializer):
@@ -121,6 +133,9 @@ class Memory(serializers.Serializer):
         help_text="When what it says was said (an extracted memory: its newest source message's time); "
         "null: unknown.",
     )
+    happened_at = serializers.DateTimeField(
+        allow_null=True, help_text="When what it describes happened; null: unknown."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField(allow_null=True)
@@ -129,7 +144,16 @@ class Memory(serializers.Serializer):
     tokens = serializers.IntegerField()
     history = serializers.ListField(
         child=serializers.DictField(),
-        help_text="What the memory said before merges changed it, oldest first: content, key, at, reason.",
+        help_text="What the memory said before merges changed it, oldest first: content, key, at, reason "
+        "(the superseded versions are the full record).",
+    )
+    valid_until = serializers.DateTimeField(
+        allow_null=True, help_text="A superseded version: when it stopped being true; null: current."
+    )
+    superseded_by = serializers.IntegerField(
+        allow_null=True,
+        help_text="A superseded version: the id of the memory that replaced it (which kept its id); "
+        "null: current.",
     )
 
 

@@ -165,13 +165,15 @@ def build_server(owner: str) -> MCPServer:
         limit: int = 10,
         said_after: str | None = None,
         said_before: str | None = None,
+        as_of: str | None = None,
         kinds: list[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Long-term memories, and messages of the caller's conversations, relevant to
         ``query``, best first, each with its ``kind`` ("memory" or "message") and score.
         ``strategy``: hybrid, keyword, semantic or recent. ``said_after`` / ``said_before``
         (ISO 8601 times): only what was said at or after / before then. ``kinds``: what to
-        look through (default: both)."""
+        look through (default: both). ``as_of`` (an ISO 8601 time):
+        what was true then, older versions of changed memories included."""
         found = await _call(
             lambda: memories().search(
                 query,
@@ -179,16 +181,25 @@ def build_server(owner: str) -> MCPServer:
                 limit=limit,
                 said_after=_moment(said_after, "said_after"),
                 said_before=_moment(said_before, "said_before"),
+                as_of=_moment(as_of, "as_of"),
                 kinds=kinds,
             )
         )
         return _plain(found)
 
     @server.tool()
-    async def add_memory(content: str, type: str = "factual", key: str | None = None) -> dict[str, Any]:
+    async def add_memory(
+        content: str, type: str = "factual", key: str | None = None, happened_at: str | None = None
+    ) -> dict[str, Any]:
         """Store a long-term memory (``type``: factual, episodic, procedural or semantic).
-        Writing the same ``key`` again updates it; without one a key comes from the content."""
-        added = await _call(lambda: memories().add(content, type=type, key=key, source="mcp"))
+        Writing the same ``key`` again updates it (the old content is kept as an older
+        version); without one a key comes from the content. ``happened_at`` (an ISO 8601
+        time): when what it describes happened."""
+        added = await _call(
+            lambda: memories().add(
+                content, type=type, key=key, source="mcp", happened_at=_moment(happened_at, "happened_at")
+            )
+        )
         return _plain(added)
 
     @server.tool()

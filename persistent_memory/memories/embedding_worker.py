@@ -58,7 +58,8 @@ class EmbeddingWorker:
         # after a settings change never records into the new ones.
         self.embedder = embedder or embedders.current()
         self.gate = gate or embedders.circuit()
-        self._queue: queue.Queue[int | None] = queue.Queue(maxsize=queue_size)
+        # (kind, row id): "memory" or "message" (see message_search).
+        self._queue: queue.Queue[tuple[str, int] | None] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -78,12 +79,13 @@ class EmbeddingWorker:
         """Memories waiting for the thread (the batch it holds included)."""
         return self._pending
 
-    def enqueue(self, memory_id: int) -> bool:
-        """Queue one memory (starting the thread); whether it was queued. Never blocks."""
+    def enqueue(self, memory_id: int, kind: str = "memory") -> bool:
+        """Queue one memory (or, with ``kind`` "message", one mirrored message) and start
+        the thread; whether it was queued. Never blocks."""
         self.start()
         with self._lock:
             try:
-                self._queue.put_nowait(memory_id)
+                self._queue.put_nowait((kind, memory_id))
             except queue.Full:
                 self.dropped += 1
                 warn, self._dropping = not self._dropping, True
@@ -131,7 +133,7 @@ class EmbeddingWorker:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
 
-    def _take(self) -> list[int]:
+    def _take(self) -> list[tuple[str, int]]:
         try:
             first = self._queue.get(timeout=1.0)
         except queue.Empty:
@@ -159,10 +161,10 @@ class EmbeddingWorker:
         finally:
             connections.close_all()  # this thread's
 
-    def _embed(self, ids: list[int]) -> bool:
-        """One try at ``ids`` when the circuit lets it; whether they are done (embedded,
+    def _embed(self, keys: list[tuple[str, int]]) -> bool:
+        """One try at ``keys`` when the circuit lets it; whether they are done (embedded,
         refused, or gone), False to try again after the cool-down."""
-        from persistent_memory.memories import upkeep
+        from persistent_memory.memories import message_search, upkeep
 
         gate = self.gate
         wait = gate.wait_seconds()
@@ -174,7 +176,11 @@ class EmbeddingWorker:
             return False
         try:
             close_old_connections()  # one the database dropped, as a request would
-            outcome = upkeep.embed_batch(ids, embedder=self.embedder, gate=gate, stop=self._stop)
+            outcome: int | None = 0
+            for kind, embed in (("memory", upkeep.embed_batch), ("message", message_search.embed_batch)):
+                ids = [pk for of, pk in keys if of == kind]
+                done = embed(ids, embedder=self.embedder, gate=gate, stop=self._stop) if ids else 0
+                outcome = None if done is None or outcome is None else outcome + done
         except Exception:  # the thread must survive anything: memory_embed catches up
             logger.exception("persistent_memory: background embedding failed; memory_embed catches up")
             return True
@@ -211,6 +217,21 @@ def embed_later(memory_id: int) -> None:
             current.enqueue(memory_id)
 
     transaction.on_commit(put, using=router.db_for_write(LongTermMemory))
+
+
+def embed_messages_later(ids: list[int]) -> None:
+    """Have the worker embed the mirrored messages ``ids`` once the caller's transaction
+    commits (the mirror's sync, which wrote them)."""
+    from django.db import router, transaction
+
+    from persistent_memory.models import MemoryMessage
+
+    def put() -> None:
+        current = worker()
+        for pk in ids if current is not None else ():
+            current.enqueue(pk, "message")
+
+    transaction.on_commit(put, using=router.db_for_write(MemoryMessage))
 
 
 def stop_worker() -> None:

@@ -31,8 +31,9 @@ def _forgettable(owner: str) -> str:
 
 def owner_holdings(owner: str, *, store: MemoryStore | None = None) -> dict[str, Any]:
     """What :func:`forget_owner` would delete about ``owner``, counted: live sessions in the
-    store, rows in the admin's mirror, long-term memories (expired ones too). Idempotency
-    records and run bindings are not counted (they are found only by deleting them)."""
+    store, rows in the admin's mirror, long-term memories (expired ones and superseded
+    versions too). Idempotency records and run bindings are not counted (they are found
+    only by deleting them)."""
     from persistent_memory.models import LongTermMemory, MemorySession
 
     _forgettable(owner)

@@ -13,7 +13,8 @@ store marked dirty (at most ADMIN_SYNC_LIMIT): it sees every message written bef
 it. With MIRROR_MODE "off" no message is searchable.
 
 Messages are compared by meaning where MESSAGE_EMBEDDINGS is on (by default, whenever
-an EMBEDDER is set): the mirror hands each new message to the embedding worker, and
+an EMBEDDER is set), each embedded with its speaker's name ("Caroline: ..."): the
+mirror hands each new message to the embedding worker, and
 ``memory_embed`` catches up. Their vectors are compared with sqlite-vec where it loads,
 else with numpy over the owner's newest MEMORY_VECTOR_SCAN_LIMIT messages.
 
@@ -267,23 +268,53 @@ def conversations(owner: str) -> list[tuple[str, str]]:
     )
 
 
-def embed_batch(ids: list[int], *, embedder: embedders.Embedder, gate: Any = None) -> int | None:
+def unembedded(embedder: embedders.Embedder) -> QuerySet[MemoryMessage]:
+    """Messages with text and no vector of ``embedder``'s model."""
+    return MemoryMessage.objects.exclude(content_text="").filter(
+        ~Q(embedding_model=embedder.model) | Q(embedding_f32__isnull=True)
+    )
+
+
+def embed_later(conversation_messages: list[tuple[int, str]]) -> None:
+    """Have the embedding worker embed these newly mirrored messages (``(conversation
+    row id, message id)``) once the mirror's transaction commits, where messages get
+    vectors (:func:`embeds_messages`)."""
+    from persistent_memory.memories.embedding_worker import embed_messages_later
+
+    if not conversation_messages or not embeds_messages():
+        return
+    wanted = set(conversation_messages)
+    ids: list[int] = []
+    for start in range(0, len(wanted), 500):  # within any database's limit of parameters
+        chunk = list(wanted)[start : start + 500]
+        found = MemoryMessage.objects.filter(
+            conversation_id__in={c for c, _ in chunk}, message_id__in={m for _, m in chunk}
+        ).values_list("pk", "conversation_id", "message_id")
+        ids += [pk for pk, conversation, message in found if (conversation, message) in wanted]
+    embed_messages_later(ids)
+
+
+def embed_batch(
+    ids: list[int], *, embedder: embedders.Embedder, gate: Any = None, stop: Any = None
+) -> int | None:
     """Embed the messages ``ids`` still without a vector of the embedder's model in one
-    call; how many got one, or None when the embedder failed."""
+    call; how many got one, or None when the embedder failed. Nothing is written once
+    ``stop`` (an Event) is set."""
     batch = list(
-        MemoryMessage.objects.filter(pk__in=ids)
-        .exclude(embedding_model=embedder.model, embedding_f32__isnull=False)
-        .exclude(content_text="")
-        .order_by("pk")
-        .values_list("pk", "content_text")
+        unembedded(embedder).filter(pk__in=ids).order_by("pk").values_list("pk", "content_text", "name")
     )
     if not batch:
         return 0
-    found = embedders.embed_or_none([text for _, text in batch], embedder=embedder, gate=gate)
+    # The speaker is part of what was said: "What did Caroline adopt?" is nearer
+    # "Caroline: We adopted a puppy" than the text alone.
+    texts = [f"{name}: {text}" if name else text for _, text, name in batch]
+    found = embedders.embed_or_none(texts, embedder=embedder, gate=gate)
     if found is None:
         return None
+    if stop is not None and stop.is_set():
+        return 0
     embedded = 0
-    for (pk, _), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
+    for (pk, *_), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
         if vector is not None:
             embedded += MemoryMessage.objects.filter(pk=pk).update(
                 embedding_f32=array("f", vector).tobytes(),

@@ -30,6 +30,7 @@ FIELDS = (
     "source",
     "source_messages",
     "said_at",
+    "happened_at",
     "created_at",
     "updated_at",
     "expires_at",
@@ -37,6 +38,8 @@ FIELDS = (
     "last_accessed_at",
     "tokens",
     "history",
+    "valid_until",
+    "superseded_by",
 )
 #: The most entries a memory's history keeps (the oldest go first).
 MAX_HISTORY = 10
@@ -161,9 +164,15 @@ def validate_said_at(said_at: Any) -> datetime | None:
     return validate_moment(said_at, name="said_at")
 
 
+def validate_happened_at(happened_at: Any) -> datetime | None:
+    """When what a memory describes happened: an aware datetime (naive: UTC) or None."""
+    return validate_moment(happened_at, name="happened_at")
+
+
 def as_dict(memory: LongTermMemory) -> dict[str, Any]:
-    """A memory's public form: times are aware datetimes (the API writes ISO 8601)."""
-    return {name: getattr(memory, name) for name in FIELDS}
+    """A memory's public form: times are aware datetimes (the API writes ISO 8601);
+    ``superseded_by`` is the id of the current memory (None: this one is current)."""
+    return {name: memory.serializable_value(name) for name in FIELDS}
 
 
 def with_history(history: list[dict[str, Any]], memory: LongTermMemory, reason: str) -> list[dict[str, Any]]:

@@ -17,10 +17,13 @@ each ranks :class:`Hit` s of both kinds in one list, best first.
   no query vector comes within EMBEDDER_REQUEST_TIMEOUT (or the embedder's circuit is
   open, or its vector has no direction), keyword instead, and :class:`Ranking` says so.
 * ``hybrid``: with an embedder that answers, keyword and semantic by relative score
-  fusion (each list's scores scaled to 0..1, MEMORY_HYBRID_ALPHA of the semantic one
-  plus the rest of the keyword one: reciprocal rank fusion let any memory sharing a
-  word with the question outrank the one that answered it in other words, recall@5
-  0.76 against 0.90 on bench/semantic_bench.py's set); else keyword's own ranking,
+  fusion (each list's scores scaled to 0..1 and added: reciprocal rank fusion let any
+  memory sharing a word with the question outrank the one that answered it in other
+  words, recall@5 0.76 against 0.90 on bench/semantic_bench.py's set). The keyword
+  list weighs ``(1 - MEMORY_HYBRID_ALPHA)`` times the share of the question's words
+  that its best match holds (:func:`coverage`), the semantic list the rest: a keyword
+  match of every word weighs as much as meaning (at the default 0.5), one of a name
+  alone little. Without an embedder, keyword's own ranking,
   recency breaking only its ties (a newer memory never outranks a better match;
   unrelated recent memories are not brought in). Each fused score is then
   weighed by use (MEMORY_HALF_LIFE_DAYS, MEMORY_ACCESS_WEIGHT). A hit's ``parts`` say
@@ -123,10 +126,12 @@ STOP_WORDS = frozenset(
 
 
 def query_words(query: str) -> list[str]:
-    """The query's words (letters, digits, _) but stop words, deduplicated, at most 32."""
+    """The query's words (letters, digits, _) but stop words and single letters,
+    deduplicated, at most 32. A single letter is mostly what a possessive or a
+    contraction leaves ("Grace's": "grace" and "s"), and matched every "that's"."""
     seen: dict[str, None] = {}
     for word in _WORDS.findall(query.casefold()):
-        if word not in STOP_WORDS:
+        if word not in STOP_WORDS and (len(word) > 1 or word.isdigit()):
             seen.setdefault(word, None)
     return list(seen)[:32]
 
@@ -137,7 +142,9 @@ def _where(rows: QuerySet[LongTermMemory]) -> tuple[str, list[Any]]:
     the database list every memory of the owner on each search (at 100,000 memories,
     60 to 90 ms whatever the query matched). Raises ``EmptyResultSet`` when it matches
     nothing."""
-    if len(rows.query.alias_map) > 1:  # a join's columns would not resolve in the raw SQL
+    # A join's columns would not resolve in the raw SQL (a join Django set up for a foreign
+    # key's own column, ``superseded_by__isnull``, then trimmed, is none: it has no references).
+    if sum(1 for alias in rows.query.alias_map if rows.query.alias_refcount[alias]) > 1:
         raise ValueError("The keyword search filters on the memories table's own columns only.")
     try:
         sql, params = rows.query.get_compiler(connection=connection).compile(rows.query.where)
@@ -356,6 +363,36 @@ class Pool(NamedTuple):
         return _best_first(scored, limit)
 
 
+def coverage(query: str, text: str) -> float:
+    """The share of the query's words (:func:`query_words`) that ``text`` holds: the word,
+    or for a word of five letters or more its first letters but the last three (at least
+    four), at the start of one of the text's words ("adopting" is held by "adopted", as
+    the databases' stemming would find it)."""
+    words = query_words(query)
+    if not words:
+        return 0.0
+    held = set(_WORDS.findall(text.casefold()))
+
+    def holds(word: str) -> bool:
+        stem = word if len(word) < 5 else word[: max(4, len(word) - 3)]
+        return any(found.startswith(stem) for found in held)
+
+    return sum(holds(word) for word in words) / len(words)
+
+
+def _text(key: Key) -> str:
+    """What keyword search reads of one candidate: a memory's content and key, a
+    message's text and speaker's name."""
+    from persistent_memory.models import MemoryMessage
+
+    kind, pk = key
+    if kind == MEMORY:
+        found = LongTermMemory.objects.filter(pk=pk).values_list("content", "key").first()
+    else:
+        found = MemoryMessage.objects.filter(pk=pk).values_list("content_text", "name").first()
+    return " ".join(found or ()).replace(".", " ").replace("_", " ")
+
+
 def _hits(ranked: Scored, name: str) -> list[Hit]:
     return [Hit(pk, score, {name: round(score, 6)}, kind) for (kind, pk), score in ranked]
 
@@ -431,7 +468,13 @@ def hybrid(pool: Pool, query: str, limit: int) -> Ranking:
         for key, score in ranking:
             parts.setdefault(key, {"keyword": None, "semantic": None})[name] = round(score, 6)
     if near is not None:
-        fused = blend(matches, near, memory_settings.MEMORY_HYBRID_ALPHA)
+        # The keyword list weighs what the best keyword match covers of the question: a
+        # match of the speaker's name alone (in half the turns of a conversation) must not
+        # outweigh the answer found by meaning (paraphrased questions: recall@5 0.49 at a
+        # fixed weight, semantic alone 0.68; bench/results/2026-11-29-recall-fusion.md).
+        covered = coverage(query, _text(matches[0][0])) if matches else 0.0
+        keyword_weight = (1 - memory_settings.MEMORY_HYBRID_ALPHA) * covered
+        fused = blend(matches, near, 1 - keyword_weight)
         return Ranking(_usage(fused, parts, limit), "hybrid")
     # Keyword's order, recency breaking its ties only: fused with equal weight, the newest
     # memories naming a speaker outranked the one that answered (recall@5 0.18 against

@@ -1,9 +1,13 @@
 """One owner's long-term memories: add (upsert by key), read, change, delete, search.
 
 Every query starts from :meth:`MemoryService._rows`, which filters by the owner and
-leaves out expired memories, so no method reads, finds or changes another owner's.
-Memories are dicts (see :data:`persistent_memory.memories.records.FIELDS`) whose times
-are aware datetimes.
+leaves out expired memories and superseded versions, so no method reads, finds or
+changes another owner's. A write that replaces a memory's content keeps the old content
+as a superseded version (MEMORY_KEEP_SUPERSEDED): a row of its own pointing at the memory
+(``superseded_by``), true until ``valid_until``; the memory keeps its id. Only
+:meth:`MemoryService.get` and the ``as_of`` reads see versions
+(:meth:`MemoryService._versions`). Memories are dicts (see
+:data:`persistent_memory.memories.records.FIELDS`) whose times are aware datetimes.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
@@ -35,6 +39,7 @@ UPDATABLE = (
     "source",
     "source_messages",
     "said_at",
+    "happened_at",
 )
 MAX_LIMIT = 1000
 
@@ -55,21 +60,101 @@ def expired_filter(now: datetime | None = None) -> Q:
     return condition
 
 
+def current_filter() -> Q:
+    """Current memories: not a superseded version of another."""
+    return Q(superseded_by__isnull=True)
+
+
+def as_of_filter(moment: datetime) -> Q:
+    """The versions (current memories and superseded ones) true at ``moment``: said by then
+    (``said_at``, else ``created_at``), not superseded by then, and of each memory only
+    the version superseded first after it (one a memory, even where writes gave said_at
+    out of order). Conditions on the memories' table alone (EXISTS on itself), so the
+    search strategies' SQL takes them as it takes the owner's filters."""
+    said = _said("lte", moment)
+    # Superseded versions true then: each hides the versions of its memory that ended later.
+    true_then = LongTermMemory.objects.filter(said, valid_until__gt=moment)
+    return said & (
+        (current_filter() & ~Exists(true_then.filter(superseded_by=OuterRef("pk"))))
+        | (
+            Q(valid_until__gt=moment)
+            & ~Exists(
+                true_then.filter(
+                    superseded_by=OuterRef("superseded_by"), valid_until__lt=OuterRef("valid_until")
+                )
+            )
+        )
+    )
+
+
+def delete_memories(rows: QuerySet[LongTermMemory]) -> int:
+    """Delete the memories of ``rows`` (current ones) with their superseded versions; how
+    many memories (the versions are not counted)."""
+    LongTermMemory.objects.filter(superseded_by__in=rows.values("pk")).delete()
+    return rows.delete()[0]
+
+
 def _count_tokens(content: str) -> int:
     return text_counter(memory_settings.TOKENIZER)(content)
 
 
+def _said(lookup: str, bound: datetime) -> Q:
+    """Memories said ``lookup`` (gte, lt, lte) ``bound``: by ``said_at``, or ``created_at``
+    where that is unknown."""
+    return Q(**{f"said_at__{lookup}": bound}) | Q(said_at__isnull=True, **{f"created_at__{lookup}": bound})
+
+
 def _said_between(after: datetime | None, before: datetime | None) -> Q:
-    """Memories said at or after ``after`` and before ``before`` (either may be None):
-    by ``said_at``, or ``created_at`` where that is unknown. Plain column conditions, so
-    the search strategies' SQL takes them as it takes the owner's filters."""
+    """Memories said at or after ``after`` and before ``before`` (either may be None).
+    Plain column conditions, so the search strategies' SQL takes them as it takes the
+    owner's filters."""
     condition = Q()
     for bound, lookup in ((after, "gte"), (before, "lt")):
         if bound is not None:
-            condition &= Q(**{f"said_at__{lookup}": bound}) | Q(
-                said_at__isnull=True, **{f"created_at__{lookup}": bound}
-            )
+            condition &= _said(lookup, bound)
     return condition
+
+
+def supersede(row: LongTermMemory, until: datetime) -> None:
+    """Keep what ``row`` says now as a superseded version of it, true until ``until``
+    (with MEMORY_KEEP_SUPERSEDED): the caller then writes the new content into ``row``,
+    which keeps its id. The version keeps the vector it had (a search as of then finds
+    it by meaning too) and has no expiry of its own: it goes with its memory."""
+    if not memory_settings.MEMORY_KEEP_SUPERSEDED:
+        return
+    kept = {field.attname: getattr(row, field.attname) for field in LongTermMemory._meta.concrete_fields}
+    kept.pop(LongTermMemory._meta.pk.attname)
+    LongTermMemory.objects.create(
+        **{**kept, "superseded_by_id": row.pk, "valid_until": until, "expires_at": None}
+    )
+
+
+def _checked(
+    content: Any,
+    *,
+    type_: Any,
+    session_id: Any,
+    metadata: Any,
+    source: Any,
+    source_messages: Any,
+    said_at: Any,
+    happened_at: Any,
+    expires_at: Any = None,
+) -> dict[str, Any]:
+    """A memory's written fields, each checked (:class:`InvalidMemory` otherwise), and its tokens."""
+    content = records.validate_content(content)
+    return {
+        "session_id": records.validate_memory_session(session_id),
+        "type": records.validate_choice(type_, name="type", choices=records.TYPES),
+        "content": content,
+        "metadata": records.validate_metadata(metadata),
+        "source": records.validate_choice(source, name="source", choices=records.SOURCES),
+        "source_messages": records.validate_source_messages(source_messages),
+        "expires_at": records.validate_expires_at(expires_at),
+        "said_at": records.validate_said_at(said_at),
+        "happened_at": records.validate_happened_at(happened_at),
+        "tokens": _count_tokens(content),
+    }
 
 
 def _kept(row: LongTermMemory, fields: dict[str, Any]) -> bool:
@@ -106,26 +191,42 @@ class MemoryService:
         self.owner = validate_owner(owner)
 
     def _rows(self) -> QuerySet[LongTermMemory]:
-        return LongTermMemory.objects.filter(owner=self.owner).exclude(expired_filter())
+        return (
+            LongTermMemory.objects.filter(owner=self.owner).filter(current_filter()).exclude(expired_filter())
+        )
+
+    def _versions(self) -> QuerySet[LongTermMemory]:
+        """The owner's live memories and their superseded versions (an expired memory's go
+        with it)."""
+        return LongTermMemory.objects.filter(owner=self.owner).filter(
+            current_filter() & ~expired_filter() | Q(superseded_by__in=self._rows().values("pk"))
+        )
 
     def rows(self) -> QuerySet[LongTermMemory]:
         """The owner's live memories, for an integration that filters them further (the
-        LangGraph store): never another owner's, never an expired one."""
+        LangGraph store): never another owner's, never an expired one, never a superseded
+        version."""
         return self._rows()
 
-    def _row(self, memory_id: Any) -> LongTermMemory:
+    def _row(self, memory_id: Any, *, versions: bool = False) -> LongTermMemory:
         # Out of the id column's range is no memory either (and no database error).
         if isinstance(memory_id, bool) or not isinstance(memory_id, int) or not 0 < memory_id < 2**63:
             raise MemoryNotFound(f"No memory {memory_id!r}.")
         try:
-            return self._rows().get(pk=memory_id)
+            return (self._versions() if versions else self._rows()).get(pk=memory_id)
         except LongTermMemory.DoesNotExist:
             raise MemoryNotFound(f"No memory {memory_id}.") from None
 
     def _filtered(
-        self, *, types: Iterable[str] | None = None, session_id: str | None = None, source: str | None = None
+        self,
+        *,
+        types: Iterable[str] | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+        as_of: datetime | None = None,
     ) -> QuerySet[LongTermMemory]:
-        rows = self._rows()
+        as_of = records.validate_moment(as_of, name="as_of")
+        rows = self._rows() if as_of is None else self._versions().filter(as_of_filter(as_of))
         type_list = _types(types)
         if type_list is not None:
             rows = rows.filter(type__in=type_list)
@@ -147,10 +248,13 @@ class MemoryService:
         source_messages: Iterable[str] = (),
         expires_at: datetime | None = None,
         said_at: datetime | None = None,
+        happened_at: datetime | None = None,
     ) -> dict[str, Any]:
         """Create the memory, or update the owner's memory with the same key (derived from
         type and content when None). An extraction never changes a memory of another
-        source, nor an extracted one said later than it: that memory comes back unchanged."""
+        source, nor an extracted one said later than it: that memory comes back unchanged.
+        New content under a key keeps the old as a superseded version, true until the new
+        ``said_at`` (else now)."""
         return self.upsert(
             content,
             type=type,
@@ -161,6 +265,7 @@ class MemoryService:
             source_messages=source_messages,
             expires_at=expires_at,
             said_at=said_at,
+            happened_at=happened_at,
         )[0]
 
     def upsert(
@@ -175,28 +280,30 @@ class MemoryService:
         source_messages: Iterable[str] = (),
         expires_at: datetime | None = None,
         said_at: datetime | None = None,
+        happened_at: datetime | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """:meth:`add`, and whether it changed anything (False: the memory was already so,
         or it was left as it was)."""
-        content = records.validate_content(content)
-        type_ = records.validate_choice(type, name="type", choices=records.TYPES)
+        fields = _checked(
+            content,
+            type_=type,
+            session_id=session_id,
+            metadata=metadata,
+            source=source,
+            source_messages=source_messages,
+            expires_at=expires_at,
+            said_at=said_at,
+            happened_at=happened_at,
+        )
+        content, type_ = fields["content"], fields["type"]
         key_given = key is not None
         key = records.validate_memory_key(key) if key_given else records.derive_key(type_, content)
-        fields = {
-            "session_id": records.validate_memory_session(session_id),
-            "type": type_,
-            "content": content,
-            "metadata": records.validate_metadata(metadata),
-            "source": records.validate_choice(source, name="source", choices=records.SOURCES),
-            "source_messages": records.validate_source_messages(source_messages),
-            "expires_at": records.validate_expires_at(expires_at),
-            "said_at": records.validate_said_at(said_at),
-            "tokens": _count_tokens(content),
-        }
         # Embedded before the transaction (a network call holds no row lock), unless the
         # memory under the key already has this content's vector of the current model.
-        known = LongTermMemory.objects.filter(owner=self.owner, key=key).values_list(
-            "content", "embedding_model"
+        known = (
+            LongTermMemory.objects.filter(owner=self.owner, key=key)
+            .filter(current_filter())
+            .values_list("content", "embedding_model")
         )
         current, later = search.embedder(), False
         if current is not None and (content, current.model) not in set(known):
@@ -239,6 +346,7 @@ class MemoryService:
         if _kept(row, fields):
             return row, False
         if row.content != fields["content"]:
+            supersede(row, fields["said_at"] or timezone.now())
             row.history = records.with_history(row.history, row, "merged")
         row.metadata = {**row.metadata, **fields["metadata"]}
         for name in ("content", "tokens", *records.vector_fields(None, "")):
@@ -246,13 +354,19 @@ class MemoryService:
                 setattr(row, name, fields[name])
         row.source_messages = list(dict.fromkeys([*row.source_messages, *fields["source_messages"]]))[-100:]
         row.said_at = fields["said_at"] or row.said_at
+        row.happened_at = fields["happened_at"] or row.happened_at
         row.updated_at = timezone.now()
         row.save()
         return row, True
 
     def _upsert(self, key: str, fields: dict[str, Any]) -> tuple[LongTermMemory, bool]:
         now = timezone.now()
-        row = LongTermMemory.objects.select_for_update().filter(owner=self.owner, key=key).first()
+        row = (
+            LongTermMemory.objects.select_for_update()
+            .filter(owner=self.owner, key=key)
+            .filter(current_filter())
+            .first()
+        )
         if row is None:
             row = LongTermMemory(owner=self.owner, key=key, created_at=now, **fields)
             content_changed = True
@@ -260,11 +374,14 @@ class MemoryService:
             gone = self._gone(row, now)
             if not gone and _kept(row, fields):
                 return row, False
-            if gone:  # an expired memory under the key: it starts afresh
+            if gone:  # an expired memory under the key: it starts afresh, without its versions
                 row.created_at, row.access_count, row.last_accessed_at = now, 0, None
+                row.superseded.all().delete()
             if not gone and all(getattr(row, name) == value for name, value in fields.items()):
                 return row, False  # the same again (a re-run extraction): not even updated_at moves
             content_changed = row.content != fields["content"]
+            if content_changed and not gone:
+                supersede(row, fields["said_at"] or now)
             for name, value in fields.items():
                 setattr(row, name, value)
         row.updated_at = now
@@ -281,13 +398,63 @@ class MemoryService:
         return LongTermMemory.objects.filter(pk=row.pk).filter(expired_filter(now)).exists()
 
     def get(self, memory_id: int) -> dict[str, Any]:
-        """One memory; :class:`MemoryNotFound` when the owner has none with this id."""
-        return records.as_dict(self._row(memory_id))
+        """One memory, or one superseded version of a memory (its ``superseded_by`` says
+        which); :class:`MemoryNotFound` when the owner has none with this id."""
+        return records.as_dict(self._row(memory_id, versions=True))
+
+    def versions(self, memory_id: int) -> list[dict[str, Any]]:
+        """The superseded versions of one memory, newest first (the one replaced last);
+        :class:`MemoryNotFound` as ``get`` (a version has none)."""
+        row = self._row(memory_id, versions=True)
+        return [records.as_dict(version) for version in row.superseded.order_by("-valid_until", "-id")]
 
     def get_by_key(self, key: str) -> dict[str, Any] | None:
         """The owner's memory under ``key``, or None."""
         row = self._rows().filter(key=records.validate_memory_key(key)).first()
         return records.as_dict(row) if row else None
+
+    def restore_versions(self, memory_id: int, versions: Iterable[dict[str, Any]]) -> int:
+        """Add superseded versions to one memory, as :meth:`versions` gives them (the JSON
+        Lines import): each checked as a write is (all before any is added), those the
+        memory holds already (same content and ``valid_until``) left out; how many were
+        added. Their times are kept; their vectors are not (they have none)."""
+        row = self._row(memory_id)
+        held = set(row.superseded.values_list("content", "valid_until"))
+        fresh = []
+        for version in versions:
+            if not isinstance(version, dict):
+                raise InvalidMemory("Invalid version: must be a JSON object.")
+            until = records.validate_moment(version.get("valid_until"), name="valid_until")
+            if until is None:
+                raise InvalidMemory("Invalid valid_until: a superseded version needs one.")
+            created = records.validate_moment(version.get("created_at"), name="created_at") or until
+            updated = records.validate_moment(version.get("updated_at"), name="updated_at") or created
+            fields = _checked(
+                version.get("content"),
+                type_=version.get("type", row.type),
+                session_id=version.get("session_id"),
+                metadata=version.get("metadata"),
+                source=version.get("source", "import"),
+                source_messages=version.get("source_messages"),
+                said_at=version.get("said_at"),
+                happened_at=version.get("happened_at"),
+            )
+            if (fields["content"], until) in held:
+                continue
+            held.add((fields["content"], until))
+            fresh.append(
+                LongTermMemory(
+                    owner=self.owner,
+                    key=records.validate_memory_key(version.get("key", row.key)),
+                    superseded_by=row,
+                    valid_until=until,
+                    created_at=created,
+                    updated_at=updated,
+                    **fields,
+                )
+            )
+        LongTermMemory.objects.bulk_create(fresh)
+        return len(fresh)
 
     def list(
         self,
@@ -297,16 +464,19 @@ class MemoryService:
         source: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        as_of: datetime | None = None,
     ) -> tuple[int, list[dict[str, Any]]]:
-        """``(count, page)`` of the owner's memories, newest update first."""
+        """``(count, page)`` of the owner's memories, newest update first; with ``as_of``,
+        of what was true then (see :func:`as_of_filter`): superseded versions too."""
         limit = validate_int(limit, name="limit", minimum=1)
         offset = validate_int(offset, name="offset", minimum=0)
-        rows = self._filtered(types=types, session_id=session_id, source=source)
+        rows = self._filtered(types=types, session_id=session_id, source=source, as_of=as_of)
         page = rows.order_by("-updated_at", "-id")[offset : offset + min(limit, MAX_LIMIT)]
         return rows.count(), [records.as_dict(row) for row in page]
 
     def update(self, memory_id: int, **fields: Any) -> dict[str, Any]:
-        """Change some fields of one memory (see :data:`UPDATABLE`)."""
+        """Change some fields of one memory (see :data:`UPDATABLE`): a correction, made in
+        place (no superseded version is kept; adding under the key records a change)."""
         unknown = sorted(set(fields) - set(UPDATABLE))
         if unknown:
             raise InvalidMemory(f"Invalid fields: {', '.join(unknown)} cannot be changed.")
@@ -332,6 +502,8 @@ class MemoryService:
             checked["source_messages"] = records.validate_source_messages(fields["source_messages"])
         if "said_at" in fields:
             checked["said_at"] = records.validate_said_at(fields["said_at"])
+        if "happened_at" in fields:
+            checked["happened_at"] = records.validate_happened_at(fields["happened_at"])
         later = False
         if "content" in checked and search.embedder() is not None:
             found = _vector_of(checked["content"])  # before the row lock, as in add
@@ -340,7 +512,8 @@ class MemoryService:
         with transaction.atomic():
             row = self._row(memory_id)
             new_key = checked.get("key", row.key)
-            if new_key != row.key and LongTermMemory.objects.filter(owner=self.owner, key=new_key).exists():
+            taken = LongTermMemory.objects.filter(owner=self.owner, key=new_key).filter(current_filter())
+            if new_key != row.key and taken.exists():
                 raise MemoryKeyExists(f"Another memory has the key {new_key!r}.")
             if "content" in checked and checked["content"] == row.content:
                 for name in records.vector_fields(None, ""):
@@ -358,13 +531,15 @@ class MemoryService:
         return records.as_dict(row)
 
     def delete(self, memory_id: int) -> None:
-        """Delete one memory; :class:`MemoryNotFound` when the owner has none with this id."""
+        """Delete one memory and its superseded versions; :class:`MemoryNotFound` when the
+        owner has none with this id (a superseded version is deleted with its memory only)."""
         deleted, _ = self._rows().filter(pk=self._row(memory_id).pk).delete()
         if not deleted:
             raise MemoryNotFound(f"No memory {memory_id}.")
 
     def delete_all(self) -> int:
-        """Delete every memory of the owner, expired ones too; the number deleted."""
+        """Delete every memory of the owner, expired ones and superseded versions too; the
+        number of rows deleted."""
         deleted, _ = LongTermMemory.objects.filter(owner=self.owner).delete()
         return deleted
 
@@ -417,6 +592,7 @@ class MemoryService:
         max_tokens: int | None = None,
         said_after: datetime | None = None,
         said_before: datetime | None = None,
+        as_of: datetime | None = None,
         kinds: Iterable[str] | None = None,
         exclude_session_id: str | None = None,
     ) -> list[dict[str, Any]]:
@@ -432,6 +608,8 @@ class MemoryService:
         its ``session_id``, ``conversation``, ``role``, ``name`` and ``said_at`` (see
         :mod:`persistent_memory.memories.message_search`); ``exclude_session_id``: not
         the messages of that session (the one a prompt already holds).
+        ``as_of``: what was true at that moment (see :func:`as_of_filter`), superseded
+        versions of memories included, and the messages said by then.
         """
         return self.search_results(
             query,
@@ -442,6 +620,7 @@ class MemoryService:
             max_tokens=max_tokens,
             said_after=said_after,
             said_before=said_before,
+            as_of=as_of,
             kinds=kinds,
             exclude_session_id=exclude_session_id,
         ).results
@@ -457,6 +636,7 @@ class MemoryService:
         max_tokens: int | None = None,
         said_after: datetime | None = None,
         said_before: datetime | None = None,
+        as_of: datetime | None = None,
         kinds: Iterable[str] | None = None,
         exclude_session_id: str | None = None,
     ) -> SearchResults:
@@ -476,7 +656,9 @@ class MemoryService:
         kinds = _kinds(kinds, types)
         after = records.validate_moment(said_after, name="said_after")
         before = records.validate_moment(said_before, name="said_before")
-        rows = self._filtered(types=types, session_id=session_id).filter(_said_between(after, before))
+        as_of = records.validate_moment(as_of, name="as_of")
+        rows = self._filtered(types=types, session_id=session_id, as_of=as_of)
+        rows = rows.filter(_said_between(after, before))
         messages = None
         if search.MESSAGE in kinds:
             messages = message_search.rows(
@@ -485,6 +667,8 @@ class MemoryService:
                 said_after=after,
                 said_before=before,
             )
+            if as_of is not None:  # what had been said by then
+                messages = messages.filter(created_at__lte=as_of)
             if exclude_session_id is not None:
                 messages = messages.exclude(
                     conversation__session__session_id=records.validate_memory_session(exclude_session_id)

@@ -16,15 +16,17 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
-from persistent_memory.memories import embedders, records, search, vectors
-from persistent_memory.memories.service import expired_filter
+from persistent_memory.memories import embedders, message_search, records, search, vectors
+from persistent_memory.memories.service import current_filter, delete_memories, expired_filter, supersede
 from persistent_memory.models import LongTermMemory
 
 Progress = Callable[[int, int], None]
 
 
 def _scope(owner: str | None) -> QuerySet[LongTermMemory]:
-    rows = LongTermMemory.objects.exclude(expired_filter())
+    """Live current memories: superseded versions are never embedded again, merged or
+    counted on their own (they keep their vector, and go with their memory)."""
+    rows = LongTermMemory.objects.filter(current_filter()).exclude(expired_filter())
     return rows if owner is None else rows.filter(owner=owner)
 
 
@@ -82,6 +84,9 @@ class EmbedReport:
     #: What still has no vector of the current model.
     pending: int = 0
     vector_backend: str = ""
+    #: Mirrored conversation messages (where MESSAGE_EMBEDDINGS gives them vectors).
+    messages_embedded: int = 0
+    messages_failed: int = 0
 
 
 def embed_memories(
@@ -112,6 +117,17 @@ def embed_memories(
         if progress is not None:
             progress(min(start + batch_size, len(ids)), len(ids))
     report.pending = unembedded(embedder, owner).count()
+    if message_search.embeds_messages():
+        messages = message_search.unembedded(embedder)
+        if owner is not None:
+            messages = messages.filter(conversation__session__owner=owner)
+        ids = list(messages.order_by("pk").values_list("pk", flat=True))
+        for start in range(0, len(ids), batch_size):
+            embedded = message_search.embed_batch(ids[start : start + batch_size], embedder=embedder)
+            if embedded is None:
+                report.messages_failed += len(ids[start : start + batch_size])
+            else:
+                report.messages_embedded += embedded
     return report
 
 
@@ -170,6 +186,8 @@ def _merge_group(survivor_id: int, others: list[int]) -> None:
         by_age = sorted(members, key=lambda row: (row.updated_at, row.pk))
         written = [row for row in by_age if row.source != "extraction"] or by_age
         newest = written[-1]
+        if survivor.content != newest.content:  # before anything of it changes
+            supersede(survivor, timezone.now())
         for row in by_age:
             if row.content != newest.content and row.content not in [
                 h.get("content") for h in survivor.history
@@ -188,7 +206,9 @@ def _merge_group(survivor_id: int, others: list[int]) -> None:
             -100:
         ]
         survivor.updated_at = timezone.now()
-        LongTermMemory.objects.filter(pk__in=[row.pk for row in members if row.pk != survivor_id]).delete()
+        delete_memories(
+            LongTermMemory.objects.filter(pk__in=[row.pk for row in members if row.pk != survivor_id])
+        )
         survivor.save()
 
 
@@ -212,7 +232,7 @@ def forget_by_policy(*, owner: str | None = None, dry_run: bool = False) -> Forg
             report.inactive = stale.count()
             rows = rows.exclude(pk__in=stale.values("pk"))  # as if deleted, for the budget
         else:
-            report.inactive = LongTermMemory.objects.filter(pk__in=stale.values("pk")).delete()[0]
+            report.inactive = delete_memories(LongTermMemory.objects.filter(pk__in=stale.values("pk")))
     budget = memory_settings.MEMORY_MAX_PER_OWNER
     if budget:
         for who, count in (
@@ -224,6 +244,6 @@ def forget_by_policy(*, owner: str | None = None, dry_run: bool = False) -> Forg
                 .values_list("pk", flat=True)[: count - budget]
             )
             report.over_budget += (
-                len(extra) if dry_run else LongTermMemory.objects.filter(pk__in=extra).delete()[0]
+                len(extra) if dry_run else delete_memories(LongTermMemory.objects.filter(pk__in=extra))
             )
     return report

@@ -14,7 +14,8 @@ from persistent_memory.memories.upkeep import embed_memories
 
 class Command(MemoryCommand):
     help = (
-        "Embed the long-term memories without a vector of the EMBEDDER's current model: those "
+        "Embed the long-term memories without a vector of the EMBEDDER's current model (and the "
+        "mirrored conversation messages, where MESSAGE_EMBEDDINGS gives them vectors): those "
         "written while the embedder failed, and all of them after a model change (their old "
         "vectors are left out of semantic search meanwhile). With --all, every memory again. "
         "On PostgreSQL, first adds pgvector's table where the server has the extension."
@@ -45,7 +46,8 @@ class Command(MemoryCommand):
     def summary(self, counts: dict[str, Any]) -> str:
         return (
             f"Embedded {counts['embedded']} memories ({counts['failed']} failed, {counts['pending']} still "
-            f"without a current vector); vectors are compared with {counts['vector_backend']}."
+            f"without a current vector) and {counts['messages_embedded']} conversation messages "
+            f"({counts['messages_failed']} failed); vectors are compared with {counts['vector_backend']}."
         )
 
     def failure(self, counts: dict[str, Any]) -> str:
