@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +34,7 @@ from persistent_memory.owners import (
 from persistent_memory.store import MemoryStore, get_store
 from persistent_memory.validation import (
     DEFAULT_MAX_DEPTH,
+    NUL_ESCAPE,
     encode_value,
     validate_key,
     validate_session_id,
@@ -144,10 +144,6 @@ def _number(record: dict[str, Any], name: str, *, nullable: bool = False) -> flo
     return value
 
 
-#: U+0000 as JSON escapes it (not preceded by an escaped backslash).
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
 def _check_history(history: list[dict[str, Any]], max_json_depth: int) -> None:
     """Entries go to the mirror as they are: the rules of values, and no U+0000 (the
     store's own entries never hold one; PostgreSQL's jsonb and text columns cannot)."""
@@ -156,7 +152,7 @@ def _check_history(history: list[dict[str, Any]], max_json_depth: int) -> None:
         text = encode_value(history, max_bytes=sys.maxsize, max_depth=max_json_depth + 2)
     except PersistentMemoryError as exc:
         raise InvalidRecord(f"history: {exc}") from None
-    if _NUL_ESCAPE.search(text):
+    if NUL_ESCAPE.search(text):
         raise InvalidRecord("history must not contain U+0000")
 
 

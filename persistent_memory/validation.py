@@ -22,6 +22,9 @@ SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 # Dunder names are the store layout's own (__keys__, __meta__, __sessions__, ...).
 RESERVED_PATTERN = re.compile(r"__.*__")
+#: U+0000 as JSON escapes it (not preceded by an escaped backslash: the text "\\u0000"
+#: is six characters any database keeps).
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

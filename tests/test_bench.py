@@ -111,6 +111,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         ("run.py", "latest.json"),
         ("maintenance.py", "maintenance.json"),
         ("memories_bench.py", "memories.json"),
+        ("message_search_bench.py", "message-search.json"),
     ],
 )
 def test_a_run_writes_where_git_does_not_look(script, default):

@@ -193,3 +193,34 @@ def test_the_pydantic_ai_view(store, monkeypatch):
     assert thread[1]["tool_calls"][0]["function"]["name"] == "opening_hours"
     assert thread[2]["tool_call_id"] == thread[1]["tool_calls"][0]["id"]
     assert (thread[2]["name"], thread[2]["content"]) == ("opening_hours", "closed")
+
+
+@pytest.mark.django_db
+def test_the_langgraph_conversations_example(settings):
+    """The page's node finds what the user said, in any of their sessions, and only theirs."""
+    from persistent_memory.store import get_store
+
+    settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "deferred"}
+    store = get_store()
+    ada, bob = store.for_owner("user:ada"), store.for_owner("user:bob")
+    ada.add_messages("monday", [{"role": "user", "content": "My sister lives in Porto."}])
+    ada.add_messages(
+        "friday",
+        [
+            {"role": "user", "content": "We might visit Porto in June."},
+            {"role": "assistant", "content": "Porto in June is lovely."},
+        ],
+    )
+    bob.add_messages("chat", [{"role": "user", "content": "Porto wine is my favourite."}])
+    what_was_said = example_module("langgraph-conversations")["what_was_said"]
+
+    said = what_was_said("user:ada", "Who lives in Porto?")
+    assert [line.split(": ", 1)[1] for line in said] == [
+        "My sister lives in Porto.",
+        "We might visit Porto in June.",
+    ]
+    assert all(len(line.split(": ", 1)[0]) == 10 for line in said)  # the day it was said
+    assert [line.split(": ", 1)[1] for line in what_was_said("user:bob", "Porto")] == [
+        "Porto wine is my favourite."
+    ]
+    assert what_was_said("user:carol", "Porto") == []

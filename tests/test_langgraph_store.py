@@ -874,3 +874,152 @@ def test_any_metadata_leaves_every_read_working(
     assert lg.batch([ListNamespacesOp(match_conditions=(MatchCondition("prefix", ("notes",)),))]) == [
         namespaces
     ]
+
+
+# --- What was said: the read-only ("conversations", session, conversation) namespaces ----------
+
+
+@pytest.fixture
+def said(db: Any, configure: Any) -> PersistentMemoryStore:
+    """user:1's LangGraph store over conversations written through the session store (on
+    each backend, mirrored when a read syncs), beside another owner's saying the same words
+    and a memory item of user:1 saying them too."""
+    store = configure(MIRROR_MODE="deferred")
+    mine = store.for_owner(OWNER)
+    mine.add_messages(
+        "trip",
+        [
+            {"id": "q1", "role": "user", "name": "Ada", "content": "We fly to Lisbon on Friday."},
+            {"id": "a1", "role": "assistant", "content": "Lisbon in spring: pack a light jacket."},
+        ],
+    )
+    mine.add_messages(
+        "trip", [{"id": "p1", "role": "user", "content": "Book the Lisbon dinner."}], conversation="planning"
+    )
+    mine.add_messages("work", [{"id": "w1", "role": "user", "content": "The quarterly report is due."}])
+    # A "." in a conversation's name: no LangGraph label can hold it, so no item is made of it.
+    mine.add_messages(
+        "trip", [{"id": "d1", "role": "user", "content": "Lisbon, v2."}], conversation="plan.v2"
+    )
+    store.for_owner("user:2").add_messages(
+        "theirs", [{"id": "x1", "role": "user", "content": "Lisbon again."}]
+    )
+    lg = PersistentMemoryStore.for_owner(OWNER)
+    lg.put(("notes",), "n1", {"text": "Lisbon hotel: Alfama"})
+    return lg
+
+
+def said_keys(items: list[SearchItem]) -> list[tuple[tuple[str, ...], str]]:
+    return [(item.namespace, item.key) for item in items]
+
+
+def test_conversations_are_searched_ranked_and_scoped(said: PersistentMemoryStore) -> None:
+    found = said.search(("conversations",), query="Lisbon dinner")
+    assert said_keys(found)[0] == (("conversations", "trip", "planning"), "p1")  # both words
+    assert sorted(said_keys(found)[1:]) == [
+        (("conversations", "trip", "default"), "a1"),
+        (("conversations", "trip", "default"), "q1"),
+    ]  # never the memory item, never user:2's message
+    assert found[0].score == 1.0 and all(0 < item.score <= found[0].score for item in found)
+    assert found[0].value["content"] == "Book the Lisbon dinner."
+    q1 = next(item for item in found if item.key == "q1")
+    assert {k: v for k, v in q1.value.items() if k != "said_at"} == {
+        "role": "user",
+        "name": "Ada",
+        "content": "We fly to Lisbon on Friday.",
+    }
+    assert datetime.fromisoformat(q1.value["said_at"]) == q1.created_at == q1.updated_at
+    json.dumps(q1.value)  # a value is JSON, as every item's is
+
+    # Narrowed by session, then by conversation; a deeper prefix holds nothing.
+    assert sorted(said_keys(said.search(("conversations", "trip", "planning"), query="Lisbon"))) == [
+        (("conversations", "trip", "planning"), "p1")
+    ]
+    assert said.search(("conversations", "work"), query="Lisbon") == []
+    assert said.search(("conversations", "theirs"), query="Lisbon") == []  # user:2's session id
+    assert said.search(("conversations", "trip", "default", "q1")) == []
+    # LangGraph's filter on the value, and pages.
+    assert sorted(keys(said.search(("conversations",), query="Lisbon", filter={"role": "user"}))) == [
+        "p1",
+        "q1",
+    ]
+    assert keys(said.search(("conversations",), query="Lisbon", limit=1, offset=1)) == keys(found)[1:2]
+    # Without a query: newest first, without score.
+    newest = said.search(("conversations", "trip", "default"))
+    assert keys(newest) == ["a1", "q1"] and {item.score for item in newest} == {None}
+    assert len(said.search(("conversations",))) == 4
+    # Memories are searched as before, without messages.
+    assert said_keys(said.search((), query="Lisbon")) == [(("notes",), "n1")]
+    assert said_keys(said.search(())) == [(("notes",), "n1")]
+
+
+def test_conversations_get_and_list_namespaces(said: PersistentMemoryStore) -> None:
+    item = said.get(("conversations", "trip", "default"), "a1")
+    assert isinstance(item, Item) and (item.namespace, item.key) == (
+        ("conversations", "trip", "default"),
+        "a1",
+    )
+    assert item.value["role"] == "assistant" and item.value["content"].startswith("Lisbon in spring")
+    assert said.get(("conversations", "trip", "planning"), "a1") is None  # another conversation's
+    assert said.get(("conversations", "trip"), "a1") is None
+    assert said.get(("conversations", "theirs", "default"), "x1") is None  # user:2's
+    assert (
+        PersistentMemoryStore.for_owner("user:2").get(("conversations", "theirs", "default"), "x1").key
+        == "x1"
+    )
+
+    assert said.list_namespaces() == [
+        ("conversations", "trip", "default"),
+        ("conversations", "trip", "planning"),
+        ("conversations", "work", "default"),
+        ("notes",),
+    ]
+    assert said.list_namespaces(prefix=("conversations", "trip")) == [
+        ("conversations", "trip", "default"),
+        ("conversations", "trip", "planning"),
+    ]
+    assert said.list_namespaces(max_depth=1) == [("conversations",), ("notes",)]
+    assert said.list_namespaces(suffix=("planning",)) == [("conversations", "trip", "planning")]
+
+    # A deleted session's messages are gone from every read.
+    get_store().for_owner(OWNER).delete_session("work")
+    assert said.search(("conversations", "work")) == []
+    assert ("conversations", "work", "default") not in said.list_namespaces()
+
+
+def test_conversations_are_read_only(said: PersistentMemoryStore) -> None:
+    namespace = ("conversations", "trip", "default")
+    with pytest.raises(InvalidNamespaceError, match="read-only"):
+        said.put(namespace, "q1", {"content": "rewritten"})
+    with pytest.raises(InvalidNamespaceError, match="read-only"):
+        said.delete(namespace, "q1")
+    with pytest.raises(InvalidNamespaceError, match="read-only"):
+        said.put(("conversations",), "new", {"content": "a memory here"})
+    # A batch holding a refused put runs nothing, its other puts included.
+    with pytest.raises(InvalidNamespaceError):
+        said.batch([PutOp(("notes",), "n2", {"text": "kept?"}), PutOp(namespace, "q1", None)])
+    assert said.get(("notes",), "n2") is None
+    assert said.get(namespace, "q1").value["content"] == "We fly to Lisbon on Friday."
+    assert LongTermMemory.objects.filter(owner=OWNER).count() == 1
+
+    with pytest.raises(InvalidNamespaceError, match="read-only"):
+        asyncio.run(said.aput(namespace, "q1", {"content": "rewritten"}))
+
+
+def test_conversations_can_be_left_out(said: PersistentMemoryStore) -> None:
+    """``conversations=None``: the label is an ordinary namespace of memory items."""
+    plain = PersistentMemoryStore.for_owner(OWNER, conversations=None)
+    assert plain.search(("conversations",), query="Lisbon") == []
+    plain.put(("conversations",), "mine", {"text": "an item"})
+    assert plain.get(("conversations",), "mine").value == {"text": "an item"}
+    assert plain.list_namespaces() == [("conversations",), ("notes",)]
+    # The store with the root reserved reaches neither that item nor its namespace.
+    assert said.get(("conversations",), "mine") is None
+    assert ("conversations",) not in said.list_namespaces()
+    assert said_keys(said.search(())) == [(("notes",), "n1")]
+    # Another name for the root.
+    renamed = PersistentMemoryStore.for_owner(OWNER, conversations="said")
+    assert keys(renamed.search(("said", "work"), query="report")) == ["w1"]
+    assert renamed.get(("conversations",), "mine").value == {"text": "an item"}
+    with pytest.raises(InvalidNamespaceError):
+        PersistentMemoryStore.for_owner(OWNER, conversations="a.b")

@@ -70,6 +70,16 @@ def test_bad_input_is_refused_before_anything_is_written(kwargs: dict, fragment:
     assert not LongTermMemory.objects.exists()
 
 
+def test_metadata_may_hold_the_text_of_an_escape() -> None:
+    """A backslash then "u0000" is six characters, not U+0000: kept as written (a nested
+    NUL after an escaped backslash is still refused)."""
+    written = {"path": "C:\\u0000", "pattern": "\\u0000", "deep": ["\\\\u0000"]}
+    memory = memories_for("user:a").add("ok", metadata=written)
+    assert LongTermMemory.objects.get(pk=memory["id"]).metadata == written
+    with pytest.raises(InvalidMemory, match=r"U\+0000"):
+        memories_for("user:a").add("ok", metadata={"x": "\\\x00"})
+
+
 @pytest.mark.parametrize("key", ["user:prefs.theme", "a:b:c", ":", "x" * 256, "lg.ns:item"])
 def test_keys_may_namespace_with_colons(key: str) -> None:
     alice = memories_for("user:a")

@@ -22,6 +22,16 @@ How an item maps onto a memory (the extra ``langgraph`` installs LangGraph):
   "value": {...}}``; the value comes back from it whole.
 - **TTL**: ``put(..., ttl=minutes)`` sets the memory's ``expires_at``; reads refresh it
   (``refresh_ttl``, default on); ``memory_sweep`` deletes what expired.
+
+What was said is there too, read-only, under the root label ``conversations`` (the
+store's ``conversations``; None turns it off): each of the owner's messages (see
+:mod:`persistent_memory.memories.message_search`) is an item of namespace
+``("conversations", session_id, conversation)``, its key the message id, its value
+``{"role", "name", "content", "said_at"}`` (ISO 8601). ``search`` under that root ranks
+messages alone by the same search, ``get`` and ``list_namespaces`` read them, ``put`` and
+``delete`` there raise LangGraph's ``InvalidNamespaceError``. Memory items never come
+under that root, and messages never come under any other (``search(())`` is memories).
+Conversations whose name holds a ``.`` (which LangGraph forbids in labels) are left out.
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ from langgraph.store.base.embed import tokenize_path
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver, thread_session
-from persistent_memory.memories import records, search
+from persistent_memory.memories import message_search, records, search
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.models import LongTermMemory
 
@@ -68,6 +78,8 @@ MARK = "langgraph"
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 #: Candidates ranked for a search with a query, before the filter and the page.
 SEARCH_CANDIDATES = 1000
+#: The root label of what was said (read-only; see the module's docstring).
+CONVERSATIONS = "conversations"
 #: The longest TTL a stored item may carry (about 1,900 years): beyond it an expiry
 #: would not fit in a date, so a mark carrying one is no item's.
 MAX_TTL_MINUTES = 10**9
@@ -161,6 +173,7 @@ class PersistentMemoryStore(BaseStore):
         owner: str | None = None,
         index_fields: list[str] | None = None,
         ttl: TTLConfig | None = None,
+        conversations: str | None = CONVERSATIONS,
     ) -> None:
         if owner is None:
             raise PermissionError(
@@ -171,14 +184,24 @@ class PersistentMemoryStore(BaseStore):
         self.owner = self.memories.owner
         self.index_fields = list(index_fields) if index_fields is not None else ["$"]
         self.ttl_config = ttl
+        if conversations is not None:
+            _check_labels(GetOp((conversations,), ""))
+        self.conversations = conversations
 
     @classmethod
     def for_owner(
-        cls, owner: str, *, index_fields: list[str] | None = None, ttl: TTLConfig | None = None
+        cls,
+        owner: str,
+        *,
+        index_fields: list[str] | None = None,
+        ttl: TTLConfig | None = None,
+        conversations: str | None = CONVERSATIONS,
     ) -> PersistentMemoryStore:
         """The store of ``owner``'s memories (``index_fields``: the value's fields search
-        reads by default; ``ttl``: LangGraph's default TTL and refresh-on-read)."""
-        return cls(owner=owner, index_fields=index_fields, ttl=ttl)
+        reads by default; ``ttl``: LangGraph's default TTL and refresh-on-read) and of what
+        they said, read-only, under the root label ``conversations`` (None: not there, and
+        the label is a memory namespace like any other)."""
+        return cls(owner=owner, index_fields=index_fields, ttl=ttl, conversations=conversations)
 
     # --- LangGraph's two entry points ---------------------------------------------------
 
@@ -190,6 +213,11 @@ class PersistentMemoryStore(BaseStore):
         # holding a label the public methods refuse runs nothing.
         for op in ops:
             _check_labels(op)
+            if isinstance(op, PutOp) and self._said(op.namespace):
+                raise InvalidNamespaceError(
+                    f"The namespace {op.namespace} is read-only: {self.conversations!r} holds what was "
+                    "said in the owner's conversations (put and delete are refused there)."
+                )
         results: list[Result] = []
         # A batch that writes is one transaction: an op that fails (a value too large)
         # leaves none of the batch's puts behind.
@@ -237,7 +265,44 @@ class PersistentMemoryStore(BaseStore):
             return None
         return row
 
+    def _said(self, labels: tuple[str, ...]) -> bool:
+        """Whether ``labels`` are (under) the read-only root of what was said."""
+        return self.conversations is not None and labels[:1] == (self.conversations,)
+
+    def _messages(self, labels: tuple[str, ...]) -> QuerySet[Any] | None:
+        """The owner's searchable messages under the namespace (prefix) ``labels`` of the
+        conversations root, synced first; None when no message can be under it."""
+        if len(labels) > 3:
+            return None
+        message_search.catch_up()
+        found = message_search.rows(self.owner, session_id=labels[1] if len(labels) > 1 else None)
+        # A conversation name may hold a ".", which LangGraph forbids in a label: such a
+        # conversation would be an item no get could address. It is left out.
+        found = found.exclude(conversation__name__contains=".")
+        return found.filter(conversation__name=labels[2]) if len(labels) > 2 else found
+
+    def _said_item(self, said: dict[str, Any]) -> dict[str, Any]:
+        """The item fields of a message (as :func:`message_search.described` gives it)."""
+        return {
+            "namespace": (self.conversations, said["session_id"], said["conversation"]),
+            "key": said["id"],
+            "value": {
+                "role": said["role"],
+                "name": said["name"],
+                "content": said["content"],
+                "said_at": said["said_at"].isoformat(),
+            },
+            "created_at": said["said_at"],
+            "updated_at": said["said_at"],
+        }
+
     def _get(self, op: GetOp) -> Item | None:
+        if self._said(op.namespace):
+            found = self._messages(op.namespace) if len(op.namespace) == 3 else None
+            if found is None:
+                return None
+            said = found.filter(message_id=op.key).values(*message_search.FIELDS).first()
+            return Item(**self._said_item(message_search.described(said))) if said else None
         row = self._row(op.namespace, op.key)
         if row is None:
             return None
@@ -271,14 +336,16 @@ class PersistentMemoryStore(BaseStore):
             self._items().filter(pk=memory["id"]).update(updated_at=timezone.now())
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
+        if self._said(op.namespace_prefix):
+            return self._search_said(op)
         rows = self._items()
         for position, label in enumerate(op.namespace_prefix):
             rows = rows.filter(**{f"metadata__{MARK}__namespace__{position}": label})
+        if not op.namespace_prefix and self.conversations is not None:
+            # Memories put under the root before it was reserved: no read reaches them.
+            rows = rows.exclude(**{f"metadata__{MARK}__namespace__0": self.conversations})
         if op.query:
-            strategy = memory_settings.MEMORY_SEARCH_STRATEGY
-            if strategy == "semantic" and search.embedder() is None:
-                strategy = "hybrid"
-            ranked = search.rank(rows, op.query, strategy, SEARCH_CANDIDATES).hits
+            ranked = search.rank(rows, op.query, _strategy(), SEARCH_CANDIDATES).hits
             by_id = {row.pk: row for row in LongTermMemory.objects.filter(pk__in=[hit.id for hit in ranked])}
             scored = [(by_id[hit.id], hit.score) for hit in ranked if hit.id in by_id]
         else:
@@ -287,20 +354,46 @@ class PersistentMemoryStore(BaseStore):
         kept = (
             (row, score)
             for row, score in scored
-            if _mark(row) is not None and (not op.filter or _matches(row, op.filter))
+            if _mark(row) is not None
+            and (not op.filter or _matches(row.metadata.get("value", {}), op.filter))
         )
         page = list(itertools.islice(kept, op.offset, op.offset + op.limit))
         if op.refresh_ttl:
             self._refresh([row for row, _ in page])
         return [SearchItem(**_fields(row), score=score) for row, score in page]
 
+    def _search_said(self, op: SearchOp) -> list[SearchItem]:
+        """What was said under the prefix: ranked by the messages' search, or newest first."""
+        found = self._messages(op.namespace_prefix)
+        if found is None:
+            return []
+        if op.query:
+            ranked = search.rank(None, op.query, _strategy(), SEARCH_CANDIDATES, messages=found).hits
+            by_id = message_search.as_dicts([hit.id for hit in ranked])
+            scored = ((by_id[hit.id], hit.score) for hit in ranked if hit.id in by_id)
+        else:
+            newest = _pages(
+                found.order_by("-created_at", "-id").values(*message_search.FIELDS), op.offset + op.limit
+            )
+            scored = ((message_search.described(row), None) for row in newest)
+        items = ((self._said_item(said), score) for said, score in scored)
+        kept = ((item, score) for item, score in items if not op.filter or _matches(item["value"], op.filter))
+        page = itertools.islice(kept, op.offset, op.offset + op.limit)
+        return [SearchItem(**item, score=score) for item, score in page]
+
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         found: set[tuple[str, ...]] = set()
-        for row in self._items().only("key", "metadata").iterator():
-            mark = _mark(row)
-            if mark is None:
-                continue
-            namespace = tuple(mark["namespace"])
+        namespaces: Iterable[tuple[str, ...]] = (
+            tuple(mark["namespace"])
+            for mark in map(_mark, self._items().only("key", "metadata").iterator())
+            if mark is not None
+        )
+        if self.conversations is not None:
+            message_search.catch_up()
+            pairs = message_search.conversations(self.owner)
+            said = ((self.conversations, *pair) for pair in pairs if "." not in pair[1])
+            namespaces = itertools.chain((n for n in namespaces if not self._said(n)), said)
+        for namespace in namespaces:
             if op.match_conditions and not all(_namespace_matches(c, namespace) for c in op.match_conditions):
                 continue
             found.add(namespace[: op.max_depth] if op.max_depth is not None else namespace)
@@ -313,6 +406,12 @@ class PersistentMemoryStore(BaseStore):
             if ttl:
                 row.expires_at = _expiry(ttl)
                 self._items().filter(pk=row.pk).update(expires_at=row.expires_at)
+
+
+def _strategy() -> str:
+    """MEMORY_SEARCH_STRATEGY, hybrid in place of semantic without an embedder."""
+    strategy = memory_settings.MEMORY_SEARCH_STRATEGY
+    return "hybrid" if strategy == "semantic" and search.embedder() is None else strategy
 
 
 def _mark(row: LongTermMemory) -> dict[str, Any] | None:
@@ -417,9 +516,8 @@ def _same(value: Any, wanted: Any) -> bool:
     return value == wanted
 
 
-def _matches(row: LongTermMemory, conditions: dict[str, Any]) -> bool:
+def _matches(value: dict[str, Any], conditions: dict[str, Any]) -> bool:
     """LangGraph's filter on the value's top-level fields."""
-    value = row.metadata.get("value", {})
     return all(_same(value.get(name), wanted) for name, wanted in conditions.items())
 
 

@@ -18,6 +18,11 @@ mirror hands each new message to the embedding worker, and
 ``memory_embed`` catches up. Their vectors are compared with sqlite-vec where it loads,
 else with numpy over the owner's newest MEMORY_VECTOR_SCAN_LIMIT messages.
 
+A keyword search ranks every match of the owner's (exact BM25 / ts_rank order): its cost
+grows with the matches, not the owner's messages. bench/message_search_bench.py measures
+it (docs/performance.md: a few ms at 6,000 messages; on PostgreSQL at a million, 9 ms
+for a rare word and 300 to 400 for a question whose words are in a tenth of them).
+
 Memory blocks injected into a conversation (see
 :func:`persistent_memory.memories.injection.is_injected`) are never found: what they say
 is found as the memories themselves.
@@ -32,7 +37,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import DatabaseError, connection
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings, mirror_mode
@@ -213,37 +218,54 @@ def recent(found: QuerySet[MemoryMessage], limit: int) -> Ranked:
     return [(pk, 1.0 / (1 + place)) for place, pk in enumerate(ids)]
 
 
+#: The columns a found message is described by (see :func:`described`).
+FIELDS = (
+    "pk",
+    "message_id",
+    "role",
+    "name",
+    "content_text",
+    "created_at",
+    "seq",
+    "tokens",
+    "conversation__name",
+    "conversation__session__session_id",
+    "conversation__session__owner",
+)
+
+
+def described(row: dict[str, Any]) -> dict[str, Any]:
+    """A message as search results give it (without score), from its :data:`FIELDS`."""
+    return {
+        "kind": "message",
+        "id": row["message_id"],
+        "owner": row["conversation__session__owner"],
+        "session_id": row["conversation__session__session_id"],
+        "conversation": row["conversation__name"],
+        "role": row["role"],
+        "name": row["name"],
+        "content": row["content_text"],
+        "said_at": row["created_at"],
+        "seq": row["seq"],
+        "tokens": row["tokens"],
+    }
+
+
 def as_dicts(ids: list[int]) -> dict[int, dict[str, Any]]:
     """The messages ``ids`` as search results give them (without score), by id."""
-    found = MemoryMessage.objects.filter(pk__in=ids).values(
-        "pk",
-        "message_id",
-        "role",
-        "name",
-        "content_text",
-        "created_at",
-        "seq",
-        "tokens",
-        "conversation__name",
-        "conversation__session__session_id",
-        "conversation__session__owner",
+    return {row["pk"]: described(row) for row in MemoryMessage.objects.filter(pk__in=ids).values(*FIELDS)}
+
+
+def conversations(owner: str) -> list[tuple[str, str]]:
+    """The owner's conversations holding a searchable message: (session_id, name) pairs.
+    Each conversation is probed for one message (by its index), never the messages read."""
+    searchable = rows(owner).filter(conversation=OuterRef("pk"))
+    return list(
+        MemoryConversation.objects.filter(session__owner=owner)
+        .filter(Exists(searchable))
+        .order_by()
+        .values_list("session__session_id", "name")
     )
-    return {
-        row["pk"]: {
-            "kind": "message",
-            "id": row["message_id"],
-            "owner": row["conversation__session__owner"],
-            "session_id": row["conversation__session__session_id"],
-            "conversation": row["conversation__name"],
-            "role": row["role"],
-            "name": row["name"],
-            "content": row["content_text"],
-            "said_at": row["created_at"],
-            "seq": row["seq"],
-            "tokens": row["tokens"],
-        }
-        for row in found
-    }
 
 
 def unembedded(embedder: embedders.Embedder) -> QuerySet[MemoryMessage]:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import InvalidMemory, InvalidSessionId, InvalidValue
 from persistent_memory.models import LongTermMemory
-from persistent_memory.validation import encode_value, validate_session_id
+from persistent_memory.validation import NUL_ESCAPE, encode_value, validate_session_id
 
 TYPES = tuple(LongTermMemory.Type.values)
 SOURCES = tuple(LongTermMemory.Source.values)
@@ -111,7 +111,7 @@ def validate_metadata(metadata: Any) -> dict[str, Any]:
         )
     except InvalidValue as exc:
         raise InvalidMemory(str(exc).replace("Invalid value", "Invalid metadata")) from None
-    if "\\u0000" in text:
+    if NUL_ESCAPE.search(text):
         raise InvalidMemory("Invalid metadata: U+0000 cannot be stored.")
     return metadata
 
