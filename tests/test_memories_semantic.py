@@ -353,7 +353,7 @@ def test_pgvector_search_uses_the_hnsw_index_and_keeps_owners_apart(settings, se
     assert sorted(m["key"] for m in found) == [f"alice.{n}" for n in range(5)]
     crowd = memories_for("user:crowd")
     with CaptureQueriesContext(connection) as queries:
-        found = crowd.search(QUESTION, strategy="semantic", limit=3)
+        found = crowd.search(QUESTION, strategy="semantic", limit=3, kinds=["memory"])
     assert len(found) == 3 and all(m["owner"] == "user:crowd" for m in found)
     [sql] = [q["sql"] for q in queries.captured_queries if "<=>" in q["sql"]]
     with connection.cursor() as cursor:

@@ -15,8 +15,12 @@ it. With MIRROR_MODE "off" no message is searchable.
 Messages are compared by meaning where MESSAGE_EMBEDDINGS is on (by default, whenever
 an EMBEDDER is set), each embedded with its speaker's name ("Caroline: ..."): the
 mirror hands each new message to the embedding worker, and
-``memory_embed`` catches up. Their vectors are compared with sqlite-vec where it loads,
-else with numpy over the owner's newest MEMORY_VECTOR_SCAN_LIMIT messages.
+``memory_embed`` catches up. Their vectors are compared as memories' are
+(:mod:`~persistent_memory.memories.vectors`): on PostgreSQL with pgvector, by the
+database, each vector also in ``pm_message_vector`` (migration 0018; written with the
+message's bytes, emptied with its rows by triggers) with an HNSW index per length and
+iterative scans; with sqlite-vec where it loads; else with numpy over the owner's
+newest MEMORY_VECTOR_SCAN_LIMIT messages.
 
 A keyword search ranks every match of the owner's (exact BM25 / ts_rank order): its cost
 grows with the matches, not the owner's messages. bench/message_search_bench.py measures
@@ -36,7 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -62,6 +66,16 @@ _FROM = f"{MESSAGES} {_JOINS}"
 _TS_WEIGHTS = "{0.1, 0.05, 0.4, 1.0}"
 #: BM25 weights of the FTS5 columns (text, name).
 _BM25_WEIGHTS = "1.0, 0.5"
+#: Where messages' vectors are compared: on PostgreSQL with pgvector, a copy of each in
+#: ``pm_message_vector`` (migration 0018) that :func:`embed_batch` writes with the bytes.
+VECTORS = _vectors.Kind(
+    rows=MESSAGES,
+    vectors="pm_message_vector",
+    key="message_row_id",
+    index_prefix="pm_message_hnsw",
+    joins=_JOINS,
+    newest=("-created_at", "-id"),
+)
 
 Ranked = list[tuple[int, float]]
 
@@ -196,20 +210,11 @@ def keyword(found: QuerySet[MemoryMessage], words: list[str], limit: int) -> Ran
 
 def semantic(found: QuerySet[MemoryMessage], vector: list[float], model: str, limit: int) -> Ranked:
     """The messages of ``found`` whose vectors (of ``model``) are nearest ``vector``."""
-    if _vectors.backend() == _vectors.SQLITE_VEC:
-        try:
-            where, params = _where(found)
-        except EmptyResultSet:
-            return []
-        sql = (
-            f"SELECT {MESSAGES}.id, vec_distance_cosine({MESSAGES}.embedding_f32, %s) AS distance "  # noqa: S608 - as above
-            f"FROM {_FROM} WHERE {MESSAGES}.embedding_dimensions = %s AND {MESSAGES}.embedding_model = %s "
-            f"AND {where} ORDER BY distance LIMIT %s"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [array("f", vector).tobytes(), len(vector), model, *params, limit])
-            return [(pk, 1.0 - float(distance)) for pk, distance in cursor.fetchall()]
-    return _vectors.scan(found, vector, model, limit, newest=("-created_at", "-id"))
+    try:
+        where: tuple[str, list[Any]] | None = _where(found)
+    except EmptyResultSet:
+        where = None
+    return _vectors.nearest(found, where, vector, model, limit, VECTORS)
 
 
 def recent(found: QuerySet[MemoryMessage], limit: int) -> Ranked:
@@ -313,12 +318,16 @@ def embed_batch(
         return None
     if stop is not None and stop.is_set():
         return 0
-    embedded = 0
-    for (pk, *_), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
-        if vector is not None:
-            embedded += MemoryMessage.objects.filter(pk=pk).update(
+    written: list[tuple[int, list[float]]] = []
+    # pgvector's copy in the same transaction as the bytes: a trigger cannot read float32
+    # bytes back into numbers.
+    with transaction.atomic():
+        for (pk, *_), vector in zip(batch, embedders.checked(found, embedder.model), strict=True):
+            if vector is not None and MemoryMessage.objects.filter(pk=pk).update(
                 embedding_f32=array("f", vector).tobytes(),
                 embedding_model=embedder.model,
                 embedding_dimensions=len(vector),
-            )
-    return embedded
+            ):
+                written.append((pk, vector))
+        _vectors.write_vectors(written, VECTORS)
+    return len(written)

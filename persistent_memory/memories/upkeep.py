@@ -99,11 +99,12 @@ def embed_memories(
     """Embed the memories that have no vector of the configured embedder's model (all of
     them with ``everything``), ``batch_size`` texts a call. A memory whose content changed
     meanwhile keeps the vector its own write gave it. On PostgreSQL, first adds pgvector's
-    table where the server has the extension (see migration 0014)."""
+    tables where the server has the extension (see migrations 0014 and 0018)."""
     embedder = embedders.current()
     if embedder is None:
         raise ValueError("No EMBEDDER is configured.")
     vectors.add_vector_table()
+    vectors.add_vector_table(kind=message_search.VECTORS)
     rows = _scope(owner) if everything else unembedded(embedder, owner)
     ids = list(rows.order_by("pk").values_list("pk", flat=True))
     report = EmbedReport(vector_backend=vectors.backend())

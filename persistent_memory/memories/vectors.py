@@ -7,6 +7,8 @@
   search is one query ordering by ``<=>`` (cosine distance) with the owner's filters in
   its WHERE, served by an HNSW index per vector length (:func:`ensure_index`) with
   pgvector's iterative scan, so filters never leave a search short of results.
+  Conversation messages' vectors likewise, in ``pm_message_vector`` (migration 0018),
+  which their writer fills in the transaction that stores their bytes (:class:`Kind`).
 * ``sqlite-vec``: SQLite where the Python's ``sqlite3`` can load extensions and the
   ``sqlite-vec`` package is installed: ``vec_distance_cosine`` over the stored float32
   vectors in one query (an exact scan of the owner's vectors, in C).
@@ -23,6 +25,7 @@ import json
 import logging
 import math
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -43,9 +46,30 @@ TABLE = LongTermMemory._meta.db_table
 VECTORS = "pm_memory_vector"
 #: pgvector's HNSW index takes vectors of up to 2,000 dimensions; longer ones are scanned.
 HNSW_MAX_DIMENSIONS = 2000
-_columns: dict[tuple[str, str], bool] = {}
-_indexes: set[tuple[str, str, int]] = set()
+_columns: dict[tuple[str, str, str], bool] = {}
+_indexes: set[tuple[str, str, str, int]] = set()
 _iterative: dict[tuple[str, str], bool] = {}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of row with vectors (``embedding_f32``, ``embedding_model``,
+    ``embedding_dimensions``): memories, or conversation messages."""
+
+    #: The rows' table.
+    rows: str
+    #: pgvector's copy of their vectors: ``(<key> bigint, dimensions, vector)``.
+    vectors: str
+    key: str
+    #: The prefix of its HNSW indexes' names (one per vector length).
+    index_prefix: str
+    #: Joined to the rows where a search's WHERE reads other tables.
+    joins: str = ""
+    #: The order in which the numpy scan takes the newest rows.
+    newest: tuple[str, ...] = ("-updated_at", "-id")
+
+
+MEMORIES = Kind(rows=TABLE, vectors=VECTORS, key="memory_id", index_prefix="pm_memory_hnsw")
 
 
 @receiver(connection_created)
@@ -76,14 +100,18 @@ def _key(conn: BaseDatabaseWrapper) -> tuple[str, str]:
     return conn.alias, str(conn.settings_dict.get("NAME"))
 
 
-def has_vector_table(conn: BaseDatabaseWrapper = connection) -> bool:
-    """Whether migration 0014's vector table exists (PostgreSQL with pgvector)."""
+def has_vector_table(
+    conn: BaseDatabaseWrapper = connection, kind: Kind = MEMORIES, *, cached: bool = True
+) -> bool:
+    """Whether ``kind``'s vector table exists (PostgreSQL with pgvector: migration 0014
+    for memories, 0018 for messages). ``cached=False`` asks the database again (a writer
+    must not miss a table another process created since)."""
     if conn.vendor != "postgresql":
         return False
-    key = _key(conn)
-    if key not in _columns:
+    key = (*_key(conn), kind.vectors)
+    if key not in _columns or not cached:
         with conn.cursor() as cursor:
-            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [VECTORS])
+            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [kind.vectors])
             _columns[key] = bool(cursor.fetchone()[0])
     return _columns[key]
 
@@ -149,9 +177,32 @@ _VECTOR_TABLE = [
 ]
 
 
-def add_vector_table(conn: BaseDatabaseWrapper = connection) -> bool:
-    """Create the extension (where the server has it and the role may), the vector table
-    and its triggers; whether the table exists now. Migration 0014 and ``memory_embed``
+def written_vectors_table(kind: Kind) -> list[str]:
+    """The statements of a vector table its writer fills (:func:`write_vectors`): the
+    table, and triggers that empty it with its rows. Triggers rather than a foreign key:
+    Django's ``flush`` (and TransactionTestCase) truncates the rows' table alone, which
+    PostgreSQL refuses while another table references it."""
+    table, rows, key = kind.vectors, kind.rows, kind.key
+    return [
+        f"CREATE TABLE IF NOT EXISTS {table} ({key} bigint PRIMARY KEY, dimensions integer NOT NULL, "
+        "vector vector NOT NULL)",
+        f"""CREATE OR REPLACE FUNCTION {table}_forget() RETURNS trigger AS $$
+        BEGIN DELETE FROM {table} WHERE {key} = OLD.id; RETURN NULL; END $$ LANGUAGE plpgsql""",  # noqa: S608
+        f"""CREATE OR REPLACE FUNCTION {table}_truncate() RETURNS trigger AS $$
+        BEGIN TRUNCATE {table}; RETURN NULL; END $$ LANGUAGE plpgsql""",
+        f"DROP TRIGGER IF EXISTS {table}_delete ON {rows}",
+        f"CREATE TRIGGER {table}_delete AFTER DELETE ON {rows} FOR EACH ROW "
+        f"EXECUTE FUNCTION {table}_forget()",
+        f"DROP TRIGGER IF EXISTS {table}_truncate ON {rows}",
+        f"CREATE TRIGGER {table}_truncate AFTER TRUNCATE ON {rows} FOR EACH STATEMENT "
+        f"EXECUTE FUNCTION {table}_truncate()",
+    ]
+
+
+def add_vector_table(conn: BaseDatabaseWrapper = connection, kind: Kind = MEMORIES) -> bool:
+    """Create the extension (where the server has it and the role may) and ``kind``'s
+    vector table with its triggers, filled with the vectors already stored; whether the
+    table exists now. Migrations 0014 (memories) and 0018 (messages) and ``memory_embed``
     run it."""
     if conn.vendor != "postgresql" or not pgvector_available(conn):
         return False
@@ -162,10 +213,49 @@ def add_vector_table(conn: BaseDatabaseWrapper = connection) -> bool:
         except DatabaseError as exc:
             logger.warning("The vector extension could not be created: %s", exc)
             return False
-        for statement in _VECTOR_TABLE:
+        for statement in _VECTOR_TABLE if kind == MEMORIES else written_vectors_table(kind):
             cursor.execute(statement)
-    _columns.pop(_key(conn), None)
-    return has_vector_table(conn)
+    _columns.pop((*_key(conn), kind.vectors), None)
+    if kind != MEMORIES and has_vector_table(conn, kind):
+        _copy_missing(conn, kind)
+    return has_vector_table(conn, kind)
+
+
+def _copy_missing(conn: BaseDatabaseWrapper, kind: Kind, chunk: int = 500) -> None:
+    """Copy into ``kind``'s vector table the vectors stored without it (float32 bytes,
+    read in Python: SQL has no cast from them), ``chunk`` rows at a time."""
+    select = (
+        f"SELECT r.id, r.embedding_f32 FROM {kind.rows} r LEFT JOIN {kind.vectors} v ON v.{kind.key} = r.id "  # noqa: S608
+        "WHERE r.embedding_f32 IS NOT NULL AND r.embedding_dimensions IS NOT NULL AND v.vector IS NULL "
+        "AND r.id > %s ORDER BY r.id LIMIT %s"
+    )
+    after = 0
+    while True:
+        with conn.cursor() as cursor:
+            cursor.execute(select, [after, chunk])
+            found = [(pk, array("f", bytes(blob)).tolist()) for pk, blob in cursor.fetchall()]
+        if not found:
+            return
+        write_vectors(found, kind, conn)
+        after = found[-1][0]
+
+
+def write_vectors(
+    vectors: list[tuple[int, list[float]]], kind: Kind, conn: BaseDatabaseWrapper = connection
+) -> None:
+    """Put these rows' vectors (``(row id, vector)``) into ``kind``'s vector table, where
+    it exists; the caller holds the transaction that writes the rows' own columns."""
+    if not vectors or not has_vector_table(conn, kind, cached=False):
+        return
+    for length in {len(vector) for _, vector in vectors}:
+        ensure_index(length, conn, kind)
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {kind.vectors} ({kind.key}, dimensions, vector) VALUES (%s, %s, %s::vector) "  # noqa: S608
+            f"ON CONFLICT ({kind.key}) DO UPDATE "
+            "SET dimensions = EXCLUDED.dimensions, vector = EXCLUDED.vector",
+            [(pk, len(vector), json.dumps(vector)) for pk, vector in vectors],
+        )
 
 
 def backend(conn: BaseDatabaseWrapper = connection) -> str:
@@ -179,24 +269,24 @@ def backend(conn: BaseDatabaseWrapper = connection) -> str:
     return NUMPY
 
 
-def index_name(dimensions: int) -> str:
-    return f"pm_memory_hnsw_{int(dimensions)}"
+def index_name(dimensions: int, kind: Kind = MEMORIES) -> str:
+    return f"{kind.index_prefix}_{int(dimensions)}"
 
 
-def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection) -> bool:
-    """The HNSW index of vectors of this length (pgvector; created when missing). Called
-    when a vector is written, so that it is created while few vectors have that length;
-    a search never creates it (it scans until the index exists)."""
-    if not has_vector_table(conn) or not 0 < dimensions <= HNSW_MAX_DIMENSIONS:
+def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection, kind: Kind = MEMORIES) -> bool:
+    """The HNSW index of ``kind``'s vectors of this length (pgvector; created when
+    missing). Called when a vector is written, so that it is created while few vectors
+    have that length; a search never creates it (it scans until the index exists)."""
+    if not has_vector_table(conn, kind) or not 0 < dimensions <= HNSW_MAX_DIMENSIONS:
         return False
-    key = (*_key(conn), int(dimensions))
+    key = (*_key(conn), kind.vectors, int(dimensions))
     if key in _indexes:
         return True
     _indexes.add(key)  # tried once per process: a role that may not create it is not asked again
     try:  # in a savepoint: the write that asked must not fail for want of an index
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
             cursor.execute(
-                f"CREATE INDEX IF NOT EXISTS {index_name(dimensions)} ON {VECTORS} USING hnsw "
+                f"CREATE INDEX IF NOT EXISTS {index_name(dimensions, kind)} ON {kind.vectors} USING hnsw "
                 f"((vector::vector({int(dimensions)})) vector_cosine_ops) "
                 f"WHERE dimensions = {int(dimensions)}"
             )
@@ -209,16 +299,17 @@ def ensure_index(dimensions: int, conn: BaseDatabaseWrapper = connection) -> boo
 
 
 def _pgvector(
-    where: str, params: list[Any], vector: list[float], model: str, limit: int
+    kind: Kind, where: str, params: list[Any], vector: list[float], model: str, limit: int
 ) -> list[tuple[int, float]]:
     dims = int(len(vector))
+    rows = kind.rows
     # The length is a literal: the partial index's predicate must match the query's. The
-    # memories' own filters (``where``, compiled for their table) apply to each vector the
-    # index gives, in order, until `limit` pass.
+    # rows' own filters (``where``, compiled for their table and joins) apply to each
+    # vector the index gives, in order, until `limit` pass.
     sql = (
-        f"SELECT {TABLE}.id, (v.vector::vector({dims})) <=> %s::vector({dims}) AS distance "  # noqa: S608
-        f"FROM {VECTORS} v JOIN {TABLE} ON {TABLE}.id = v.memory_id "
-        f"WHERE v.dimensions = {dims} AND {TABLE}.embedding_model = %s AND {where} "
+        f"SELECT {rows}.id, (v.vector::vector({dims})) <=> %s::vector({dims}) AS distance "  # noqa: S608
+        f"FROM {kind.vectors} v JOIN {rows} ON {rows}.id = v.{kind.key} {kind.joins} "
+        f"WHERE v.dimensions = {dims} AND {rows}.embedding_model = %s AND {where} "
         "ORDER BY distance LIMIT %s"
     )
     with transaction.atomic(), connection.cursor() as cursor:
@@ -233,12 +324,14 @@ def _pgvector(
 
 
 def _sqlite_vec(
-    where: str, params: list[Any], vector: list[float], model: str, limit: int
+    kind: Kind, where: str, params: list[Any], vector: list[float], model: str, limit: int
 ) -> list[tuple[int, float]]:
     dims = len(vector)
+    rows = kind.rows
     sql = (
-        f"SELECT id, vec_distance_cosine(embedding_f32, %s) AS distance FROM {TABLE} "  # noqa: S608
-        f"WHERE embedding_dimensions = %s AND embedding_model = %s AND {where} ORDER BY distance LIMIT %s"
+        f"SELECT {rows}.id, vec_distance_cosine({rows}.embedding_f32, %s) AS distance "  # noqa: S608
+        f"FROM {rows} {kind.joins} WHERE {rows}.embedding_dimensions = %s AND {rows}.embedding_model = %s "
+        f"AND {where} ORDER BY distance LIMIT %s"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [array("f", vector).tobytes(), dims, model, *params, limit])
@@ -280,21 +373,24 @@ def scan(
 
 
 def nearest(
-    rows: QuerySet[LongTermMemory],
+    rows: QuerySet[Any],
     where: tuple[str, list[Any]] | None,
     vector: list[float],
     model: str,
     limit: int,
+    kind: Kind = MEMORIES,
 ) -> list[tuple[int, float]]:
-    """The memories of ``rows`` whose vectors (of ``model``) are nearest ``vector``.
-    ``where`` is ``rows``' WHERE compiled for a raw query on the table (None: nothing
-    can match). A vector with no direction (all zero, or not finite) is near nothing:
-    every cosine with it is undefined (numpy answered every memory at 0, pgvector NaN)."""
+    """The rows of ``rows`` (memories, or ``kind``'s) whose vectors (of ``model``) are
+    nearest ``vector``. ``where`` is ``rows``' WHERE compiled for a raw query on the
+    table and ``kind.joins`` (None: nothing can match). A vector with no direction (all
+    zero, or not finite) is near nothing: every cosine with it is undefined (numpy
+    answered every row at 0, pgvector NaN)."""
     if where is None or not vector or not any(vector) or not all(math.isfinite(x) for x in vector):
         return []
-    kind = backend()
-    if kind == PGVECTOR:
-        return _pgvector(*where, vector, model, limit)
-    if kind == SQLITE_VEC:
-        return _sqlite_vec(*where, vector, model, limit)
-    return scan(rows, vector, model, limit)
+    # Each kind's own table: the backend is the memories', and a kind's table is made
+    # where theirs is (by its own migration and memory_embed).
+    if has_vector_table(connection, kind):
+        return _pgvector(kind, *where, vector, model, limit)
+    if backend() == SQLITE_VEC:
+        return _sqlite_vec(kind, *where, vector, model, limit)
+    return scan(rows, vector, model, limit, newest=kind.newest)
