@@ -247,7 +247,9 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ),
     (
         "MEMORY_SEARCH_KINDS",
-        lambda v: isinstance(v, list | tuple) and bool(v) and set(v) <= {"memory", "message"},
+        lambda v: (
+            isinstance(v, list | tuple) and bool(v) and all(kind in ("memory", "message") for kind in v)
+        ),
         'Use a non-empty list of "memory" and "message".',
         "E012",
     ),

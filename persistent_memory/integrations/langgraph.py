@@ -274,7 +274,7 @@ class PersistentMemoryStore(BaseStore):
         conversations root, synced first; None when no message can be under it."""
         if len(labels) > 3:
             return None
-        message_search.catch_up()
+        message_search.catch_up(self.owner)
         found = message_search.rows(self.owner, session_id=labels[1] if len(labels) > 1 else None)
         # A conversation name may hold a ".", which LangGraph forbids in a label: such a
         # conversation would be an item no get could address. It is left out.
@@ -389,7 +389,7 @@ class PersistentMemoryStore(BaseStore):
             if mark is not None
         )
         if self.conversations is not None:
-            message_search.catch_up()
+            message_search.catch_up(self.owner)
             pairs = message_search.conversations(self.owner)
             said = ((self.conversations, *pair) for pair in pairs if "." not in pair[1])
             namespaces = itertools.chain((n for n in namespaces if not self._said(n)), said)

@@ -48,6 +48,7 @@ from persistent_memory.conf import memory_settings, mirror_mode
 from persistent_memory.memories import embedders
 from persistent_memory.memories import vectors as _vectors
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
+from persistent_memory.owners import storage_id
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -93,16 +94,20 @@ def rows(
     said_after: datetime | None = None,
     said_before: datetime | None = None,
 ) -> QuerySet[MemoryMessage]:
-    """The owner's searchable messages: of live, unexpired sessions, never an injected
-    memory block; of one session, and said within the bounds, when given."""
+    """The owner's searchable messages: of live, unexpired sessions, with text (not a bare
+    tool call), never an injected memory block; of one session, and said within the
+    bounds, when given. None with MIRROR_MODE "off": the rows left from before no longer
+    follow their sessions."""
     from persistent_memory.memories.injection import HEADER
 
+    if mirror_mode(memory_settings) == "off":
+        return MemoryMessage.objects.none()
     now = timezone.now()
     found = MemoryMessage.objects.filter(
         conversation__session__owner=owner,
         conversation__session__state=MemorySession.State.LIVE,
     ).filter(Q(conversation__session__expires_at__isnull=True) | Q(conversation__session__expires_at__gt=now))
-    found = found.exclude(content_text__startswith=HEADER)
+    found = found.exclude(content_text="").exclude(content_text__startswith=HEADER)
     if session_id is not None:
         found = found.filter(conversation__session__session_id=session_id)
     if said_after is not None:
@@ -112,10 +117,12 @@ def rows(
     return found
 
 
-def catch_up() -> None:
+def catch_up(owner: str | None = None) -> None:
     """Sync what the store marked dirty into the mirror, so that a search sees every
-    message written before it. A store or database that cannot answer costs the search
-    the newest messages, never the search."""
+    message written before it, and (given ``owner``) the owner's sessions whose rows say
+    they expired: a session kept alive by reads (IDLE_TTL_REFRESH_ON_READ) is not marked
+    dirty, and its row keeps its last write's expiry. A store or database that cannot
+    answer costs the search the newest messages, never the search."""
     from persistent_memory.store import get_store
 
     if mirror_mode(memory_settings) == "off":
@@ -124,6 +131,13 @@ def catch_up() -> None:
         store = get_store()
         if store.mirror.enabled:
             store.mirror.sync_dirty(limit=memory_settings.ADMIN_SYNC_LIMIT)
+            if owner is None:
+                return
+            lapsed = MemorySession.objects.filter(
+                owner=owner, state=MemorySession.State.LIVE, expires_at__lte=timezone.now()
+            ).values_list("session_id", flat=True)[: memory_settings.ADMIN_SYNC_LIMIT]
+            if lapsed:  # each once: the sync marks a gone one expired, a live one's expiry moves
+                store.mirror.sync_sessions([storage_id(owner, session_id) for session_id in lapsed])
     except Exception as exc:  # noqa: BLE001 - the mirror logs and retries its own failures
         logger.warning("memory: messages not synced before a search: %s", exc)
 

@@ -675,7 +675,7 @@ class MemoryService:
                 messages = messages.exclude(
                     conversation__session__session_id=records.validate_memory_session(exclude_session_id)
                 )
-            message_search.catch_up()
+            message_search.catch_up(self.owner)
         # Both kinds: twice the results, for those a memory and the message it came from share.
         candidates = max(limit, search.CANDIDATES if max_tokens else limit * len(kinds))
         ranked, ranked_by = search.rank(
@@ -732,6 +732,8 @@ def _kinds(kinds: Iterable[str] | None, types: Iterable[str] | None) -> set[str]
         kinds = [search.MEMORY] if types is not None else memory_settings.MEMORY_SEARCH_KINDS
     elif isinstance(kinds, str):
         kinds = [kinds]
+    elif not isinstance(kinds, Iterable):
+        raise InvalidMemory("Invalid kinds: must be a list of memory, message.")
     chosen = {records.validate_choice(kind, name="kind", choices=search.KINDS) for kind in kinds}
     if not chosen:
         raise InvalidMemory("Invalid kinds: name at least one of memory, message.")
