@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ import pytest
 import requests
 import schemathesis
 from asgiref.sync import sync_to_async
+from django.core.management import call_command
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils.dateparse import parse_datetime
@@ -25,7 +27,7 @@ from schemathesis.core.transport import Response
 
 from persistent_memory.exceptions import InvalidMemory, SessionNotFound
 from persistent_memory.mcp.server import build_server
-from persistent_memory.memories import memories_for
+from persistent_memory.memories import embedders, embedding_worker, memories_for, message_search
 from persistent_memory.memories.forget import forget_owner
 from persistent_memory.memories.injection import HEADER, render_memories
 from persistent_memory.models import LongTermMemory, MemoryMessage, MemorySession
@@ -391,6 +393,59 @@ def test_a_token_budget_mixes_both_kinds_and_keeps_at_least_one(said: MemoryStor
     for budget in (0, first["tokens"], first["tokens"] + second["tokens"] - 1):
         kept = ann.search("Lisbon", strategy="keyword", max_tokens=budget)
         assert [(item["kind"], item["id"]) for item in kept] == ids[:1], budget
+
+
+# By meaning ---------------------------------------------------------------------------------
+
+FAKE_EMBEDDER = "tests.test_memories.fake_embedder"
+
+
+def test_messages_with_vectors_are_found_by_meaning_where_message_embeddings_is_on(configure: Any) -> None:
+    store = configure(MIRROR_MODE="deferred", EMBEDDER=FAKE_EMBEDDER)
+    espresso = say(store, ANN, "chat", "I drink espresso every morning")
+    say(store, BOB, "chat", "I drink espresso at noon")
+    memories_for(ANN).add("My dog is called Rex")
+    assert message_search.embeds_messages()  # MESSAGE_EMBEDDINGS None: an EMBEDDER is set
+    store.mirror.sync_dirty()
+    rows = list(MemoryMessage.objects.values_list("pk", flat=True))
+    assert message_search.embed_batch(rows, embedder=embedders.current()) == 2
+    found = memories_for(ANN).search("Which coffee?", strategy="semantic")
+    assert [(item["kind"], item["id"]) for item in found][:1] == [("message", espresso["id"])]
+    assert found[0]["score_parts"]["semantic"] == pytest.approx(1.0)
+    assert all(item["owner"] == ANN for item in found)
+    hybrid = memories_for(ANN).search("Which coffee?", strategy="hybrid", kinds=["message"])
+    assert contents(hybrid) == ["I drink espresso every morning"]  # no shared word: by meaning
+    configure(MIRROR_MODE="deferred", EMBEDDER=FAKE_EMBEDDER, MESSAGE_EMBEDDINGS=False)
+    assert memories_for(ANN).search("Which coffee?", strategy="semantic", kinds=["message"]) == []
+
+
+def test_messages_written_with_an_embedder_get_vectors_from_memory_embed(configure: Any) -> None:
+    """The worker's queue is this process's (and the test's transaction never commits, so
+    the mirror hands it nothing): ``memory_embed`` catches up."""
+    store = configure(MIRROR_MODE="deferred", EMBEDDER=FAKE_EMBEDDER)
+    say(store, ANN, "chat", "I drink espresso every morning")
+    store.mirror.sync_dirty()
+    assert not MemoryMessage.objects.exclude(embedding_f32__isnull=True).exists()
+    call_command("memory_embed", stdout=StringIO(), stderr=StringIO())
+    embedded = MemoryMessage.objects.exclude(embedding_f32__isnull=True)
+    assert embedded.count() == 1
+    assert contents(memories_for(ANN).search("Which coffee?", strategy="semantic")) == [
+        "I drink espresso every morning"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)  # the worker reads the rows from its own thread
+def test_the_embedding_worker_embeds_messages_once_the_mirror_commits(configure: Any) -> None:
+    store = configure(MIRROR_MODE="deferred", EMBEDDER=FAKE_EMBEDDER)
+    say(store, ANN, "chat", "I drink espresso every morning")
+    say(store, ANN, "chat", "")  # no text: nothing to embed
+    store.mirror.sync_dirty()  # its commit hands the new rows to the worker
+    current = embedding_worker.worker()
+    assert current is not None and current.wait_idle(timeout=60)
+    vectors = dict(MemoryMessage.objects.values_list("content_text", "embedding_model"))
+    assert vectors == {"I drink espresso every morning": embedders.current().model, "": ""}
+    found = memories_for(ANN).search("Which coffee?", strategy="semantic")
+    assert contents(found) == ["I drink espresso every morning"]
 
 
 # Injection --------------------------------------------------------------------------------
