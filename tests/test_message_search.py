@@ -163,6 +163,12 @@ def test_invalid_kinds_are_refused_before_anything_is_counted(said: MemoryStore,
     assert LongTermMemory.objects.get().access_count == 0
 
 
+@pytest.mark.parametrize("types", [5, [None], ["bogus"]])
+def test_invalid_types_are_refused_as_invalid_memory(said: MemoryStore, types: Any) -> None:
+    with pytest.raises(InvalidMemory, match="type"):
+        memories_for(ANN).search("Lisbon", types=types)
+
+
 def test_invalid_session_ids_are_refused(said: MemoryStore) -> None:
     ann = memories_for(ANN)
     for bad in ({"session_id": "bad id"}, {"exclude_session_id": "bad id"}, {"exclude_session_id": 5}):

@@ -174,6 +174,8 @@ def _types(types: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(types, str):
         types = [types]
+    elif not isinstance(types, Iterable):
+        raise InvalidMemory(f"Invalid types: must be a list of {', '.join(records.TYPES)}.")
     return [records.validate_choice(t, name="type", choices=records.TYPES) for t in types]
 
 
