@@ -55,14 +55,15 @@ sys.path.insert(1, str(BENCH.parent))  # the project (bench/ itself is sys.path[
 from memories_bench import (  # noqa: E402
     create_postgres_database,
     drop_postgres_database,
+    latency,
     machine,
     markdown,
     progress,
     setup_django,
+    take_turns,
 )
 from memories_bench import seed as seed_memories  # noqa: E402
 from recall_corpus import CONVERSATIONS  # noqa: E402
-from timing import percentile  # noqa: E402
 
 OWNER = "user:bench"
 LIVE_OWNER = "user:bench-live"
@@ -264,30 +265,6 @@ def load(owner_messages: int, already: int, memories: int) -> float:
     return time.perf_counter() - started
 
 
-def latency(latencies: list[float]) -> dict[str, Any]:
-    """Calls, p50 and p95 in milliseconds."""
-    ordered = sorted(latencies)
-    return {
-        "calls": len(ordered),
-        "p50_ms": round(percentile(ordered, 0.50) * 1000, 3),
-        "p95_ms": round(percentile(ordered, 0.95) * 1000, 3),
-    }
-
-
-def take_turns(operations: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, Any]]:
-    """Each operation once per round, in turn, after one warm-up call each."""
-    clock = time.perf_counter
-    latencies: dict[str, list[float]] = {name: [] for name in operations}
-    for operation in operations.values():
-        operation()
-    for _ in range(rounds):
-        for name, operation in operations.items():
-            started = clock()
-            operation()
-            latencies[name].append(clock() - started)
-    return {name: latency(values) for name, values in latencies.items()}
-
-
 def search_figures(rounds: int) -> dict[str, Any]:
     """catch_up() alone, and each query's search with each strategy, taking turns."""
     from persistent_memory.memories import memories_for, message_search
@@ -298,7 +275,7 @@ def search_figures(rounds: int) -> dict[str, Any]:
     for name, query in QUERIES.items():
         for strategy in STRATEGIES:
             operations[f"{strategy}: {name}"] = lambda q=query, s=strategy: service.search(q, strategy=s)
-    timed = take_turns(operations, rounds)
+    timed = take_turns(operations, rounds, high=95)
     timed[AFTER_A_TURN] = catch_up_after_a_turn(rounds)
     queries: dict[str, Any] = {}
     for name, query in QUERIES.items():
@@ -338,7 +315,7 @@ def catch_up_after_a_turn(rounds: int) -> dict[str, Any]:
         message_search.catch_up()
         if n:
             latencies.append(clock() - started)
-    return latency(latencies)
+    return latency(latencies, high=95)
 
 
 def database_figures(counts: list[int], rounds: int, memories: int) -> dict[str, Any]:
