@@ -182,7 +182,7 @@ def search_figures(rounds: int) -> dict[str, Any]:
     owned = LongTermMemory.objects.filter(owner=OWNER)
     queries: dict[str, Any] = {}
     for name, text in QUERIES.items():
-        queries[name] = {"query": text, "matches": len(search.keyword(owned, text, 10**9))}
+        queries[name] = {"query": text, "matches": len(search.Pool(owned).keyword(text, 10**9))}
         for strategy in STRATEGIES:
             figures = timed[f"{strategy}: {name}"]
             queries[name][strategy] = {

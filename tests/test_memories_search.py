@@ -14,9 +14,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from persistent_memory import get_store
 from persistent_memory.memories import memories_for
 from persistent_memory.memories.search import STOP_WORDS, coverage, query_words
-from persistent_memory.models import LongTermMemory
+from persistent_memory.models import LongTermMemory, MemoryMessage
 
 pytestmark = pytest.mark.django_db
 
@@ -275,3 +276,34 @@ def test_coverage_is_the_share_of_the_questions_words_a_text_holds_stemmed_loose
     assert coverage("Caroline", "") == 0.0
     # A possessive's "s" is no word of the question: it would be held by every "that's".
     assert coverage("Grace's home", "That's lovely, Grace") == 0.5
+
+
+def test_recent_is_newest_first_across_memories_and_messages_whatever_their_ids(settings):
+    """``recent`` orders a memory by its last update and a message by when it was said,
+    in one list; the newer id among equal times first."""
+    settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MIRROR_MODE": "deferred"}
+    owner = memories_for("user:r")
+    first, second = owner.add("First memory", key="first"), owner.add("Second memory", key="second")
+    said = [{"role": "user", "content": f"message {n}"} for n in ("one", "two", "three")]
+    get_store().for_owner("user:r").add_messages("s1", said)
+    get_store().mirror.sync_dirty()
+    one, two, three = MemoryMessage.objects.order_by("id")
+    now = timezone.now()
+    # Times against the ids' order: in each kind the older row is the newer.
+    for model, pk, field, days in (
+        (LongTermMemory, first["id"], "updated_at", 1),
+        (LongTermMemory, second["id"], "updated_at", 3),
+        (MemoryMessage, one.pk, "created_at", 2),
+        (MemoryMessage, two.pk, "created_at", 4),
+        (MemoryMessage, three.pk, "created_at", 4),
+    ):
+        model.objects.filter(pk=pk).update(**{field: now - timedelta(days=days)})
+    found = owner.search("", strategy="recent")
+    assert [(hit["kind"], hit["content"]) for hit in found] == [
+        ("memory", "First memory"),
+        ("message", "message one"),
+        ("memory", "Second memory"),
+        ("message", "message three"),
+        ("message", "message two"),
+    ]
+    assert [hit["score"] for hit in found] == [1.0, 0.5, round(1 / 3, 6), 0.25, 0.2]

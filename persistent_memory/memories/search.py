@@ -225,12 +225,6 @@ def _relative(ranked: list[tuple[_T, float]]) -> list[tuple[_T, float]]:
     return [(pk, score / best) for pk, score in ranked] if best > 0 else ranked
 
 
-def keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
-    """Full-text matches of any of the query's words, best first, each scored relative
-    to the best match (see :func:`_relative`)."""
-    return _relative(_keyword(rows, query, limit))
-
-
 def _keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
     words = query_words(query)
     if not words:
@@ -326,12 +320,13 @@ class Pool(NamedTuple):
     def recent(self, limit: int) -> Scored:
         """Newest first: a memory by its last update, a message by when it was said."""
         dated: list[tuple[Key, datetime]] = []
-        if self.memories is not None:
-            found = self.memories.order_by("-updated_at", "-id").values_list("id", "updated_at")[:limit]
-            dated += [((MEMORY, pk), at) for pk, at in found]
-        if self.messages is not None:
-            found = self.messages.order_by("-created_at", "-id").values_list("id", "created_at")[:limit]
-            dated += [((MESSAGE, pk), at) for pk, at in found]
+        for kind, rows, moment in (
+            (MEMORY, self.memories, "updated_at"),
+            (MESSAGE, self.messages, "created_at"),
+        ):
+            if rows is not None:
+                found = rows.order_by(f"-{moment}", "-id").values_list("id", moment)[:limit]
+                dated += [((kind, pk), at) for pk, at in found]
         dated.sort(key=lambda item: item[1], reverse=True)
         return [(key, 1.0 / (1 + place)) for place, (key, _) in enumerate(dated[:limit])]
 
