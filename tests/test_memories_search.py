@@ -284,6 +284,7 @@ def test_recent_is_newest_first_across_memories_and_messages_whatever_their_ids(
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MIRROR_MODE": "deferred"}
     owner = memories_for("user:r")
     first, second = owner.add("First memory", key="first"), owner.add("Second memory", key="second")
+    third = owner.add("Third memory", key="third")
     said = [{"role": "user", "content": f"message {n}"} for n in ("one", "two", "three")]
     get_store().for_owner("user:r").add_messages("s1", said)
     get_store().mirror.sync_dirty()
@@ -293,6 +294,7 @@ def test_recent_is_newest_first_across_memories_and_messages_whatever_their_ids(
     for model, pk, field, days in (
         (LongTermMemory, first["id"], "updated_at", 1),
         (LongTermMemory, second["id"], "updated_at", 3),
+        (LongTermMemory, third["id"], "updated_at", 5),
         (MemoryMessage, one.pk, "created_at", 2),
         (MemoryMessage, two.pk, "created_at", 4),
         (MemoryMessage, three.pk, "created_at", 4),
@@ -305,5 +307,8 @@ def test_recent_is_newest_first_across_memories_and_messages_whatever_their_ids(
         ("memory", "Second memory"),
         ("message", "message three"),
         ("message", "message two"),
+        ("memory", "Third memory"),
     ]
-    assert [hit["score"] for hit in found] == [1.0, 0.5, round(1 / 3, 6), 0.25, 0.2]
+    assert [hit["score"] for hit in found] == [1.0, 0.5, round(1 / 3, 6), 0.25, 0.2, round(1 / 6, 6)]
+    # Fewer than there are: the newest of each kind, not the last written.
+    assert [hit["content"] for hit in owner.search("", strategy="recent", limit=1)] == ["First memory"]
