@@ -174,6 +174,8 @@ def test_invalid_session_ids_are_refused(said: MemoryStore) -> None:
     for bad in ({"session_id": "bad id"}, {"exclude_session_id": "bad id"}, {"exclude_session_id": 5}):
         with pytest.raises(InvalidMemory, match="session"):
             ann.search("Lisbon", **bad)
+        with pytest.raises(InvalidMemory, match="session"):  # whatever is looked through
+            ann.search("Lisbon", kinds=["memory"], **bad)
 
 
 # Owners ------------------------------------------------------------------------------

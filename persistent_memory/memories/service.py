@@ -661,6 +661,8 @@ class MemoryService:
         after = records.validate_moment(said_after, name="said_after")
         before = records.validate_moment(said_before, name="said_before")
         as_of = records.validate_moment(as_of, name="as_of")
+        if exclude_session_id is not None:
+            exclude_session_id = records.validate_memory_session(exclude_session_id)
         rows = self._filtered(types=types, session_id=session_id, as_of=as_of)
         rows = rows.filter(_said_between(after, before))
         messages = None
@@ -674,9 +676,7 @@ class MemoryService:
             if as_of is not None:  # what had been said by then
                 messages = messages.filter(created_at__lte=as_of)
             if exclude_session_id is not None:
-                messages = messages.exclude(
-                    conversation__session__session_id=records.validate_memory_session(exclude_session_id)
-                )
+                messages = messages.exclude(conversation__session__session_id=exclude_session_id)
             message_search.catch_up(self.owner)
         # Both kinds: twice the results, for those a memory and the message it came from share.
         candidates = max(limit, search.CANDIDATES if max_tokens else limit * len(kinds))
