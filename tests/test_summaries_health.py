@@ -242,7 +242,8 @@ def test_the_worker_thread_summarizes_and_windows_never_wait_for_a_hung_summariz
     wait_until(lambda: worker.health.state in ("retry", "degraded"))
     worker.summarizer.mode = "ok"
     wait_until(lambda: window(store)["summary"] is not None)
-    wait_until(lambda: worker.health.state == "healthy")
+    # The state moves before the change is reported to listeners: wait for both.
+    wait_until(lambda: worker.health.state == "healthy" and changes[-1][1] == "healthy")
     assert changes[0] == ("healthy", "retry") and changes[-1][1] == "healthy"
     assert window(store)["summary_state"] == "healthy"
 
