@@ -204,7 +204,6 @@ class WriteRecorder:
         self.pubsub.subscribe(MARK)
         client.script_load(SCRIPT)  # a NOSCRIPT retry would be a second call of one command
         monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
-        monkeypatch.setattr(backend, "_exchange_tail", self._exchange(backend._exchange_tail))
         monkeypatch.setattr(backend, "_run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
         monkeypatch.setattr(backend, "_batch", self._batch(backend._batch))

@@ -62,7 +62,7 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.backends.redis_layout import DIRTY, TAIL, Layout, swept
+from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
 from persistent_memory.backends.redis_topology import build_client, describe
 from persistent_memory.conf import (
     MemorySettings,
@@ -127,29 +127,6 @@ def _pack_all(connection: redis.Connection, commands: list[tuple[Any, ...]]) -> 
         return [b"".join([hiredis.pack_command(command) for command in commands])]
     except TypeError:
         return connection.pack_commands(commands)
-
-
-def tail_read(command: tuple[Any, ...], seen: str) -> list[tuple[Any, ...]]:
-    """A read beside its conversation's thread tail (conversations.lua): the script call
-    ``command`` (whose last argument is '') asked to refer to the tail's newest ``seen``
-    texts ('0': all), and their LRANGE, in one MULTI. The texts then never pass through
-    Lua, which costs Redis more than the rest of the read."""
-    tail = command[3 + TAIL]
-    lrange = ("LRANGE", tail, 0 if seen == "0" else f"-{seen}", "-1")
-    return [("MULTI",), (*command[:-1], seen), lrange, ("EXEC",)]
-
-
-def tail_reply(replies: list[Any]) -> Any:
-    """The script's reply from the four replies of :func:`tail_read` (errors given as
-    exceptions), its references to the tail (-1 for the newest text read, -2 for the one
-    before...) replaced by the texts; the script's error raised."""
-    queued, executed = replies[1], replies[3]
-    if isinstance(executed, Exception):  # EXECABORT: the script was not queued (a redirect)
-        raise queued if isinstance(queued, Exception) else executed
-    reply, texts = executed
-    if isinstance(reply, Exception):
-        raise reply
-    return [texts[item] if type(item) is int and item < 0 else item for item in reply]
 
 
 logger = logging.getLogger(__name__)
@@ -446,7 +423,6 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         bound: bool = False,
         elsewhere: int | None = None,
         aside: tuple[Any, ...] | None = None,
-        tail: str | None = None,
         **names: Any,
     ) -> Any:
         """One EVALSHA of the script, its keys declared, on the primary of their slot.
@@ -456,15 +432,12 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         costs more on this hot path than the rest of the store's Python code. With
         REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet. A command
         ``aside`` (another slot's) is sent before the script's reply is read: both
-        replies come back in one round trip. A read given ``tail`` (its last argument)
-        goes beside its conversation's thread tail (:func:`tail_read`).
+        replies come back in one round trip.
         """
-        if tail is not None:
-            args = (*args, "")
         bridge = _bridged()
         if bridge is not None:
             return self._call_bridged(
-                bridge, op, session_id, args, idempotency, bound, elsewhere, aside, tail, names
+                bridge, op, session_id, args, idempotency, bound, elsewhere, aside, names
             )
         command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
         wait = 0 if op in _READS else self.wait_replicas
@@ -475,8 +448,6 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             try:
                 if aside is not None:
                     side = self._send(aside, wait)
-                if tail is not None:
-                    return self._exchange_tail(connection, command, tail)
                 return self._exchange(connection, command, wait)
             except redis.ResponseError:
                 raise  # whole replies were read: the connection is fine
@@ -503,7 +474,6 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         bound: bool,
         elsewhere: int | None,
         aside: tuple[Any, ...] | None,
-        tail: str | None,
         names: dict[str, Any],
     ) -> Any:
         """:meth:`_call` for an async caller (see :mod:`persistent_memory.integrations.redis_bridge`):
@@ -517,12 +487,10 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         wait = 0 if op in _READS else self.wait_replicas
         if client is None or aside is not None or (wait and self.on_cluster):
             options = {"idempotency": idempotency, "bound": bound, "elsewhere": elsewhere, "aside": aside}
-            if tail is not None:
-                args = args[:-1]
-            return bridge.blocking(lambda: self._call(op, session_id, *args, **options, tail=tail, **names))
+            return bridge.blocking(lambda: self._call(op, session_id, *args, **options, **names))
         command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
         try:
-            return bridge.await_only(bridge.exchange(self, client, command, wait, tail))
+            return bridge.await_only(bridge.exchange(self, client, command, wait))
         except (redis.RedisError, RedisClusterException) as exc:
             with self._errors():
                 raise exc from None
@@ -724,21 +692,6 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         if wait:
             self._check_replicas(acknowledged)
         return reply
-
-    def _exchange_tail(self, connection: redis.Connection, command: tuple[Any, ...], seen: str) -> Any:
-        connection.send_packed_command(_pack_all(connection, tail_read(command, seen)))
-        replies: list[Any] = []
-        for _ in range(4):  # every reply read, errors too: the connection stays usable
-            try:
-                replies.append(connection.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        try:
-            return tail_reply(replies)
-        except redis.exceptions.NoScriptError:  # a restarted or flushed server
-            connection.send_command("SCRIPT", "LOAD", SCRIPT)
-            connection.read_response()
-            return self._exchange_tail(connection, command, seen)
 
     def _check_replicas(self, acknowledged: int, *, connected: bool = False) -> None:
         """ReplicasBehind unless ``acknowledged`` replicas are enough; ``connected``: the

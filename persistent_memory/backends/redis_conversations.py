@@ -8,6 +8,7 @@ key layout is described there).
 from __future__ import annotations
 
 import json
+import struct
 from typing import TYPE_CHECKING, Any
 
 from persistent_memory.backends.conversations import (
@@ -42,12 +43,31 @@ def message_args(messages: list[PreparedMessage]) -> list[str]:
     return [part for message in messages for part in (message.id, message.body, message.link)]
 
 
+#: A record of a conversation's form (conversations.lua): running totals of tokens, of
+#: bytes (where each text ends in the form's texts) and of messages that are not plain.
+_RECORD = struct.Struct(">III")
+
+
+def stored_texts(reply: list[Any]) -> list[bytes]:
+    """The texts a read answers (windows.lua, ``add_texts``): a list of texts, then, when
+    they came from the thread's form, more texts back to back and their records, whose
+    byte totals say where each one ends."""
+    texts = list(reply[0])
+    if len(reply) > 1 and reply[2]:
+        joined, ends = reply[1], [end for _, end, _ in _RECORD.iter_unpack(reply[2])]
+        start = ends[-1] - len(joined)
+        texts.extend(
+            joined[begin - start : end - start] for begin, end in zip([start, *ends], ends, strict=False)
+        )
+    return texts
+
+
 def window_texts(reply: list[Any]) -> WindowTexts:
     """A window from the script's reply: tokens, truncated (1/0), the summary (None: none),
     its tokens, the summarizers' state (None unless rolling), then the texts."""
     tokens, truncated, summary, summary_tokens, state = reply[:5]
     return WindowTexts(
-        reply[5:],  # bytes: the store parses them in one call (see conversations.store)
+        stored_texts(reply[5:]),  # bytes: the store parses them in one call (see conversations.store)
         tokens,
         truncated == 1,
         None,
@@ -141,8 +161,6 @@ class RedisConversations(ConversationBackend):
     def get_messages(
         self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
     ) -> tuple[str | None, list[bytes]]:
-        # The current thread's newest texts are read from its tail (a leaf's thread may not be it).
-        tail = None if leaf else str(limit)
         reply = self._run(
             "read_messages",
             session_id,
@@ -150,9 +168,8 @@ class RedisConversations(ConversationBackend):
             leaf or "",
             str(limit),
             conversation=conversation,
-            tail=tail,
         )
-        return reply[0].decode() or None, reply[1:]  # bytes: parsed in one call by the store
+        return reply[0].decode() or None, stored_texts(reply[1:])  # bytes: parsed in one call by the store
 
     def get_context(
         self: RedisBackend,
@@ -173,7 +190,6 @@ class RedisConversations(ConversationBackend):
             _limit(max_messages),
             *flags,
             conversation=conversation,
-            tail=str(max_messages or 0),
         )
         return window_texts(reply)
 
@@ -290,9 +306,6 @@ class RedisConversations(ConversationBackend):
             run=run.run_id if run else None,
             conversation=question.conversation,
             aside=self._run_pointer(session_id, run),
-            # The window's texts from the thread's tail, but for a reply recorded for a
-            # retry, or one that waits for replicas (the tail's read has no WAIT of its own).
-            tail=None if idempotency or self.wait_replicas else str(question.max_messages or 0),
         )
         return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
 
@@ -315,7 +328,7 @@ class RedisSummaries(SummaryBackend):
 
     def summary_source(self: RedisBackend, session_id: str, conversation: str) -> SummarySource:
         reply = self._run("summary_source", session_id, conversation, conversation=conversation)
-        return SummarySource(_summary(reply[:5]), [text.decode() for text in reply[5:]])
+        return SummarySource(_summary(reply[:5]), [text.decode() for text in reply[5]])
 
     def commit_summary(
         self: RedisBackend, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary

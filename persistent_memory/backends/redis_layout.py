@@ -61,9 +61,8 @@ _CONVERSATION_SUFFIXES = ("", ":m", ":l", ":t", ":s", ":k", ":o", ":y", ":x")
 #: A session's checkpoints, KEYS 17-18 (see checkpoints.lua).
 _CHECKPOINT_SUFFIXES = ("~cp", "~cpi")
 
-# Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua),
-# and the named conversation's thread tail (KEYS[27]).
-IDEMPOTENCY, RUN, VALUE, TAIL = 12, 13, 14, 26
+# Where the keys that vary with a call go in the list (KEYS[13], KEYS[14], KEYS[15] in Lua).
+IDEMPOTENCY, RUN, VALUE = 12, 13, 14
 
 #: KEYS places (1-based, as in redis.lua) of a bucket's queues: the mirror's dirty set, the
 #: summarizers' marks and their health.

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import math
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -40,14 +39,9 @@ from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from persistent_memory.backends.redis import (
     _DROP,
-    _READS,
-    _REDIRECTS,
     SCRIPT,
     _pack_all,
-    tail_read,
-    tail_reply,
 )
-from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
     from persistent_memory.backends.redis import RedisBackend
@@ -233,29 +227,6 @@ async def _send(connection: Any, packed: list[bytes]) -> None:
         raise redis.ConnectionError("Error while writing to the socket.") from exc
 
 
-async def _beside_tail(connection: Any, command: tuple[Any, ...], tail: str) -> Any:
-    """``RedisBackend._exchange_tail`` on an async connection. Its four replies are read
-    under one timeout (the connection's) rather than one each, which schedules and
-    cancels a timer on the loop per reply (about 3% of a bridged read, measured)."""
-    await _send(connection, _pack_all(connection, tail_read(command, tail)))
-    replies: list[Any] = []
-    try:
-        async with asyncio.timeout(connection.socket_timeout):
-            for _ in range(4):  # every reply read, errors too: the connection stays usable
-                try:
-                    replies.append(await connection.read_response(timeout=math.inf))
-                except redis.ResponseError as exc:
-                    replies.append(exc)
-    except TimeoutError:  # read_response disconnected when it was cancelled
-        raise redis.TimeoutError("Timeout reading from the server") from None
-    try:
-        return tail_reply(replies)
-    except redis.exceptions.NoScriptError:  # a restarted or flushed server
-        await connection.send_command("SCRIPT", "LOAD", SCRIPT)
-        await connection.read_response()
-        return await _beside_tail(connection, command, tail)
-
-
 async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
     """``RedisBackend._read_packet`` on an asyncio connection."""
     steps = backend._packet_replies(packet)
@@ -275,30 +246,10 @@ async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tupl
         return done.value
 
 
-async def exchange(
-    backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int, tail: str | None = None
-) -> Any:
-    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``, or beside
-    its thread tail when ``tail`` is given; as ``RedisBackend._exchange`` and ``_exchange_tail``
-    do on a sync connection."""
+async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
+    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``; as
+    ``RedisBackend._exchange`` does on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
-        # A read beside its tail on the slot's primary; sent again through the cluster client,
-        # which follows redirects and learns a failover, when that fails (a read may run twice).
-        read = tail is not None and command[3 + int(command[2])] in _READS
-        node = client.get_node_from_key(command[3 + TAIL]) if read else None
-        if node is not None:
-            connection = node.acquire_connection()
-            try:
-                return await _beside_tail(connection, command, tail)
-            except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError):
-                await connection.disconnect()  # the cluster client follows it, with the texts in the reply
-            except redis.ResponseError:
-                raise  # whole replies were read: the connection is fine
-            except BaseException:
-                await connection.disconnect()
-                raise
-            finally:
-                node.release(connection)
         try:
             return await client.execute_command(*command)
         except redis.exceptions.NoScriptError:  # a node new to the slot, or restarted
@@ -308,8 +259,6 @@ async def exchange(
     connection = await pool.get_connection()
     try:
         while True:
-            if tail is not None:
-                return await _beside_tail(connection, command, tail)
             packet = backend._packet(command, wait)
             await _send(connection, _pack_all(connection, packet))
             try:

@@ -51,8 +51,8 @@ if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'h
 end
 
 -- The thread ending at arg(2) ('': the head), its newest arg(3) messages ('0': all):
--- the head ('' for none), then the texts, oldest first; arg(4) as window_reply's ``seen``
--- ('': none).
+-- the head ('' for none), then the texts, oldest first (add_texts). The current thread's
+-- come from its form when it holds them.
 if (op == 'read_messages' or op == 'context') and refresh_reads then
   touch()
 end
@@ -61,32 +61,26 @@ if op == 'read_messages' then
   local c = conv_key(arg(1))
   local leaf, limit = text_or_nil(arg(2) ~= '' and arg(2)), tonumber(arg(3))
   local reply = {redis.call('HGET', c, 'head') or ''}
-  local ids, stands, where = nil, nil, {}
   if leaf then
     if redis.call('HEXISTS', c .. ':m', leaf) == 0 then
       return fail('MESSAGE_NOT_FOUND', "Conversation '" .. arg(1) .. "' has no message '" .. leaf .. "'.")
     end
-    ids = path(c, leaf, limit)
-  else
-    local length, first
-    stands, length, first = tail_reader(c, limit_or_nil(arg(4)))
-    local start = limit > 0 and math.max(0, length - limit) or 0
-    if stands and start >= first then -- all of them in what the client reads: no id needed
-      for position = start, length - 1 do reply[#reply + 1] = position - length end
-      return reply
-    end
-    ids = redis.call('LRANGE', c .. ':t', start, -1)
-    for j, id in ipairs(ids) do where[id] = start + j - 1 end
+    return add_texts(reply, c, (path(c, leaf, limit)))
   end
-  return add_texts(reply, c, ids, where, stands)
+  local length = redis.call('LLEN', c .. ':t')
+  local count = limit > 0 and math.min(limit, length) or length
+  local form, held = form_of(c, length)
+  if form and count <= held then
+    return add_texts(reply, c, {}, form, held - count + 1, held)
+  end
+  return add_texts(reply, c, redis.call('LRANGE', c .. ':t', length - count, -1))
 end
 
 -- The window: arg(2) max tokens, 3 max messages ('': no limit). Replies tokens,
 -- truncated (1/0), then the texts.
--- arg(4) '1': rolling, 5 '1': reserve the summary's tokens, 6 as window_reply's ``seen``.
+-- arg(4) '1': rolling, 5 '1': reserve the summary's tokens.
 if op == 'context' then
-  return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1',
-    limit_or_nil(arg(6)))
+  return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1')
 end
 
 -- Flat name, head ('' for none), message count, tokens, branch count, trimmed.
@@ -281,7 +275,7 @@ if op == 'summary_source' then
     reply = summary_fields(c, anchor, tonumber(redis.call('HGET', c, 'covered_tokens')))
   end
   local ids = redis.call('LRANGE', c .. ':t', after and after + 1 or 0, -1)
-  return add_texts(reply, c, ids, {}, nil)
+  return add_texts(reply, c, ids)
 end
 
 -- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it continues ('' for

@@ -12,8 +12,9 @@
 --   '{base}~c:{name}:o'   sorted set: every message id, by seq (what a trim removes first)
 --   '{base}~c:{name}:y'   hash: anchor id -> rolling summary JSON {text, anchor_seq, tokens},
 --                         one per branch that has one (memory_tree.Tree.summaries)
---   '{base}~c:{name}:x'   list: the stored texts of the current thread's newest TAIL
---                         messages, oldest first (the thread's tail, below)
+--   '{base}~c:{name}:x'   string: the stored texts of the current thread's newest
+--                         messages, back to back (the thread's form, below; its
+--                         records are the hash's 'form' field)
 -- and '{base}~convs' is the set of the session's conversation names. The conversation's
 -- hash also holds 'anchor', the anchor of the summary that applies to the current
 -- thread (the deepest one on it), and 'covered_tokens', those of the stored messages it
@@ -34,38 +35,84 @@ local function conv_keys(name)
   return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y', c .. ':x'}
 end
 
--- The thread's tail: a copy of the newest texts of the current thread that a read takes
--- with a plain LRANGE sent beside its script call in one MULTI (windows.lua, tail_reader):
--- Redis turns every text a script reads or replies into a Lua string and back (about
--- 5 us per 2 KB message; an LRANGE of 20 of them takes 3 us in all). Appends push onto
--- it; whatever else changes the thread marks it stale, and remember() writes it again
--- from the thread before the reply goes out.
-local TAIL = 32
+-- A link as the window reads it: a plain message's (no tool call, no result: most of
+-- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
+-- The link's fields come in the order messages.stored_link writes them.
+local NO_CALLS = {}
+local PLAIN_LINK = '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, '
+local function window_link(raw)
+  local tokens, role = string.match(raw, PLAIN_LINK)
+  if tokens then
+    return {t = tonumber(tokens), r = role, c = NO_CALLS}
+  end
+  return cjson.decode(raw)
+end
+
+-- The thread's form: the current thread's newest texts as one string (':x', oldest
+-- first, back to back) and, in the conversation's hash field 'form', one fixed-size
+-- record a text: the running totals, from the form's first text, of the tokens, of the
+-- bytes (where the text ends in ':x') and of the messages that are not plain (system
+-- messages, tool calls and their results). A read then finds what a window or the newest
+-- messages hold from a few records (windows.lua, form_window) and answers their texts
+-- with one GETRANGE, one reply item however many texts it holds: Redis turns every item
+-- a script reads or answers into a Lua value and back, which cost more than the rest of a
+-- read. Appends add to it; when it holds FORM_MAX texts, or whatever else changes the
+-- thread, it is marked stale and remember() writes the newest FORM texts again before
+-- the reply goes out.
+local FORM, FORM_MAX = 128, 256
+local RECORD, RECORD_SIZE = '>I4I4I4', 12
 local stale_tails = {}
 
 local function tail_stale(c)
   stale_tails[c] = true
 end
 
-local function tail_rebuild(c)
-  local tail = c .. ':x'
-  redis.call('DEL', tail)
-  local ids = redis.call('LRANGE', c .. ':t', -TAIL, -1)
-  if #ids > 0 then
-    redis.call('RPUSH', tail, unpack(redis.call('HMGET', c .. ':m', unpack(ids))))
-    new_key(tail)
-  end
+-- A record's kind: 0 for a plain message (what the window takes alone), 1 otherwise.
+local function special(role, link)
+  if role == 'system' or role == 'tool' or not string.find(link, PLAIN_LINK) then return 1 end
+  return 0
 end
 
-local function tail_push(c, text)
-  if stale_tails[c] then return end
-  local tail = c .. ':x'
-  local length = redis.call('RPUSH', tail, text)
-  if length == 1 then
-    new_key(tail)
-  elseif length > TAIL then
-    redis.call('LTRIM', tail, -TAIL, -1)
+-- The totals of record ``i`` (1-based) of ``form``; zeros before the first.
+local function record_at(form, i)
+  if i < 1 then return 0, 0, 0 end
+  local tokens, bytes, specials = struct.unpack(RECORD, form, (i - 1) * RECORD_SIZE + 1)
+  return tokens, bytes, specials
+end
+
+local function tail_rebuild(c)
+  redis.call('DEL', c .. ':x')
+  local ids = redis.call('LRANGE', c .. ':t', -FORM, -1)
+  if #ids == 0 then
+    redis.call('HDEL', c, 'form')
+    return
   end
+  local texts = redis.call('HMGET', c .. ':m', unpack(ids))
+  local links = redis.call('HMGET', c .. ':l', unpack(ids))
+  local records, tokens, bytes, specials = {}, 0, 0, 0
+  for i, text in ipairs(texts) do
+    local link = window_link(links[i])
+    tokens, bytes = tokens + link.t, bytes + #text
+    specials = specials + special(link.r, links[i])
+    records[i] = struct.pack(RECORD, tokens, bytes, specials)
+  end
+  redis.call('SET', c .. ':x', table.concat(texts))
+  new_key(c .. ':x')
+  redis.call('HSET', c, 'form', table.concat(records))
+end
+
+-- Add a new head's text to the form, whose records were read as ``form`` (nil: none
+-- yet); returns the records to write in the conversation's hash (nil: nothing to write).
+local function tail_push(c, form, entry)
+  if stale_tails[c] then return nil end
+  if not form or #form >= FORM_MAX * RECORD_SIZE then
+    tail_stale(c)
+    return nil
+  end
+  local tokens, bytes, specials = record_at(form, #form / RECORD_SIZE)
+  redis.call('APPEND', c .. ':x', entry.text)
+  return form .. struct.pack(RECORD, tokens + entry.tokens, bytes + #entry.text,
+    specials + special(entry.role, entry.link))
 end
 
 settle_tails = function()
@@ -111,19 +158,6 @@ local function anchor_position(c)
   local position = thread_position(c, anchor)
   if position then return position, anchor end
   return nil
-end
-
--- A link as the window reads it: a plain message's (no tool call, no result: most of
--- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
--- The link's fields come in the order messages.stored_link writes them.
-local NO_CALLS = {}
-local PLAIN_LINK = '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, '
-local function window_link(raw)
-  local tokens, role = string.match(raw, PLAIN_LINK)
-  if tokens then
-    return {t = tonumber(tokens), r = role, c = NO_CALLS}
-  end
-  return cjson.decode(raw)
 end
 
 -- Tokens of the current thread's first ``count`` messages.
@@ -186,11 +220,12 @@ local function plan_append(name, parent, first, count)
   if parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
     return nil, fail('MESSAGE_NOT_FOUND', "The conversation has no message '" .. parent .. "'.")
   end
+  local meta = redis.call('HMGET', c, 'head', 'seq')
   local previous = parent
-  if parent == nil then previous = text_or_nil(redis.call('HGET', c, 'head')) end
+  if parent == nil then previous = text_or_nil(meta[1]) end
   if not previous then previous = nil end
   local open = open_calls(c, previous)
-  local seq = tonumber(redis.call('HGET', c, 'seq')) or 0
+  local seq = tonumber(meta[2]) or 0
   local plan = {}
   local i = first
   local last = count and first + 3 * count - 1 or #ARGV
@@ -398,8 +433,11 @@ local function trim(c, max_messages)
   for _, id in ipairs(redis.call('LRANGE', c .. ':t', 0, #order + pinned)) do
     if gone[id] then cut = cut + redis.call('LREM', c .. ':t', 1, id) end
   end
-  -- The tail is the thread's newest TAIL: untouched unless the cut reached into them.
-  if cut > 0 and redis.call('LLEN', c .. ':t') < TAIL + #order + pinned then tail_stale(c) end
+  -- The form holds the thread's newest texts: untouched unless the cut reached into them.
+  if cut > 0 then
+    local form = redis.call('HGET', c, 'form')
+    if form and redis.call('LLEN', c .. ':t') < #form / RECORD_SIZE + #order + pinned then tail_stale(c) end
+  end
   redis.call('HINCRBY', c, 'tokens', -tokens)
   redis.call('HINCRBY', c, 'bytes', -bytes)
   redis.call('HINCRBY', c, 'trimmed', #order)
@@ -440,8 +478,12 @@ end
 
 -- Store a checked plan in conversation ``name``, trim it, record what was trimmed and
 -- mark it for the mirror; the keys it created expire with the session. Returns the head.
+-- The conversation's hash is read once and written once: its totals and the form's
+-- records move with what the plan adds.
 local function commit(name, plan)
   local c = conv_key(name)
+  local meta = redis.call('HMGET', c, 'head', 'seq', 'tokens', 'bytes', 'form')
+  local form, grown = meta[5] or nil, false
   local tokens, bytes, head, seq = 0, 0, nil, nil
   for _, entry in ipairs(plan) do
     if entry.new then
@@ -452,7 +494,8 @@ local function commit(name, plan)
       if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
       move_thread(c, entry.parent)
       if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
-      tail_push(c, entry.text)
+      local pushed = tail_push(c, form, entry)
+      if pushed then form, grown = pushed, true end
       if entry.role == 'system' then
         redis.call('ZADD', c .. ':s', entry.seq, entry.id)
         new_key(c .. ':s')
@@ -464,14 +507,19 @@ local function commit(name, plan)
   end
   if head then
     if redis.call('SADD', base .. '~convs', name) == 1 then new_key(base .. '~convs') end
-    -- Both fields new: so is the conversation, and each of its keys written above.
-    if redis.call('HSET', c, 'head', head, 'seq', seq) == 2 then
+    local fields = {'head', head, 'seq', seq, 'tokens', (tonumber(meta[3]) or 0) + tokens,
+      'bytes', (tonumber(meta[4]) or 0) + bytes}
+    if grown and not stale_tails[c] then
+      fields[#fields + 1] = 'form'
+      fields[#fields + 1] = form
+    end
+    redis.call('HSET', c, unpack(fields))
+    -- Neither field was there: the conversation is new, and so is each of its keys written above.
+    if not meta[1] and not meta[2] then
       for _, key in ipairs(conv_keys(name)) do new_key(key) end
     end
-    redis.call('HINCRBY', c, 'tokens', tokens)
-    redis.call('HINCRBY', c, 'bytes', bytes)
     settle(name)
   end
   mark_dirty()
-  return text_or_nil(redis.call('HGET', c, 'head'))
+  return head or text_or_nil(meta[1])
 end

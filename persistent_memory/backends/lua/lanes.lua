@@ -18,9 +18,8 @@ end
 -- arg(1) ttl text, 2 ttl ms, 3 run reference ('' none), 4 its TTL ms; with a question
 -- to record (conversations.lua): 5 conversation ('' none), 6 max tokens, 7 max messages
 -- ('' no limit), 8-10 the question (id, body, link), 11 '1' for a rolling window, 12 '1'
--- to reserve its summary's tokens, 13 as window_reply's ``seen`` ('': none). Replies the
--- values' object, and with a question: the question's id, the window's tokens, truncated
--- and texts.
+-- to reserve its summary's tokens. Replies the values' object, and with a question: the
+-- question's id, then the window as window_reply gives it.
 if op == 'enrich' then
   local name, plan = arg(5), nil
   local live = redis.call('EXISTS', META) == 1
@@ -54,21 +53,8 @@ if op == 'enrich' then
     return remember(values_object(keys, values))
   end
   local reply = {values_object(keys, values), arg(8)}
-  -- The window is read before the question goes on the thread, and the client reads the
-  -- tail after: its texts are where the window's were, one further from the end, unless
-  -- the append trims the conversation (the window may lose messages), or the reply is
-  -- recorded for a retry (the tail will have moved by then).
-  local seen, c = limit_or_nil(arg(13)), conv_key(name)
-  local appended = 0
-  for _, entry in ipairs(plan) do
-    if entry.new then appended = appended + 1 end
-  end
-  if IDEMPOTENCY or redis.call('HLEN', c .. ':m') + appended > tonumber(arg_max_messages)
-    or redis.call('LINDEX', c .. ':t', -1) ~= redis.call('HGET', c, 'head') then
-    seen = nil
-  end
-  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1',
-    seen, appended)
+  -- The window is read before the question goes on the thread.
+  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1')
   commit(name, plan)
   return remember(reply)
 end

@@ -5,9 +5,51 @@
 -- (touch: every key of the session, its value and conversation keys named from 2's and 5's
 -- members).
 
+-- The thread's form (conversations.lua) when it holds the current thread's newest texts
+-- (nil: none yet, written before it was kept, or stale in this call), and how many.
+local function form_of(c, length)
+  if stale_tails[c] then return nil end
+  local form = redis.call('HGET', c, 'form')
+  if not form or #form / RECORD_SIZE > length then return nil end
+  return form, #form / RECORD_SIZE
+end
+
+-- The window's messages from the form's ``held`` records, the thread being ``length``
+-- long, as the walk below would take them: the first record taken, the tokens taken,
+-- whether an older message was left out, and whether the walk reached ``lowest``. The
+-- running totals find the oldest record the budgets let in by bisection, a few records
+-- read whatever the window's size. Nil when the walk must decide: a message that is not
+-- plain (a system message, a tool call or result) is among those it would meet, or the
+-- window reaches further back than the form.
+local function form_window(form, held, length, lowest, token_room, message_room)
+  local offset = length - held -- the thread position of the form's first record
+  if lowest < offset then
+    offset = nil
+  end
+  local low = offset and lowest - offset + 1 or 1
+  local all_tokens, _, all_specials = record_at(form, held)
+  local first = math.max(low, held - message_room + 1)
+  local lo, hi = first, held + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if all_tokens - record_at(form, mid - 1) <= token_room then hi = mid else lo = mid + 1 end
+  end
+  first = lo
+  local taken = all_tokens - record_at(form, first - 1)
+  if first > low then -- the walk stops at the record before the first, if that one is plain
+    local _, _, specials = record_at(form, first - 2)
+    if all_specials - specials > 0 then return nil end
+    return first, taken, true, false
+  end
+  local _, _, specials = record_at(form, first - 1)
+  if not offset or all_specials - specials > 0 then return nil end
+  return first, taken, false, true
+end
+
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
--- its message ids in order, its tokens, whether older messages were left out, and where
--- the messages it walked to are on the thread (id -> position).
+-- its message ids in order, its tokens, and whether older messages were left out; then,
+-- when the form found the window, the form and the first and last of its records that
+-- follow those ids (the pinned system messages) in the window.
 -- With ``after`` (a thread position: the summary's anchor), of the messages after it
 -- only; the walk then ends there without leaving anything out.
 local function window(name, max_tokens, max_messages, after)
@@ -15,7 +57,7 @@ local function window(name, max_tokens, max_messages, after)
   local lowest = after and after + 1 or 0
   local token_room = max_tokens or math.huge
   local message_room = max_messages or math.huge
-  local pinned, used, truncated, where = {}, 0, false, {}
+  local pinned, used, truncated = {}, 0, false
   for _, id in ipairs(redis.call('ZRANGE', c .. ':s', 0, -1)) do
     local link = link_of(c, id)
     local tokens = link.t
@@ -31,11 +73,23 @@ local function window(name, max_tokens, max_messages, after)
   end
   local groups, results = {}, {}
   local full, reached_start = truncated, false
-  local position = redis.call('LLEN', c .. ':t') - 1
+  local length = redis.call('LLEN', c .. ':t')
+  local position = length - 1
+  local form, held, first_record
+  if not full then form, held = form_of(c, length) end
+  if form then
+    local taken
+    first_record, taken, truncated, reached_start = form_window(form, held, length, lowest, token_room, message_room)
+    if first_record then
+      used, full = used + taken, true
+    else
+      truncated, reached_start = false, false
+    end
+  end
   -- The first read: what the budgets let in, by the conversation's mean message size (a
   -- link costs more to read than the message count suggests: read few, then double).
   local chunk = math.min(128, (max_messages or 31) + 1)
-  if max_tokens then
+  if max_tokens and not full then
     local tokens = tonumber(redis.call('HGET', c, 'tokens'))
     local count = redis.call('HLEN', c .. ':m')
     if tokens and tokens > 0 and count > 0 then
@@ -51,7 +105,6 @@ local function window(name, max_tokens, max_messages, after)
     local ids = redis.call('LRANGE', c .. ':t', first, position)
     local links = redis.call('HMGET', c .. ':l', unpack(ids))
     for j = #ids, 1, -1 do
-      where[ids[j]] = first + j - 1
       -- A plain message (most are) with no tool results waiting is a group of its own:
       -- taken without building its link (the walk's cost is per message read).
       local plain, role = string.match(links[j], PLAIN_LINK)
@@ -128,57 +181,31 @@ local function window(name, max_tokens, max_messages, after)
       for _, member in ipairs(group) do ids[#ids + 1] = member.id end
     end
   end
-  return ids, used, truncated, where
+  if first_record then return ids, used, truncated, form, first_record, held end
+  return ids, used, truncated
 end
 
--- A read beside the thread's tail (conversations.lua): ``seen`` is how many of the tail's
--- newest texts the client reads with it ('0': all of it; nil: none, or ignored when the
--- tail is not the thread's, as in data written before it was kept), after this call
--- appended ``appended`` messages to the thread (the enrich lane's question). Returns a
--- function from a thread position to the reply that stands for its text there (-1 for
--- the newest text the client reads, -2 for the one before...), nil where the text must
--- be in the reply; the thread's length now; the position of the first text the client
--- reads; and the thread's length when it reads them.
-local function tail_reader(c, seen, appended)
-  local length = redis.call('LLEN', c .. ':t')
-  if not seen then return nil, length end
-  local held = redis.call('LLEN', c .. ':x')
-  if held ~= math.min(TAIL, length) then return nil, length end
-  local last = length + (appended or 0)
-  local reachable = math.min(TAIL, last)
-  if seen > 0 and seen < reachable then reachable = seen end
-  local first = last - reachable
-  return function(position)
-    if position and position >= first then return position - last end
-  end, length, first, last
-end
-
--- Append the texts of ``ids`` (in order) to ``reply``: as references into the tail
--- where ``stands`` (a tail_reader, given each id's thread position from ``where``) has
--- one, else the stored text.
-local function add_texts(reply, c, ids, where, stands)
-  local wanted, slots = {}, {}
-  for _, id in ipairs(ids) do
-    local ref = stands and stands(where[id])
-    reply[#reply + 1] = ref or false
-    if not ref then
-      wanted[#wanted + 1] = id
-      slots[#slots + 1] = #reply
-    end
-  end
-  if #wanted > 0 then
-    for i, text in ipairs(call_chunked('HMGET', c .. ':m', wanted)) do reply[slots[i]] = text end
+-- Texts as a read answers them, after the items it answers before them: a list of the
+-- stored texts of ``ids``; then, with ``form``, the texts of its records ``first`` to
+-- ``last`` as two items: the texts back to back (one GETRANGE) and their records, whose
+-- byte totals tell the client where each one ends.
+local function add_texts(reply, c, ids, form, first, last)
+  reply[#reply + 1] = #ids > 0 and call_chunked('HMGET', c .. ':m', ids) or {}
+  if form then
+    local _, start = record_at(form, first - 1)
+    local _, finish = record_at(form, last)
+    reply[#reply + 1] = finish > start and redis.call('GETRANGE', c .. ':x', start, finish - 1) or ''
+    reply[#reply + 1] = string.sub(form, (first - 1) * RECORD_SIZE + 1, last * RECORD_SIZE)
   end
   return reply
 end
 
 -- A window as the reply's tail: tokens, truncated (1/0), the summary (false: none), its
--- tokens, the summarizers' state (false unless ``rolling``), then the texts. With
--- ``rolling``, a summary whose anchor is on the thread comes first and the window holds
--- the messages after its anchor, within the budget less the summary's tokens (all of it
--- unless ``reserve``: the client shortens the summary to what is left). With ``seen``,
--- texts in the thread's tail as tail_reader gives them (``appended``: see there).
-local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve, seen, appended)
+-- tokens, the summarizers' state (false unless ``rolling``), then the texts (add_texts).
+-- With ``rolling``, a summary whose anchor is on the thread comes first and the window
+-- holds the messages after its anchor, within the budget less the summary's tokens (all
+-- of it unless ``reserve``: the client shortens the summary to what is left).
+local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve)
   local c = conv_key(name)
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
@@ -191,13 +218,13 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
       if max_tokens and reserve then max_tokens = math.max(0, max_tokens - summary_tokens) end
     end
   end
-  local ids, used, truncated, where = window(name, max_tokens, max_messages, after)
+  local ids, used, truncated, form, first, last = window(name, max_tokens, max_messages, after)
   reply[#reply + 1] = used
   reply[#reply + 1] = truncated and 1 or 0
   reply[#reply + 1] = summary
   reply[#reply + 1] = summary_tokens
   reply[#reply + 1] = state
-  return add_texts(reply, c, ids, where, seen and tail_reader(c, seen, appended))
+  return add_texts(reply, c, ids, form, first, last)
 end
 
 local function limit_or_nil(text)
