@@ -185,6 +185,7 @@ if op == 'pop' then
   end
   record(history_entry('pop_message', nil, ', "conversation": ' .. cjson.encode(name)
     .. ', "removed": ' .. cjson.encode(head)))
+  plan.meta = nil -- the hash changed since the plan read it
   local reply = {removed, commit(name, plan) or ''}
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)

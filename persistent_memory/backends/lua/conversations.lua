@@ -211,22 +211,27 @@ local function open_calls(c, id)
   return open
 end
 
+-- The conversation hash's fields an append reads (commit), in this order.
+local APPEND_FIELDS = {'head', 'seq', 'tokens', 'bytes', 'form'}
+
 -- Check an append of the messages given from arg(first) on (id, body, link triples; all
 -- the arguments left, or ``count`` of them) after ``parent`` (nil: the head; false: none,
--- a new root), without writing: each message as it would be stored, and whether it is
--- new. Returns nil and an error reply when a check fails.
-local function plan_append(name, parent, first, count)
+-- a new root; ``checked``: the caller knows it is stored), without writing: each message
+-- as it would be stored, and whether it is new. The plan's ``meta`` holds the
+-- conversation hash's APPEND_FIELDS as read here, for commit (a caller that writes them
+-- in between sets it to nil). Returns nil and an error reply when a check fails.
+local function plan_append(name, parent, first, count, checked)
   local c = conv_key(name)
-  if parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
+  if parent and not checked and redis.call('HEXISTS', c .. ':m', parent) == 0 then
     return nil, fail('MESSAGE_NOT_FOUND', "The conversation has no message '" .. parent .. "'.")
   end
-  local meta = redis.call('HMGET', c, 'head', 'seq')
+  local meta = redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local previous = parent
   if parent == nil then previous = text_or_nil(meta[1]) end
   if not previous then previous = nil end
   local open = open_calls(c, previous)
   local seq = tonumber(meta[2]) or 0
-  local plan = {}
+  local plan = {meta = meta}
   local i = first
   local last = count and first + 3 * count - 1 or #ARGV
   while i < last and arg(i) do
@@ -482,7 +487,7 @@ end
 -- records move with what the plan adds.
 local function commit(name, plan)
   local c = conv_key(name)
-  local meta = redis.call('HMGET', c, 'head', 'seq', 'tokens', 'bytes', 'form')
+  local meta = plan.meta or redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local form, grown = meta[5] or nil, false
   local tokens, bytes, head, seq = 0, 0, nil, nil
   for _, entry in ipairs(plan) do
@@ -505,8 +510,11 @@ local function commit(name, plan)
       head, seq = entry.id, entry.seq
     end
   end
+  -- Neither field was there: the conversation is new (a conversation's hash and its name in
+  -- the session's set come and go together), and so is each of its keys written below.
+  local created = not meta[1] and not meta[2]
   if head then
-    if redis.call('SADD', base .. '~convs', name) == 1 then new_key(base .. '~convs') end
+    if created and redis.call('SADD', base .. '~convs', name) == 1 then new_key(base .. '~convs') end
     local fields = {'head', head, 'seq', seq, 'tokens', (tonumber(meta[3]) or 0) + tokens,
       'bytes', (tonumber(meta[4]) or 0) + bytes}
     if grown and not stale_tails[c] then
@@ -514,8 +522,7 @@ local function commit(name, plan)
       fields[#fields + 1] = form
     end
     redis.call('HSET', c, unpack(fields))
-    -- Neither field was there: the conversation is new, and so is each of its keys written above.
-    if not meta[1] and not meta[2] then
+    if created then
       for _, key in ipairs(conv_keys(name)) do new_key(key) end
     end
     settle(name)

@@ -54,7 +54,8 @@ if op == 'enrich' then
   end
   local reply = {values_object(keys, values), arg(8)}
   -- The window is read before the question goes on the thread.
-  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1')
+  window_reply(reply, name, limit_or_nil(arg(6)), limit_or_nil(arg(7)), arg(11) == '1', arg(12) == '1',
+    plan.meta[5])
   commit(name, plan)
   return remember(reply)
 end
@@ -92,7 +93,7 @@ if op == 'answer' then
       parent = nil
     end
     local failure
-    plan, failure = plan_append(name, parent, 7)
+    plan, failure = plan_append(name, parent, 7, nil, true)
     if not plan then return failure end
   end
   if created then

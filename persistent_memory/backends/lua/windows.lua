@@ -7,9 +7,11 @@
 
 -- The thread's form (conversations.lua) when it holds the current thread's newest texts
 -- (nil: none yet, written before it was kept, or stale in this call), and how many.
-local function form_of(c, length)
+-- ``known``: its records as the call read them (false: none), else nil.
+local function form_of(c, length, known)
   if stale_tails[c] then return nil end
-  local form = redis.call('HGET', c, 'form')
+  local form = known
+  if form == nil then form = redis.call('HGET', c, 'form') end
   if not form or #form / RECORD_SIZE > length then return nil end
   return form, #form / RECORD_SIZE
 end
@@ -51,8 +53,8 @@ end
 -- when the form found the window, the form and the first and last of its records that
 -- follow those ids (the pinned system messages) in the window.
 -- With ``after`` (a thread position: the summary's anchor), of the messages after it
--- only; the walk then ends there without leaving anything out.
-local function window(name, max_tokens, max_messages, after)
+-- only; the walk then ends there without leaving anything out. ``known`` as for form_of.
+local function window(name, max_tokens, max_messages, after, known)
   local c = conv_key(name)
   local lowest = after and after + 1 or 0
   local token_room = max_tokens or math.huge
@@ -76,7 +78,7 @@ local function window(name, max_tokens, max_messages, after)
   local length = redis.call('LLEN', c .. ':t')
   local position = length - 1
   local form, held, first_record
-  if not full then form, held = form_of(c, length) end
+  if not full then form, held = form_of(c, length, known) end
   if form then
     local taken
     first_record, taken, truncated, reached_start = form_window(form, held, length, lowest, token_room, message_room)
@@ -204,8 +206,9 @@ end
 -- tokens, the summarizers' state (false unless ``rolling``), then the texts (add_texts).
 -- With ``rolling``, a summary whose anchor is on the thread comes first and the window
 -- holds the messages after its anchor, within the budget less the summary's tokens (all
--- of it unless ``reserve``: the client shortens the summary to what is left).
-local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve)
+-- of it unless ``reserve``: the client shortens the summary to what is left). ``known``
+-- as for form_of.
+local function window_reply(reply, name, max_tokens, max_messages, rolling, reserve, known)
   local c = conv_key(name)
   local after, summary, summary_tokens, state = nil, false, 0, false
   if rolling then
@@ -218,7 +221,7 @@ local function window_reply(reply, name, max_tokens, max_messages, rolling, rese
       if max_tokens and reserve then max_tokens = math.max(0, max_tokens - summary_tokens) end
     end
   end
-  local ids, used, truncated, form, first, last = window(name, max_tokens, max_messages, after)
+  local ids, used, truncated, form, first, last = window(name, max_tokens, max_messages, after, known)
   reply[#reply + 1] = used
   reply[#reply + 1] = truncated and 1 or 0
   reply[#reply + 1] = summary
