@@ -17,6 +17,7 @@ import pytest
 from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.integrations.redis_bridge import run_bridged
+from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
 from tests.conftest import TOPOLOGIES
@@ -293,3 +294,26 @@ def test_an_enrich_sent_again_answers_the_window_it_answered(configure):
     store.add_messages("s1", turn(3))
     _, again, _ = store.enrich_recording("s1", "and now?", idempotency=once)
     assert again == first
+
+
+@pytest.mark.django_db
+def test_the_form_goes_with_its_session(configure):
+    """It expires with its session (an idle TTL moves it with the rest), and a delete and
+    forgetting the owner take it."""
+    from persistent_memory.memories.forget import forget_owner
+
+    store = configure()
+    store.create_session("s1", 600, idle_ttl_seconds=300)
+    for i in range(3):
+        store.add_messages("s1", turn(i))
+    client, form = store.backend.client, keys(store)["form"]
+    assert client.type(form) == b"string" and 0 < client.pttl(form) <= 300_000
+    assert_form_is_the_thread(store)
+    store.delete_session("s1")
+    assert not client.exists(form)
+    owned = store.for_owner("alice")
+    owned.add_messages("s2", turn(0))
+    owned_form = keys(store, storage_id("alice", "s2"))["form"]
+    assert client.exists(owned_form)
+    forget_owner("alice")
+    assert not client.exists(owned_form)
