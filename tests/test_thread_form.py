@@ -22,8 +22,10 @@ from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
 from tests.conftest import TOPOLOGIES
 
-#: conversations.lua: the texts a form holds once written again, and at most.
-FORM, FORM_MAX = 128, 256
+#: conversations.lua: the texts a form holds once written again, and at most; a record's
+#: size, and the records' region before the texts.
+FORM, FORM_MAX, RECORD = 128, 256, 12
+REGION = FORM_MAX * RECORD
 
 
 @pytest.fixture(params=[name for name in TOPOLOGIES if name != "memory"])
@@ -42,19 +44,33 @@ def keys(store: MemoryStore, session_id: str = "s1", conversation: str = "defaul
     }
 
 
+def form(store: MemoryStore, session_id: str = "s1", conversation: str = "default") -> tuple[list, bytes]:
+    """The form's records (totals of tokens, bytes, messages not plain) and its texts."""
+    client, named = store.backend.client, keys(store, session_id, conversation)
+    head = client.hget(named["conversation"], "form")
+    if head is None:
+        return [], b""
+    held = struct.unpack(">IIII", head)[0]
+    stored = client.get(named["form"])
+    records = list(struct.iter_unpack(">III", stored[: held * RECORD]))
+    assert struct.unpack(">IIII", head)[1:] == records[-1]
+    return records, stored[REGION:]
+
+
 def assert_form_is_the_thread(
     store: MemoryStore, session_id: str = "s1", conversation: str = "default"
 ) -> None:
     """The form holds the thread's newest texts (at least FORM of them, or all), their
     tokens and how many of them are not plain, and expires with the session."""
     client, named = store.backend.client, keys(store, session_id, conversation)
-    records = client.hget(named["conversation"], "form") or b""
-    totals = list(struct.iter_unpack(">III", records))
+    totals, held_texts = form(store, session_id, conversation)
     thread = client.lrange(named["thread"], 0, -1)
     assert min(len(thread), FORM) <= len(totals) <= min(len(thread), FORM_MAX)
     ids = thread[len(thread) - len(totals) :]
     texts = client.hmget(named["texts"], ids) if ids else []
-    assert client.get(named["form"]) == (b"".join(texts) if ids else None)
+    assert held_texts == b"".join(texts)
+    if not ids:
+        assert not client.exists(named["form"])
     tokens = specials = 0
     for record, link in zip(totals, client.hmget(named["links"], ids) if ids else [], strict=True):
         link = json.loads(link)
@@ -70,11 +86,11 @@ def assert_form_is_the_thread(
 def change_in_form(store: MemoryStore, content: str) -> None:
     """Make the form's text whose content is ``content`` say it in capitals (there only, the
     same length): what a read then answers shows where its texts came from."""
-    client, form = store.backend.client, keys(store)["form"]
+    client, key = store.backend.client, keys(store)["form"]
     old = json.dumps(content).encode()
-    texts = client.get(form)
-    assert old in texts
-    client.set(form, texts.replace(old, old.upper()), keepttl=True)
+    stored = client.get(key)
+    assert old in stored
+    client.set(key, stored.replace(old, old.upper()), keepttl=True)
 
 
 def turn(i: int) -> list[dict[str, Any]]:

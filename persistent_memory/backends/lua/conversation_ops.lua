@@ -69,9 +69,10 @@ if op == 'read_messages' then
   end
   local length = redis.call('LLEN', c .. ':t')
   local count = limit > 0 and math.min(limit, length) or length
-  local form, held = form_of(c, length)
-  if form and count <= held then
-    return add_texts(reply, c, {}, form, held - count + 1, held)
+  local held = form_of(c, length)
+  if held and count <= held then
+    local first = held - count + 1
+    return add_texts(reply, c, {}, form_records(c, math.max(1, first - 1), held), first, held)
   end
   return add_texts(reply, c, redis.call('LRANGE', c .. ':t', length - count, -1))
 end

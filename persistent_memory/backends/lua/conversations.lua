@@ -48,19 +48,22 @@ local function window_link(raw)
   return cjson.decode(raw)
 end
 
--- The thread's form: the current thread's newest texts as one string (':x', oldest
--- first, back to back) and, in the conversation's hash field 'form', one fixed-size
--- record a text: the running totals, from the form's first text, of the tokens, of the
--- bytes (where the text ends in ':x') and of the messages that are not plain (system
--- messages, tool calls and their results). A read then finds what a window or the newest
--- messages hold from a few records (windows.lua, form_window) and answers their texts
--- with one GETRANGE, one reply item however many texts it holds: Redis turns every item
--- a script reads or answers into a Lua value and back, which cost more than the rest of a
--- read. Appends add to it; when it holds FORM_MAX texts, or whatever else changes the
--- thread, it is marked stale and remember() writes the newest FORM texts again before
--- the reply goes out.
+-- The thread's form: the current thread's newest texts in one string, ':x', after a
+-- region of FORM_MAX fixed-size records, one a text: the running totals, from the form's
+-- first text, of the tokens, of the bytes (where the text ends after the region) and of
+-- the messages that are not plain (system messages, tool calls and their results). The
+-- conversation's hash field 'form' holds how many texts it holds and their totals
+-- (FORM_HEAD). A read finds what a window or the newest messages hold from a few records
+-- (windows.lua, form_window) and answers their texts with one GETRANGE, one reply item
+-- however many texts it holds: Redis turns every item a script reads or answers into a
+-- Lua value and back, which cost more than the rest of a read, and every byte it reads
+-- costs the script's garbage collector, so an append writes its record in place
+-- (SETRANGE) and its text at the end (APPEND) without reading the form. When it holds
+-- FORM_MAX texts, or whatever else changes the thread, it is marked stale and remember()
+-- writes the newest FORM texts again before the reply goes out.
 local FORM, FORM_MAX = 128, 256
-local RECORD, RECORD_SIZE = '>I4I4I4', 12
+local RECORD, RECORD_SIZE, FORM_HEAD = '>I4I4I4', 12, '>I4I4I4I4'
+local REGION = FORM_MAX * RECORD_SIZE
 local stale_tails = {}
 
 local function tail_stale(c)
@@ -73,10 +76,18 @@ local function special(role, link)
   return 0
 end
 
--- The totals of record ``i`` (1-based) of ``form``; zeros before the first.
+-- Records ``from`` to ``to`` (1-based) of the form of conversation ``c``, read for record_at.
+local function form_records(c, from, to)
+  local records = to >= from and redis.call('GETRANGE', c .. ':x', (from - 1) * RECORD_SIZE,
+    to * RECORD_SIZE - 1) or ''
+  return {records = records, from = from}
+end
+
+-- The totals of record ``i`` (1-based; within what ``form`` read, or before the first,
+-- whose totals are zeros).
 local function record_at(form, i)
   if i < 1 then return 0, 0, 0 end
-  local tokens, bytes, specials = struct.unpack(RECORD, form, (i - 1) * RECORD_SIZE + 1)
+  local tokens, bytes, specials = struct.unpack(RECORD, form.records, (i - form.from) * RECORD_SIZE + 1)
   return tokens, bytes, specials
 end
 
@@ -96,23 +107,27 @@ local function tail_rebuild(c)
     specials = specials + special(link.r, links[i])
     records[i] = struct.pack(RECORD, tokens, bytes, specials)
   end
-  redis.call('SET', c .. ':x', table.concat(texts))
+  redis.call('SET', c .. ':x', table.concat(records) .. string.rep('\0', REGION - #ids * RECORD_SIZE)
+    .. table.concat(texts))
   new_key(c .. ':x')
-  redis.call('HSET', c, 'form', table.concat(records))
+  redis.call('HSET', c, 'form', struct.pack(FORM_HEAD, #ids, tokens, bytes, specials))
 end
 
--- Add a new head's text to the form, whose records were read as ``form`` (nil: none
--- yet); returns the records to write in the conversation's hash (nil: nothing to write).
-local function tail_push(c, form, entry)
+-- Add a new head's text to the form, whose 'form' field was read as ``head`` (false: none);
+-- returns the field to write in the conversation's hash (nil: nothing to write).
+local function tail_push(c, head, entry)
   if stale_tails[c] then return nil end
-  if not form or #form >= FORM_MAX * RECORD_SIZE then
+  local held, tokens, bytes, specials = 0, 0, 0, 0
+  if head then held, tokens, bytes, specials = struct.unpack(FORM_HEAD, head) end
+  if not head or held >= FORM_MAX then
     tail_stale(c)
     return nil
   end
-  local tokens, bytes, specials = record_at(form, #form / RECORD_SIZE)
+  tokens, bytes = tokens + entry.tokens, bytes + #entry.text
+  specials = specials + special(entry.role, entry.link)
+  redis.call('SETRANGE', c .. ':x', held * RECORD_SIZE, struct.pack(RECORD, tokens, bytes, specials))
   redis.call('APPEND', c .. ':x', entry.text)
-  return form .. struct.pack(RECORD, tokens + entry.tokens, bytes + #entry.text,
-    specials + special(entry.role, entry.link))
+  return struct.pack(FORM_HEAD, held + 1, tokens, bytes, specials)
 end
 
 settle_tails = function()
@@ -440,8 +455,10 @@ local function trim(c, max_messages)
   end
   -- The form holds the thread's newest texts: untouched unless the cut reached into them.
   if cut > 0 then
-    local form = redis.call('HGET', c, 'form')
-    if form and redis.call('LLEN', c .. ':t') < #form / RECORD_SIZE + #order + pinned then tail_stale(c) end
+    local head = redis.call('HGET', c, 'form')
+    if head and redis.call('LLEN', c .. ':t') < struct.unpack(FORM_HEAD, head) + #order + pinned then
+      tail_stale(c)
+    end
   end
   redis.call('HINCRBY', c, 'tokens', -tokens)
   redis.call('HINCRBY', c, 'bytes', -bytes)

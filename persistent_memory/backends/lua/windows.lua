@@ -5,32 +5,35 @@
 -- (touch: every key of the session, its value and conversation keys named from 2's and 5's
 -- members).
 
--- The thread's form (conversations.lua) when it holds the current thread's newest texts
--- (nil: none yet, written before it was kept, or stale in this call), and how many.
--- ``known``: its records as the call read them (false: none), else nil.
+-- How many texts the thread's form (conversations.lua) holds when they are the current
+-- thread's newest (nil: none yet, written before it was kept, or stale in this call).
+-- ``known``: its 'form' field as the call read it (false: none), else nil.
 local function form_of(c, length, known)
   if stale_tails[c] then return nil end
-  local form = known
-  if form == nil then form = redis.call('HGET', c, 'form') end
-  if not form or #form / RECORD_SIZE > length then return nil end
-  return form, #form / RECORD_SIZE
+  local head = known
+  if head == nil then head = redis.call('HGET', c, 'form') end
+  if not head then return nil end
+  local held = struct.unpack(FORM_HEAD, head)
+  if held > length then return nil end
+  return held
 end
 
 -- The window's messages from the form's ``held`` records, the thread being ``length``
 -- long, as the walk below would take them: the first record taken, the tokens taken,
--- whether an older message was left out, and whether the walk reached ``lowest``. The
--- running totals find the oldest record the budgets let in by bisection, a few records
--- read whatever the window's size. Nil when the walk must decide: a message that is not
--- plain (a system message, a tool call or result) is among those it would meet, or the
--- window reaches further back than the form.
-local function form_window(form, held, length, lowest, token_room, message_room)
+-- whether an older message was left out, whether the walk reached ``lowest``, and the
+-- records read. The running totals find the oldest record the budgets let in by
+-- bisection, in the records the budgets may reach (one GETRANGE). Nil when the walk must
+-- decide: a message that is not plain (a system message, a tool call or result) is
+-- among those it would meet, or the window reaches further back than the form.
+local function form_window(c, held, length, lowest, token_room, message_room)
   local offset = length - held -- the thread position of the form's first record
   if lowest < offset then
     offset = nil
   end
   local low = offset and lowest - offset + 1 or 1
-  local all_tokens, _, all_specials = record_at(form, held)
   local first = math.max(low, held - message_room + 1)
+  local form = form_records(c, math.max(1, first - 2), held)
+  local all_tokens, _, all_specials = record_at(form, held)
   local lo, hi = first, held + 1
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
@@ -41,11 +44,11 @@ local function form_window(form, held, length, lowest, token_room, message_room)
   if first > low then -- the walk stops at the record before the first, if that one is plain
     local _, _, specials = record_at(form, first - 2)
     if all_specials - specials > 0 then return nil end
-    return first, taken, true, false
+    return first, taken, true, false, form
   end
   local _, _, specials = record_at(form, first - 1)
   if not offset or all_specials - specials > 0 then return nil end
-  return first, taken, false, true
+  return first, taken, false, true, form
 end
 
 -- The window (the rule of persistent_memory.conversations.window, kept in step with it):
@@ -77,11 +80,12 @@ local function window(name, max_tokens, max_messages, after, known)
   local full, reached_start = truncated, false
   local length = redis.call('LLEN', c .. ':t')
   local position = length - 1
-  local form, held, first_record
-  if not full then form, held = form_of(c, length, known) end
-  if form then
+  local held = not full and form_of(c, length, known)
+  local form, first_record
+  if held then
     local taken
-    first_record, taken, truncated, reached_start = form_window(form, held, length, lowest, token_room, message_room)
+    first_record, taken, truncated, reached_start, form =
+      form_window(c, held, length, lowest, token_room, message_room)
     if first_record then
       used, full = used + taken, true
     else
@@ -188,16 +192,16 @@ local function window(name, max_tokens, max_messages, after, known)
 end
 
 -- Texts as a read answers them, after the items it answers before them: a list of the
--- stored texts of ``ids``; then, with ``form``, the texts of its records ``first`` to
--- ``last`` as two items: the texts back to back (one GETRANGE) and their records, whose
+-- stored texts of ``ids``; then, with ``form`` (records as form_records read them), the
+-- texts of records ``first`` to ``last`` as two items: the texts back to back (one GETRANGE) and their records, whose
 -- byte totals tell the client where each one ends.
 local function add_texts(reply, c, ids, form, first, last)
   reply[#reply + 1] = #ids > 0 and call_chunked('HMGET', c .. ':m', ids) or {}
   if form then
     local _, start = record_at(form, first - 1)
     local _, finish = record_at(form, last)
-    reply[#reply + 1] = finish > start and redis.call('GETRANGE', c .. ':x', start, finish - 1) or ''
-    reply[#reply + 1] = string.sub(form, (first - 1) * RECORD_SIZE + 1, last * RECORD_SIZE)
+    reply[#reply + 1] = finish > start and redis.call('GETRANGE', c .. ':x', REGION + start, REGION + finish - 1) or ''
+    reply[#reply + 1] = string.sub(form.records, (first - form.from) * RECORD_SIZE + 1, (last - form.from + 1) * RECORD_SIZE)
   end
   return reply
 end
