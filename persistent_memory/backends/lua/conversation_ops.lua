@@ -157,7 +157,7 @@ if op == 'pop' then
   if not ok then return too_big(total) end
   local removed = redis.call('HGET', c .. ':m', head)
   redis.call('RPOP', c .. ':t') -- the head ends the current thread
-  tail_stale(c)
+  form_stale(c)
   redis.call('ZREM', c .. ':s', head)
   if parent then redis.call('HSET', c, 'head', parent) else redis.call('HDEL', c, 'head') end
   if redis.call('SISMEMBER', c .. ':k', head) == 0 then

@@ -13,8 +13,8 @@
 --   '{base}~c:{name}:y'   hash: anchor id -> rolling summary JSON {text, anchor_seq, tokens},
 --                         one per branch that has one (memory_tree.Tree.summaries)
 --   '{base}~c:{name}:x'   string: the stored texts of the current thread's newest
---                         messages, back to back (the thread's form, below; its
---                         records are the hash's 'form' field)
+--                         messages after their records (the thread's form: forms.lua;
+--                         the hash's 'form' field holds their count and totals)
 -- and '{base}~convs' is the set of the session's conversation names. The conversation's
 -- hash also holds 'anchor', the anchor of the summary that applies to the current
 -- thread (the deepest one on it), and 'covered_tokens', those of the stored messages it
@@ -33,106 +33,6 @@ end
 local function conv_keys(name)
   local c = conv_key(name)
   return {c, c .. ':m', c .. ':l', c .. ':t', c .. ':s', c .. ':k', c .. ':o', c .. ':y', c .. ':x'}
-end
-
--- A link as the window reads it: a plain message's (no tool call, no result: most of
--- them) with one pattern, which costs a fraction of parsing it; cjson for the others.
--- The link's fields come in the order messages.stored_link writes them.
-local NO_CALLS = {}
-local PLAIN_LINK = '"t": (%d+), "r": "(%a+)", "c": %[%], "a": null, '
-local function window_link(raw)
-  local tokens, role = string.match(raw, PLAIN_LINK)
-  if tokens then
-    return {t = tonumber(tokens), r = role, c = NO_CALLS}
-  end
-  return cjson.decode(raw)
-end
-
--- The thread's form: the current thread's newest texts in one string, ':x', after a
--- region of FORM_MAX fixed-size records, one a text: the running totals, from the form's
--- first text, of the tokens, of the bytes (where the text ends after the region) and of
--- the messages that are not plain (system messages, tool calls and their results). The
--- conversation's hash field 'form' holds how many texts it holds and their totals
--- (FORM_HEAD). A read finds what a window or the newest messages hold from a few records
--- (windows.lua, form_window) and answers their texts with one GETRANGE, one reply item
--- however many texts it holds: Redis turns every item a script reads or answers into a
--- Lua value and back, which cost more than the rest of a read, and every byte it reads
--- costs the script's garbage collector, so an append writes its record in place
--- (SETRANGE) and its text at the end (APPEND) without reading the form. When it holds
--- FORM_MAX texts, or whatever else changes the thread, it is marked stale and remember()
--- writes the newest FORM texts again before the reply goes out.
-local FORM, FORM_MAX = 128, 256
-local RECORD, RECORD_SIZE, FORM_HEAD = '>I4I4I4', 12, '>I4I4I4I4'
-local REGION = FORM_MAX * RECORD_SIZE
-local stale_tails = {}
-
-local function tail_stale(c)
-  stale_tails[c] = true
-end
-
--- A record's kind: 0 for a plain message (what the window takes alone), 1 otherwise.
-local function special(role, link)
-  if role == 'system' or role == 'tool' or not string.find(link, PLAIN_LINK) then return 1 end
-  return 0
-end
-
--- Records ``from`` to ``to`` (1-based) of the form of conversation ``c``, read for record_at.
-local function form_records(c, from, to)
-  local records = to >= from and redis.call('GETRANGE', c .. ':x', (from - 1) * RECORD_SIZE,
-    to * RECORD_SIZE - 1) or ''
-  return {records = records, from = from}
-end
-
--- The totals of record ``i`` (1-based; within what ``form`` read, or before the first,
--- whose totals are zeros).
-local function record_at(form, i)
-  if i < 1 then return 0, 0, 0 end
-  local tokens, bytes, specials = struct.unpack(RECORD, form.records, (i - form.from) * RECORD_SIZE + 1)
-  return tokens, bytes, specials
-end
-
-local function tail_rebuild(c)
-  redis.call('DEL', c .. ':x')
-  local ids = redis.call('LRANGE', c .. ':t', -FORM, -1)
-  if #ids == 0 then
-    redis.call('HDEL', c, 'form')
-    return
-  end
-  local texts = redis.call('HMGET', c .. ':m', unpack(ids))
-  local links = redis.call('HMGET', c .. ':l', unpack(ids))
-  local records, tokens, bytes, specials = {}, 0, 0, 0
-  for i, text in ipairs(texts) do
-    local link = window_link(links[i])
-    tokens, bytes = tokens + link.t, bytes + #text
-    specials = specials + special(link.r, links[i])
-    records[i] = struct.pack(RECORD, tokens, bytes, specials)
-  end
-  redis.call('SET', c .. ':x', table.concat(records) .. string.rep('\0', REGION - #ids * RECORD_SIZE)
-    .. table.concat(texts))
-  new_key(c .. ':x')
-  redis.call('HSET', c, 'form', struct.pack(FORM_HEAD, #ids, tokens, bytes, specials))
-end
-
--- Add a new head's text to the form, whose 'form' field was read as ``head`` (false: none);
--- returns the field to write in the conversation's hash (nil: nothing to write).
-local function tail_push(c, head, entry)
-  if stale_tails[c] then return nil end
-  local held, tokens, bytes, specials = 0, 0, 0, 0
-  if head then held, tokens, bytes, specials = struct.unpack(FORM_HEAD, head) end
-  if not head or held >= FORM_MAX then
-    tail_stale(c)
-    return nil
-  end
-  tokens, bytes = tokens + entry.tokens, bytes + #entry.text
-  specials = specials + special(entry.role, entry.link)
-  redis.call('SETRANGE', c .. ':x', held * RECORD_SIZE, struct.pack(RECORD, tokens, bytes, specials))
-  redis.call('APPEND', c .. ':x', entry.text)
-  return struct.pack(FORM_HEAD, held + 1, tokens, bytes, specials)
-end
-
-settle_tails = function()
-  for c in pairs(stale_tails) do tail_rebuild(c) end
-  stale_tails = {}
 end
 
 -- The session's conversations go with it (purge_leftovers; declared in redis.lua).
@@ -353,7 +253,7 @@ end
 -- Make the thread end at ``leaf``: walk up from it (an id off the current thread).
 local function rebuild_thread(c, leaf)
   local ordered, systems = path(c, leaf, 0)
-  tail_stale(c)
+  form_stale(c)
   redis.call('DEL', c .. ':t', c .. ':s')
   new_key(c .. ':t')
   new_key(c .. ':s')
@@ -370,7 +270,7 @@ end
 -- (searched from the end, where regenerated answers branch), else walk up from it.
 local function move_thread(c, parent)
   if not parent then
-    tail_stale(c)
+    form_stale(c)
     redis.call('DEL', c .. ':t', c .. ':s')
     find_anchor(c)
     return
@@ -380,7 +280,7 @@ local function move_thread(c, parent)
   end
   local position = thread_position(c, parent)
   if position then
-    tail_stale(c)
+    form_stale(c)
     redis.call('LTRIM', c .. ':t', 0, position)
     local seq = link_of(c, parent).s
     redis.call('ZREMRANGEBYSCORE', c .. ':s', '(' .. seq, '+inf') -- seqs grow along a thread
@@ -457,7 +357,7 @@ local function trim(c, max_messages)
   if cut > 0 then
     local head = redis.call('HGET', c, 'form')
     if head and redis.call('LLEN', c .. ':t') < struct.unpack(FORM_HEAD, head) + #order + pinned then
-      tail_stale(c)
+      form_stale(c)
     end
   end
   redis.call('HINCRBY', c, 'tokens', -tokens)
@@ -516,7 +416,7 @@ local function commit(name, plan)
       if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
       move_thread(c, entry.parent)
       if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
-      local pushed = tail_push(c, form, entry)
+      local pushed = form_push(c, form, entry)
       if pushed then form, grown = pushed, true end
       if entry.role == 'system' then
         redis.call('ZADD', c .. ':s', entry.seq, entry.id)
@@ -528,13 +428,13 @@ local function commit(name, plan)
     end
   end
   -- Neither field was there: the conversation is new (a conversation's hash and its name in
-  -- the session's set come and go together), and so is each of its keys written below.
+  -- the session's set come and go together), and so is each of its keys written here.
   local created = not meta[1] and not meta[2]
   if head then
     if created and redis.call('SADD', base .. '~convs', name) == 1 then new_key(base .. '~convs') end
     local fields = {'head', head, 'seq', seq, 'tokens', (tonumber(meta[3]) or 0) + tokens,
       'bytes', (tonumber(meta[4]) or 0) + bytes}
-    if grown and not stale_tails[c] then
+    if grown and not stale_forms[c] then
       fields[#fields + 1] = 'form'
       fields[#fields + 1] = form
     end

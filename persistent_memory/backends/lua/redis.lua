@@ -306,6 +306,7 @@ end
 -- layout) then returns before the closures of the files below are built.
 -- @include sessions.lua
 -- @include indexes.lua
+-- @include forms.lua
 -- @include conversations.lua
 -- @include windows.lua
 -- @include checkpoints.lua

@@ -9,7 +9,7 @@
 -- thread's newest (nil: none yet, written before it was kept, or stale in this call).
 -- ``known``: its 'form' field as the call read it (false: none), else nil.
 local function form_of(c, length, known)
-  if stale_tails[c] then return nil end
+  if stale_forms[c] then return nil end
   local head = known
   if head == nil then head = redis.call('HGET', c, 'form') end
   if not head then return nil end
@@ -321,7 +321,7 @@ local function restore_conversations(blob)
       end
     end
     find_anchor(c)
-    tail_rebuild(c)
+    form_rebuild(c)
     redis.call('SADD', base .. '~convs', name)
     for _, key in ipairs(conv_keys(name)) do keys[#keys + 1] = key end
   end
