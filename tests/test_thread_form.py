@@ -50,10 +50,11 @@ def form(store: MemoryStore, session_id: str = "s1", conversation: str = "defaul
     head = client.hget(named["conversation"], "form")
     if head is None:
         return [], b""
-    held = struct.unpack(">IIII", head)[0]
+    held, *totals, kind = struct.unpack(">IIIIB", head)
     stored = client.get(named["form"])
     records = list(struct.iter_unpack(">III", stored[: held * RECORD]))
-    assert struct.unpack(">IIII", head)[1:] == records[-1]
+    assert tuple(totals) == records[-1]
+    assert kind == records[-1][2] - (records[-2][2] if held > 1 else 0)  # the newest's: 1 not plain
     return records, stored[REGION:]
 
 

@@ -144,7 +144,12 @@ local function plan_append(name, parent, first, count, checked)
   local previous = parent
   if parent == nil then previous = text_or_nil(meta[1]) end
   if not previous then previous = nil end
-  local open = open_calls(c, previous)
+  local open
+  if previous and previous == meta[1] and meta[5] and select(5, struct.unpack(FORM_HEAD, meta[5])) == 0 then
+    open = {} -- the head is a plain message (the form's newest: the thread ends at the head)
+  else
+    open = open_calls(c, previous)
+  end
   local seq = tonumber(meta[2]) or 0
   local plan = {meta = meta}
   local i = first

@@ -23,8 +23,8 @@ end
 -- region of FORM_MAX fixed-size records, one a text: the running totals, from the form's
 -- first text, of the tokens, of the bytes (where the text ends after the region) and of
 -- the messages that are not plain (system messages, tool calls and their results). The
--- conversation's hash field 'form' holds how many texts it holds and their totals
--- (FORM_HEAD). A read finds what a window or the newest messages hold from a few records
+-- conversation's hash field 'form' holds how many texts it holds, their totals and the
+-- newest one's kind (FORM_HEAD). A read finds what a window or the newest messages hold from a few records
 -- (windows.lua, form_window) and answers their texts with one GETRANGE, one reply item
 -- however many texts it holds: Redis turns every item a script reads or answers into a
 -- Lua value and back, which cost more than the rest of a read, and every byte it reads
@@ -33,7 +33,7 @@ end
 -- FORM_MAX texts, or whatever else changes the thread, it is marked stale and remember()
 -- writes the newest FORM texts again before the reply goes out.
 local FORM, FORM_MAX = 128, 256
-local RECORD, RECORD_SIZE, FORM_HEAD = '>I4I4I4', 12, '>I4I4I4I4'
+local RECORD, RECORD_SIZE, FORM_HEAD = '>I4I4I4', 12, '>I4I4I4I4B'
 local REGION = FORM_MAX * RECORD_SIZE
 local stale_forms = {}
 
@@ -71,17 +71,17 @@ local function form_rebuild(c)
   end
   local texts = redis.call('HMGET', c .. ':m', unpack(ids))
   local links = redis.call('HMGET', c .. ':l', unpack(ids))
-  local records, tokens, bytes, specials = {}, 0, 0, 0
+  local records, tokens, bytes, specials, kind = {}, 0, 0, 0, 0
   for i, text in ipairs(texts) do
     local link = window_link(links[i])
-    tokens, bytes = tokens + link.t, bytes + #text
-    specials = specials + special(link.r, links[i])
+    kind = special(link.r, links[i])
+    tokens, bytes, specials = tokens + link.t, bytes + #text, specials + kind
     records[i] = struct.pack(RECORD, tokens, bytes, specials)
   end
   redis.call('SET', c .. ':x', table.concat(records) .. string.rep('\0', REGION - #ids * RECORD_SIZE)
     .. table.concat(texts))
   new_key(c .. ':x')
-  redis.call('HSET', c, 'form', struct.pack(FORM_HEAD, #ids, tokens, bytes, specials))
+  redis.call('HSET', c, 'form', struct.pack(FORM_HEAD, #ids, tokens, bytes, specials, kind))
 end
 
 -- Add a new head's text to the form, whose 'form' field was read as ``head`` (false: none);
@@ -94,11 +94,11 @@ local function form_push(c, head, entry)
     form_stale(c)
     return nil
   end
-  tokens, bytes = tokens + entry.tokens, bytes + #entry.text
-  specials = specials + special(entry.role, entry.link)
+  local kind = special(entry.role, entry.link)
+  tokens, bytes, specials = tokens + entry.tokens, bytes + #entry.text, specials + kind
   redis.call('SETRANGE', c .. ':x', held * RECORD_SIZE, struct.pack(RECORD, tokens, bytes, specials))
   redis.call('APPEND', c .. ':x', entry.text)
-  return struct.pack(FORM_HEAD, held + 1, tokens, bytes, specials)
+  return struct.pack(FORM_HEAD, held + 1, tokens, bytes, specials, kind)
 end
 
 settle_tails = function()
