@@ -244,10 +244,10 @@ DEFAULTS: dict[str, Any] = {
     # merged) keeps the old content as a superseded version, true until the new said_at (else
     # the write's time), for searches `as_of` a past moment. False: overwritten in place.
     "MEMORY_KEEP_SUPERSEDED": True,
-    # How much the semantic list weighs in "hybrid" search, from 0 to 1, when the best keyword match
-    # holds every word of the question: each list's scores are scaled to 0..1 and added, the keyword
-    # list weighing (1 - this) times the share of the question's words its best match holds, the
-    # semantic list the rest. 1: meaning alone.
+    # How much the semantic list weighs in "hybrid" search, from 0 to 1: its scores are scaled to
+    # 0..1 and weigh this; each keyword match adds (1 - this) times the share of the question's
+    # information it holds (words weighed by their rarity), when the matches together hold at least
+    # half of it. 1: meaning alone.
     "MEMORY_HYBRID_ALPHA": 0.5,
     # Days after which a memory's search score halves since its last use (update or access).
     # None: no decay.

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from persistent_memory import get_store
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.search import STOP_WORDS, coverage, query_words
+from persistent_memory.memories.search import MEMORY, STOP_WORDS, coverage, fuse, query_words, word_weights
 from persistent_memory.models import LongTermMemory, MemoryMessage
 
 pytestmark = pytest.mark.django_db
@@ -276,6 +276,76 @@ def test_coverage_is_the_share_of_the_questions_words_a_text_holds_stemmed_loose
     assert coverage("Caroline", "") == 0.0
     # A possessive's "s" is no word of the question: it would be held by every "that's".
     assert coverage("Grace's home", "That's lovely, Grace") == 0.5
+
+
+def test_a_word_that_most_texts_hold_weighs_less_than_a_rare_one():
+    """A speaker's name, in half of a conversation's turns, tells little; a word no text
+    holds tells most (BM25's IDF among the texts both lists found)."""
+    weights = word_weights(["tom", "bike", "married"], [{"tom"}, {"tom"}, {"tom", "bike"}, set()])
+    assert weights["tom"] < weights["bike"] < weights["married"]
+    assert all(weight > 0 for weight in weights.values())
+
+
+def _keys(*names: str) -> dict[str, tuple[str, int]]:
+    return {name: (MEMORY, n) for n, name in enumerate(names, start=1)}
+
+
+def test_hybrid_fusion_leaves_out_matches_of_incidental_words():
+    """A paraphrased question: its keyword matches hold only the speaker's name, and most
+    of what it asks is in no text. Meaning alone ranks: weighed in, the name's matches
+    outranked the answer (the earlier rule, a match of half the question's words, put the
+    first match first)."""
+    key = _keys("sealed", "bye", "answer", "other")
+    texts = {
+        key["sealed"]: "Tom: my lips are sealed",
+        key["bye"]: "Tom: see you",
+        key["answer"]: "Sam: Hannah and I had our wedding in May",
+        key["other"]: "Sam: hello",
+    }
+    matches = [(key["sealed"], 1.0), (key["bye"], 0.9)]
+    near = [(key["answer"], 0.60), (key["sealed"], 0.58), (key["bye"], 0.2), (key["other"], 0.1)]
+    fused = fuse(matches, near, query_words("Who is Tom married to?"), texts, 0.5)
+    assert [found for found, _ in fused] == [key["answer"], key["sealed"], key["bye"], key["other"]]
+    assert dict(fused)[key["sealed"]] == pytest.approx(0.5 * (0.58 - 0.1) / (0.60 - 0.1))
+
+
+def test_hybrid_fusion_counts_matches_of_what_the_question_asks():
+    """A question worded as what was said: the match that holds its rare words outranks
+    semantic's first; the name, held by most texts, adds little to the others; and two
+    matches that each hold a part of the question together count (a multi-hop question)."""
+    key = _keys("answer", "hello", "supervisor", "other")
+    texts = {
+        key["answer"]: "Aisha: chapter two of my thesis",
+        key["hello"]: "Aisha: hello",
+        key["supervisor"]: "Aisha: my supervisor wants it by Christmas",
+        key["other"]: "Daniel: how is it going?",
+    }
+    matches = [(key["answer"], 1.0), (key["hello"], 0.2), (key["supervisor"], 0.2)]
+    near = [(key["supervisor"], 0.7), (key["answer"], 0.5), (key["hello"], 0.45), (key["other"], 0.1)]
+    words = query_words("Which thesis chapter is Aisha on?")
+    fused = dict(fuse(matches, near, words, texts, 0.5))
+    assert sorted(fused, key=lambda found: -fused[found]) == [
+        key["answer"],
+        key["supervisor"],
+        key["hello"],
+        key["other"],
+    ]
+    assert fused[key["supervisor"]] - 0.5 < 0.1  # the name alone: a fraction of a word
+    # Each of two matches holds one of the two rare words: together they hold most of it.
+    texts[key["answer"]], texts[key["hello"]] = "Aisha: chapter two", "Aisha: the thesis"
+    fused = dict(fuse(matches, near, words, texts, 0.5))
+    assert fused[key["answer"]] > fused[key["supervisor"]] and fused[key["hello"]] > 0.5 * 0.35 / 0.6 + 0.2
+
+
+def test_hybrid_fusion_counts_matches_that_hold_half_of_the_question():
+    """The keyword part counts from half of the question's information on (REACH): here
+    one word of two, equally rare, held by the match; the other only by a text found by
+    meaning."""
+    key = _keys("match", "meaning")
+    texts = {key["match"]: "The harbour at dawn", key["meaning"]: "A lighthouse on the coast"}
+    near = [(key["meaning"], 0.9), (key["match"], 0.1)]
+    fused = dict(fuse([(key["match"], 1.0)], near, ["harbour", "lighthouse"], texts, 0.5))
+    assert fused == {key["meaning"]: 0.5, key["match"]: 0.25}
 
 
 def test_recent_is_newest_first_across_memories_and_messages_whatever_their_ids(settings):

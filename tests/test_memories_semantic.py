@@ -440,14 +440,14 @@ def test_checks_refuse_bad_embedder_settings(settings) -> None:
 
 
 def test_alpha_weighs_the_lists(settings, semantic) -> None:
-    """MEMORY_HYBRID_ALPHA 1: meaning alone orders hybrid results; 0: the keyword list
-    weighs the share of the question its best match holds (all of it: keyword alone)."""
+    """MEMORY_HYBRID_ALPHA 1: meaning alone orders hybrid results; 0: each keyword match
+    weighs the share of the question's information it holds (keyword alone)."""
     owner = memories_for("user:a")
     python = owner.add(PYTHON)
     worded = owner.add(
         "Use the stairs, not the lift, in the old office building downtown."
     )  # words, no meaning
-    question = "Office stairs language?"  # worded holds 2 of its 3 words; python means the third
+    question = "Office stairs, python?"  # worded holds 2 of its 3 words; python the third, and its meaning
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 0.0}
     assert owner.search(question)[0]["id"] == worded["id"]
     settings.PERSISTENT_MEMORY = {**settings.PERSISTENT_MEMORY, "MEMORY_HYBRID_ALPHA": 1.0}

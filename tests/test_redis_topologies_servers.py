@@ -24,7 +24,8 @@ def test_cluster_has_three_masters_with_a_replica_each(redis_cluster: Any) -> No
     replicas = [node for node in nodes.values() if "slave" in node["flags"]]
     assert len(masters) == 3
     assert sorted(node["master_id"] for node in replicas) == sorted(masters)
-    ranges = [(int(start), int(end)) for node in masters.values() for start, end in node["slots"]]
+    # A range of one slot (one moved by another test) is listed as that slot alone.
+    ranges = [(int(r[0]), int(r[-1])) for node in masters.values() for r in node["slots"]]
     assert sum(end - start + 1 for start, end in ranges) == 16384
 
 

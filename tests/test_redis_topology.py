@@ -11,9 +11,10 @@ import redis
 from django.core.checks import run_checks
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import SlotNotCoveredError
 from redis.retry import Retry
 
-from persistent_memory.backends.redis_topology import build_client, describe, parse_sentinels
+from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe, parse_sentinels
 from persistent_memory.conf import MemorySettings, redis_layout
 from tests.conftest import _free_port
 
@@ -207,6 +208,34 @@ class TestCluster:
             assert client.nodes_manager.get_node_from_slot(slot).port == target
         finally:
             client.close()
+
+    def test_a_keys_pool_is_its_slots_primarys_as_the_map_says_now(self, cluster):
+        """cluster_pool answers what the client's own lookup does (keys on every primary,
+        hash tags, non-ASCII), and follows the slot map as it changes: its cache is of
+        slots only."""
+        client = cluster_client(cluster)
+        slot = None
+        try:
+            keys = [f"pm:{n}" for n in range(40)] + [f"pm:{{t{n}}}:meta" for n in range(40)] + ["pm:{é}:x"]
+            for key in keys * 2:  # computed, then cached
+                node = client.get_node_from_key(key)
+                assert cluster_pool(client, key) is client.get_redis_connection(node).connection_pool
+            key = "pm:pool"
+            slot = client.keyslot(key)
+            _host, source = cluster.primary_for_key(key)
+            target = next(port for _host, port in cluster.primaries() if port != source)
+            assert cluster_pool(client, key).connection_kwargs["port"] == source
+            cluster.migrate_slots([slot], source, target)
+            client.set(key, 1)  # MOVED: the client patches its map
+            assert cluster_pool(client, key).connection_kwargs["port"] == target
+            client.nodes_manager.slots_cache.pop(slot)
+            with pytest.raises(SlotNotCoveredError):
+                cluster_pool(client, key)
+        finally:
+            client.close()
+            if slot is not None and cluster.primary_for_key(key)[1] != source:
+                # The cluster is shared by the session's tests: its slots as they were.
+                cluster.migrate_slots([slot], target, source)
 
     def test_a_timed_out_command_is_not_sent_again(self, cluster, monkeypatch):
         """The script ran but its reply came after the socket timeout: the caller gets the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -9,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from persistent_memory.conf import memory_settings
-from persistent_memory.validation import INT64_MAX, INT64_MIN
+from persistent_memory.validation import INT64_MAX, INT64_MIN, SESSION_ID_PATTERN
 
 LANES = ("questions", "answers")
 
@@ -54,6 +55,33 @@ class StoreRequest(serializers.Serializer):
     run_id = serializers.CharField(required=False, allow_null=True, trim_whitespace=False, max_length=128)
 
 
+def _plain_lane_body(field: str, lane: str) -> Callable[[Any], dict[str, Any] | None]:
+    """What the lane request serializer with the entry ``field`` of ``lane`` makes of a
+    body that is plainly valid (an object with the entry, and a run id that is absent,
+    null or shaped like a session id), found without it; None for anything else, which
+    the serializer then decides and words the error of.
+
+    The serializer deep-copies its fields on every request, which cost a lane request a
+    tenth of its time for two checks. The bodies accepted here are a subset of those it
+    accepts, with the same result, so nothing it refuses gets through.
+    """
+
+    def plain(data: Any) -> dict[str, Any] | None:
+        if type(data) is not dict or field not in data:
+            return None
+        try:
+            body = {field: _entry(data[field], lane=lane)}
+        except serializers.ValidationError:
+            return None
+        if "run_id" in data:
+            run_id = body["run_id"] = data["run_id"]
+            if run_id is not None and not (type(run_id) is str and SESSION_ID_PATTERN.fullmatch(run_id)):
+                return None
+        return body
+
+    return plain
+
+
 class MemoryOutcome(serializers.Serializer):
     status = serializers.ChoiceField(choices=["enriched", "unchanged", "stored", "skipped"])
     session_id = serializers.CharField(allow_null=True)
@@ -70,6 +98,13 @@ class EnrichResponse(serializers.Serializer):
 class StoreResponse(serializers.Serializer):
     answer = serializers.JSONField()
     memory = MemoryOutcome()
+
+
+#: Request serializers -> their plain check (see _plain_lane_body), tried first.
+PLAIN_CHECKS: dict[type[serializers.Serializer], Callable[[Any], dict[str, Any] | None]] = {
+    EnrichRequest: _plain_lane_body("question", "questions"),
+    StoreRequest: _plain_lane_body("answer", "answers"),
+}
 
 
 class BatchItem(serializers.Serializer):

@@ -63,7 +63,7 @@ from persistent_memory.backends.redis_conversations import (
     snapshot_conversations,
 )
 from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
-from persistent_memory.backends.redis_topology import build_client, describe
+from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe
 from persistent_memory.conf import (
     MemorySettings,
     mirror_mode,
@@ -593,8 +593,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         """The connection pool of the primary that serves ``key``."""
         if not self.on_cluster:
             return self.client.connection_pool
-        node = self.client.get_node_from_key(key)
-        return self.client.get_redis_connection(node).connection_pool
+        return cluster_pool(self.client, key)
 
     def _refresh_slots(self) -> None:
         """After a lost connection: the cluster may have failed over; read its slots again."""

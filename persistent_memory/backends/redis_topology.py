@@ -10,6 +10,7 @@ connection) are still followed.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import redis
@@ -18,6 +19,8 @@ from django.views.decorators.debug import sensitive_variables
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import SSLConnection, parse_url
+from redis.crc import key_slot
+from redis.exceptions import SlotNotCoveredError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
@@ -127,6 +130,30 @@ def _sentinel(conf: MemorySettings) -> redis.Redis:
         master = {**master, **url}
     manager = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
     return manager.master_for(conf.REDIS_SENTINEL_SERVICE, **master, **_timeouts(conf), retry=_no_retry())
+
+
+@lru_cache(maxsize=8192)
+def _slot(key: str) -> int:
+    """The cluster slot of ``key``: a pure function of the key (its hash tag), so cached; a
+    session's keys come back call after call. UTF-8, as the command packer encodes it."""
+    return key_slot(key.encode())
+
+
+def cluster_pool(client: RedisCluster, key: str) -> redis.ConnectionPool:
+    """The connection pool of the primary that serves ``key`` in ``client``'s slot map.
+
+    What ``client.get_redis_connection(client.get_node_from_key(key))`` answers, without
+    encoding and hashing the key again on every call: this runs once per operation, and
+    that lookup was what a cluster put cost the client beyond a plain client's put to the
+    same node. The slot map itself is read on every call, so a MOVED, a failover or a
+    refresh is seen by the next call, as through the client.
+    """
+    slot = _slot(key)
+    nodes = client.nodes_manager.slots_cache.get(slot)
+    if not nodes:
+        raise SlotNotCoveredError(f'Slot "{slot}" is not covered by the cluster.')
+    node = nodes[0]
+    return (node.redis_connection or client.get_redis_connection(node)).connection_pool
 
 
 _BUILDERS = {"single": _single, "cluster": _cluster, "sentinel": _sentinel}

@@ -16,16 +16,19 @@ each ranks :class:`Hit` s of both kinds in one list, best first.
   :mod:`persistent_memory.memories.vectors` says (pgvector, sqlite-vec or numpy); when
   no query vector comes within EMBEDDER_REQUEST_TIMEOUT (or the embedder's circuit is
   open, or its vector has no direction), keyword instead, and :class:`Ranking` says so.
-* ``hybrid``: with an embedder that answers, keyword and semantic by relative score
-  fusion (each list's scores scaled to 0..1 and added: reciprocal rank fusion let any
+* ``hybrid``: with an embedder that answers, semantic's scores scaled to 0..1 (min-max)
+  weigh ``MEMORY_HYBRID_ALPHA``, and each keyword match adds ``1 - MEMORY_HYBRID_ALPHA``
+  times the share of the question's information it holds (:func:`fuse`: the question's
+  words weighed by their rarity among the texts both lists found, so a speaker's name,
+  in half of a conversation's turns, weighs little). Reciprocal rank fusion let any
   memory sharing a word with the question outrank the one that answered it in other
-  words, recall@5 0.76 against 0.90 on bench/semantic_bench.py's set). The keyword
-  list weighs ``(1 - MEMORY_HYBRID_ALPHA)`` times the share of the question's words
-  that its best match holds (:func:`coverage`), the semantic list the rest: a keyword
-  match of every word weighs as much as meaning (at the default 0.5), one of a name
-  alone little. Without an embedder, keyword's own ranking,
-  recency breaking only its ties (a newer memory never outranks a better match;
-  unrelated recent memories are not brought in). Each fused score is then
+  words (recall@5 0.76 against 0.90 on bench/semantic_bench.py's set). The keyword part
+  counts only when the matches together hold at least half of the question's
+  information (:data:`REACH`): when most of what a question asks is in no text that
+  shares a word with it, it is worded unlike what was said (a paraphrase), its matches
+  are on incidental words, and meaning alone ranks. Without an embedder, keyword's own
+  ranking, recency breaking only its ties (a newer memory never outranks a better
+  match; unrelated recent memories are not brought in). Each fused score is then
   weighed by use (MEMORY_HALF_LIFE_DAYS, MEMORY_ACCESS_WEIGHT). A hit's ``parts`` say
   what it scored: ``keyword`` and ``semantic`` (None: not found that way),
   ``relevance`` (the fusion), ``recency`` and ``frequency``.
@@ -53,6 +56,10 @@ from persistent_memory.models import LongTermMemory
 STRATEGIES = ("recent", "keyword", "semantic", "hybrid")
 #: How many keyword candidates a search considers before fusion and the token budget.
 CANDIDATES = 200
+#: The share of a question's information (see :func:`fuse`) that hybrid search's keyword
+#: matches must hold together to count: less, and the question is worded unlike what
+#: was said, its matches on incidental words.
+REACH = 0.5
 _WORDS = re.compile(r"\w+", re.UNICODE)
 #: Weights of ts_rank, in its order {D, C, B, A}: the content's lexemes carry the
 #: default D, the key's C at half of that (migration 0011).
@@ -275,17 +282,6 @@ def _normalized(ranking: Scored) -> dict[Key, float]:
     return {key: (score - low) / (high - low) if high > low else 1.0 for key, score in ranking}
 
 
-def blend(matches: Scored, near: Scored, alpha: float) -> Scored:
-    """Relative score fusion: each list's scores scaled to 0..1, then ``alpha`` of the
-    semantic one plus ``1 - alpha`` of the keyword one, best first."""
-    keyword_part, semantic_part = _normalized(matches), _normalized(near)
-    scores = {
-        key: alpha * semantic_part.get(key, 0.0) + (1 - alpha) * keyword_part.get(key, 0.0)
-        for key in {**keyword_part, **semantic_part}
-    }
-    return sorted(scores.items(), key=lambda item: -item[1])
-
-
 MEMORY, MESSAGE = "memory", "message"
 KINDS = (MEMORY, MESSAGE)
 #: A candidate of either kind: ``(kind, row id)``.
@@ -358,34 +354,75 @@ class Pool(NamedTuple):
         return _best_first(scored, limit)
 
 
+@lru_cache(maxsize=256)
+def _start(word: str) -> re.Pattern[str]:
+    """Where a text holds ``word``: the word, or for a word of five letters or more its
+    first letters but the last three (at least four), at the start of one of the text's
+    words ("adopting" is held by "adopted", as the databases' stemming would find it)."""
+    stem = word if len(word) < 5 else word[: max(4, len(word) - 3)]
+    return re.compile(r"(?<!\w)" + re.escape(stem))
+
+
+def held_words(words: list[str], text: str) -> set[str]:
+    """Which of ``words`` (:func:`query_words`) ``text`` holds (see :func:`_start`)."""
+    folded = text.casefold()
+    return {word for word in words if _start(word).search(folded)}
+
+
 def coverage(query: str, text: str) -> float:
-    """The share of the query's words (:func:`query_words`) that ``text`` holds: the word,
-    or for a word of five letters or more its first letters but the last three (at least
-    four), at the start of one of the text's words ("adopting" is held by "adopted", as
-    the databases' stemming would find it)."""
+    """The share of the query's words (:func:`query_words`) that ``text`` holds (see
+    :func:`held_words`)."""
     words = query_words(query)
-    if not words:
-        return 0.0
-    held = set(_WORDS.findall(text.casefold()))
-
-    def holds(word: str) -> bool:
-        stem = word if len(word) < 5 else word[: max(4, len(word) - 3)]
-        return any(found.startswith(stem) for found in held)
-
-    return sum(holds(word) for word in words) / len(words)
+    return len(held_words(words, text)) / len(words) if words else 0.0
 
 
-def _text(key: Key) -> str:
-    """What keyword search reads of one candidate: a memory's content and key, a
+def word_weights(words: list[str], held: list[set[str]]) -> dict[str, float]:
+    """How much each word tells among texts that hold the ``held`` words: its BM25 IDF,
+    ln(1 + (n - df + 0.5) / (df + 0.5)) for df texts of n. A speaker's name, in half of
+    a conversation's turns, weighs about a seventh of a word no text holds."""
+    n = len(held)
+    return {
+        word: math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for word, df in ((word, sum(word in found for found in held)) for word in words)
+    }
+
+
+def fuse(matches: Scored, near: Scored, words: list[str], texts: dict[Key, str], alpha: float) -> Scored:
+    """Hybrid's fusion, best first: ``alpha`` times the semantic scores scaled to 0..1,
+    plus for each keyword match ``1 - alpha`` times the share of the question's
+    information (``words`` weighed by :func:`word_weights` among ``texts``, what both
+    lists found) that it holds; the keyword part only when the matches together hold at
+    least :data:`REACH` of it."""
+    held = {key: held_words(words, text) for key, text in texts.items()}
+    weights = word_weights(words, list(held.values()))
+    total = sum(weights.values())
+
+    def share(found: set[str]) -> float:
+        return sum(weights[word] for word in found) / total
+
+    scores = {key: alpha * score for key, score in _normalized(near).items()}
+    matched = [key for key, _ in matches if key in held]
+    if matched and share(set().union(*(held[key] for key in matched))) >= REACH:
+        for key in matched:
+            scores[key] = scores.get(key, 0.0) + (1 - alpha) * share(held[key])
+    return sorted(scores.items(), key=lambda item: -item[1])
+
+
+def _texts(keys: set[Key]) -> dict[Key, str]:
+    """What keyword search reads of each candidate: a memory's content and key, a
     message's text and speaker's name."""
     from persistent_memory.models import MemoryMessage
 
-    kind, pk = key
-    if kind == MEMORY:
-        found = LongTermMemory.objects.filter(pk=pk).values_list("content", "key").first()
-    else:
-        found = MemoryMessage.objects.filter(pk=pk).values_list("content_text", "name").first()
-    return " ".join(found or ()).replace(".", " ").replace("_", " ")
+    found: dict[Key, str] = {}
+    for kind, model, fields in (
+        (MEMORY, LongTermMemory, ("content", "key")),
+        (MESSAGE, MemoryMessage, ("content_text", "name")),
+    ):
+        ids = [pk for of, pk in keys if of == kind]
+        if ids:
+            for pk, *text in model.objects.filter(pk__in=ids).order_by().values_list("id", *fields):
+                found[kind, pk] = " ".join(text).replace(".", " ").replace("_", " ")
+    return found
 
 
 def _hits(ranked: Scored, name: str) -> list[Hit]:
@@ -463,13 +500,13 @@ def hybrid(pool: Pool, query: str, limit: int) -> Ranking:
         for key, score in ranking:
             parts.setdefault(key, {"keyword": None, "semantic": None})[name] = round(score, 6)
     if near is not None:
-        # The keyword list weighs what the best keyword match covers of the question: a
-        # match of the speaker's name alone (in half the turns of a conversation) must not
-        # outweigh the answer found by meaning (paraphrased questions: recall@5 0.49 at a
-        # fixed weight, semantic alone 0.68; bench/results/2026-11-29-recall-fusion.md).
-        covered = coverage(query, _text(matches[0][0])) if matches else 0.0
-        keyword_weight = (1 - memory_settings.MEMORY_HYBRID_ALPHA) * covered
-        fused = blend(matches, near, 1 - keyword_weight)
+        # Each match adds what it holds of the question's information, and only when the
+        # matches hold at least half of it: a paraphrased question's matches are on its
+        # incidental words (a speaker's name, in half the turns; a common verb), and
+        # weighed in they outranked the answer found by meaning (recall@5 0.60-0.66
+        # against semantic's 0.68; bench/results/2026-11-29-recall-paraphrase.md).
+        texts = _texts({key for key, _ in matches} | {key for key, _ in near})
+        fused = fuse(matches, near, query_words(query), texts, memory_settings.MEMORY_HYBRID_ALPHA)
         return Ranking(_usage(fused, parts, limit), "hybrid")
     # Keyword's order, recency breaking its ties only: fused with equal weight, the newest
     # memories naming a speaker outranked the one that answered (recall@5 0.18 against
