@@ -623,9 +623,9 @@ def session_ratios(per_round: dict[Key, list[float]]) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        f"| Operation | Size | Library | How | ops/s | p50 µs | Redis µs/op | Redis commands/op "
-        f"| {OURS_REDIS} ÷ this | {OURS_MEMORY} ÷ this |",
-        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| Operation | Size | Library | How | ops/s | p50 µs | Redis µs/op | Redis CPU µs/op "
+        f"| Redis commands/op | {OURS_REDIS} ÷ this | {OURS_MEMORY} ÷ this |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for operation, sizes in results.items():
         for size, libraries in sizes.items():
@@ -636,13 +636,14 @@ def table(results: dict[str, Any]) -> str:
                 ]
                 shown = "" if operation in (FLOOR, TURN) else size
                 server = (
-                    [f"{entry['server_us_per_op']:,.1f}", f"{entry['commands_per_op']:g}"]
+                    f"{entry['server_us_per_op']:,.1f} | {entry['server_cpu_us_per_op']:,.1f} "
+                    f"| {entry['commands_per_op']:g}"
                     if "server_us_per_op" in entry
-                    else ["", ""]
+                    else " | "
                 )
                 lines.append(
                     f"| {operation} | {shown} | {library} | {entry['variant']} | {entry['ops_per_s']:,.0f} "
-                    f"| {entry['p50_us']:,.1f} | {server[0]} | {server[1]} | {cells[0]} | {cells[1]} |"
+                    f"| {entry['p50_us']:,.1f} | {server} | {cells[0]} | {cells[1]} |"
                 )
     return "\n".join(lines)
 

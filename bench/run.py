@@ -302,7 +302,9 @@ def report(results: dict[str, Any]) -> str:
                     "p50 ms",
                     "p99 ms",
                     "statuses",
-                    "EVALSHA/request",
+                    "scripts/request",
+                    "Redis commands/request",
+                    "Redis CPU µs/request",
                     "load generator CPU s",
                 ],
                 [
@@ -313,7 +315,9 @@ def report(results: dict[str, Any]) -> str:
                         f["p50_ms"],
                         f["p99_ms"],
                         " ".join(f"{code}×{n}" for code, n in f["statuses"].items()),
-                        f["evalsha_per_request"],
+                        f["scripts_per_request"],
+                        f["commands_per_request"],
+                        f["server_cpu_us_per_request"],
                         f["client_cpu_s"],
                     ]
                     for name, f in results["api"].items()

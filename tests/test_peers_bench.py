@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -92,8 +93,9 @@ def test_awaited_calls_run_in_one_loop_entered_once_a_slice(bench):
 
 def test_server_cost_counts_the_operations_commands_and_scripts(bench):
     """Every command an operation makes is counted once a call, those its script or
-    function calls included, and the measuring INFO never."""
-    server_cost = bench["server_time"].server_cost
+    function calls included, and the measuring commands never; the commands scripts
+    called are found as such."""
+    server_time = bench["server_time"]
     with bench["local_redis"].redis_url(use_env=False) as url, redis.Redis.from_url(url) as client:
         sha = client.script_load("redis.call('INCR', KEYS[1]); return redis.call('GET', KEYS[1])")
         client.function_load(
@@ -106,19 +108,44 @@ def test_server_cost_counts_the_operations_commands_and_scripts(bench):
             with client.pipeline(transaction=True) as pipe:
                 pipe.incr("p").get("p").execute()
 
-        costs = {
-            "plain": server_cost([client], lambda: client.incr("n"), 25),
-            "script": server_cost([client], lambda: client.evalsha(sha, 1, "s"), 25),
-            "function": server_cost([client], lambda: client.fcall("bump", 1, "f"), 25),
-            "transaction": server_cost([client], pipelined, 25),
+        operations = {
+            "plain": lambda: client.incr("n"),
+            "script": lambda: client.evalsha(sha, 1, "s"),
+            "function": lambda: client.fcall("bump", 1, "f"),
+            "transaction": pipelined,
         }
+        costs = {name: server_time.server_cost([client], op, 25) for name, op in operations.items()}
+        nested = {
+            name: server_time.nested_calls([client], op, 25, lambda: None) for name, op in operations.items()
+        }
+        slowlog = client.config_get("slowlog-*")
     assert {name: (cost["commands_per_op"], cost["scripts_per_op"]) for name, cost in costs.items()} == {
         "plain": (1, 0),
         "script": (3, 1),  # EVALSHA, and the INCR and GET it calls
         "function": (2, 1),
         "transaction": (4, 0),  # MULTI, INCR, GET, EXEC
     }
+    assert nested == {
+        "plain": {},
+        "script": {"incr": 25, "get": 25},
+        "function": {"incr": 25},
+        "transaction": {},
+    }
     assert all(cost["server_us_per_op"] > 0 for cost in costs.values())
+    assert slowlog["slowlog-log-slower-than"] != "0"  # the server's slow log as it was
+
+
+def test_the_commands_scripts_call_are_not_timed_twice(bench):
+    """A script's time holds its commands' time: they count once, in the script's."""
+    server_time = bench["server_time"]
+    spent = server_time.CommandStats(
+        calls=Counter({"evalsha": 10, "get": 30, "lrange": 20}),
+        usec=Counter({"evalsha": 1000, "get": 300, "lrange": 400}),
+    )
+    # Every GET from the scripts, half the LRANGEs sent by the client (200 of their µs).
+    figures = server_time.per_op(spent, 10, Counter({"get": 30, "lrange": 10}))
+    assert figures["server_us_per_op"] == 120.0
+    assert (figures["commands_per_op"], figures["scripts_per_op"]) == (6, 1)
 
 
 def test_a_short_peers_run_reports_every_library_at_every_size(tmp_path):
