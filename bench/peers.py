@@ -50,10 +50,10 @@ running. Our stores run with their defaults (window 100, the memory extraction w
 on; the memory store with its journal and immediate mirror, whose catch-up after each of
 its append turns is waited for outside the timing).
 
-Redis time and commands per call: after the rounds, each operation on the bench's Redis
-runs ``--counted`` more calls, untimed, between two readings of ``INFO commandstats``
-(bench/server_time.py: every command counted, those inside scripts too, except the
-measuring ``INFO``), the extraction worker's calls for them included.
+Redis time, CPU and commands per call: after the rounds, each operation on the bench's
+Redis runs ``--counted`` more calls, untimed, between two readings of ``INFO commandstats``
+and ``INFO cpu`` (bench/server_time.py: the commands scripts call are counted as commands,
+and their time once, inside their script's), the extraction worker's calls for them included.
 LangChain's ``RedisChatMessageHistory`` needs the RediSearch and RedisJSON modules: on a
 redis-server without them it is left out and the JSON says why.
 

@@ -52,17 +52,23 @@ def count_round_trips(client: redis.Redis) -> None:
 
 
 def per_op(
-    operation: Callable[[], Any], stats: redis.Redis | None, settle: Callable[[], Any] = lambda: None
+    operation: Callable[[], Any],
+    stats: redis.Redis | None,
+    settle: Callable[[], Any] = lambda: None,
+    counted: int = COUNTED,
 ) -> dict[str, float]:
     """Round trips, Redis commands, scripts and Redis time per call of ``operation`` (0
-    without Redis), what the background workers did about the calls included (``settle``
-    waits for them)."""
+    without Redis) over ``counted`` calls, what the background workers did about the calls
+    included (``settle`` waits for them)."""
     if stats is None:
         return {"round_trips_per_op": 0.0, "commands_per_op": 0.0, "server_us_per_op": 0.0}
+    figures = server_cost([stats], operation, counted, settle)
     settle()  # the workers' calls for earlier operations are not this one's
     CountingConnection.sends = 0
-    figures = server_cost([stats], operation, COUNTED, settle)
-    return {"round_trips_per_op": CountingConnection.sends / COUNTED, **figures}
+    for _ in range(counted):
+        operation()
+    settle()
+    return {"round_trips_per_op": CountingConnection.sends / counted, **figures}
 
 
 def measure(
@@ -70,14 +76,16 @@ def measure(
     duration: float,
     stats: redis.Redis | None,
     settle: Callable[[], Any] = lambda: None,
+    counted: int = COUNTED,
 ) -> dict[str, dict[str, Any]]:
-    """Time the operations (taking turns), then count each one's round trips and commands.
+    """Time the operations (taking turns), then count each one's round trips and commands
+    over ``counted`` calls.
 
     Many short turns: a burst of the machine's other work (the memory backend's mirror
     thread, another process) then falls on each operation alike."""
     figures = timed(operations, duration, slices=50)
     for name, operation in operations.items():
-        figures[name].update(per_op(operation, stats, settle))
+        figures[name].update(per_op(operation, stats, settle, counted))
     return figures
 
 
@@ -200,7 +208,7 @@ def turn(store: MemoryStore, session_ids: list[str]) -> Callable[[], Any]:
 
 
 def redis_figures(
-    url: str, duration: float, sessions: int, keys: list[int], layout: str = "node"
+    url: str, duration: float, sessions: int, keys: list[int], layout: str = "node", counted: int = COUNTED
 ) -> dict[str, dict[str, Any]]:
     """The floor and the store on Redis (in ``layout``), taking turns in one timing run."""
     client = redis.Redis.from_url(url)
@@ -218,7 +226,7 @@ def redis_figures(
         floor = floor_operations(client)
         ops = {f"{FLOOR_PREFIX}{name}": op for name, op in floor.items()}
         ops.update(operations(store, sessions, keys, bare, window_20))
-        return measure(ops, duration, stats, settle)
+        return measure(ops, duration, stats, settle, counted)
     finally:
         store.close()
         bare.close()

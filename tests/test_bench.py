@@ -27,7 +27,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")
     }
     command = [sys.executable, str(BENCH), "--duration", "0.3", "--sessions", "5", "--keys", "10", "50"]
-    command += ["--long-conversation", "500"]
+    command += ["--long-conversation", "500", "--counted", "20"]
     command += ["--summarizer-conversations", "3", "--summarizer-messages", "120"]
     command += ["--api-duration", "0.5", "--rounds", "1", "--max-requests", "300", "--output", str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
