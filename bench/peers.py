@@ -585,6 +585,7 @@ def figures(
     """``{operation: {size: {library: figures}}}`` with our ratios to each library, and
     Redis time and commands per call for those on Redis."""
     results: dict[str, Any] = {}
+    speeds = p50_speeds(latencies)
     for (operation, size, library), rates in per_round.items():
         entry: dict[str, Any] = {
             "variant": variants.get(library, SYNC),
@@ -596,16 +597,25 @@ def figures(
         }
         if operation == APPEND:
             entry["appended_per_thread"] = round(calls[(operation, size, library)] / APPEND_THREADS, 1)
-        ratios = {}
+        ratios, p50_ratios = {}, {}
         for ours_name in (OURS_REDIS, OURS_MEMORY):
             # The floor is compared with our read of the smallest size.
             ours_key = (READ, min(s for _, s, _ in per_round if s), ours_name) if operation == FLOOR else None
-            ours_rates = per_round.get(ours_key or (operation, size, ours_name))
-            if ours_rates and library != ours_name:
-                ratios[ours_name] = ratio(ours_rates, rates)
+            ours_key = ours_key or (operation, size, ours_name)
+            if ours_key in per_round and library != ours_name:
+                ratios[ours_name] = ratio(per_round[ours_key], rates)
+                p50_ratios[ours_name] = ratio(speeds[ours_key], speeds[(operation, size, library)])
         entry["ours_over_this"] = ratios
+        entry["ours_over_this_p50"] = p50_ratios
         results.setdefault(operation, {}).setdefault(str(size), {})[library] = entry
     return results
+
+
+def p50_speeds(latencies: dict[Key, list[float]]) -> dict[Key, list[float]]:
+    """Each operation's calls per second at its median latency, as one round: the ratios
+    of these are ratios of p50 latencies, which a loaded machine moves less than rates
+    (a call the scheduler holds up is one slow call, not a slower turn)."""
+    return {key: [1 / statistics.median(taken)] for key, taken in latencies.items()}
 
 
 def turn_ratios(per_round: dict[Key, list[float]]) -> dict[str, float]:
@@ -822,6 +832,9 @@ def main() -> None:
         "results": figures(per_round, latencies, calls, costs, variants),
         "session_ratios": session_ratios(per_round),
         "turn_ratios": turn_ratios(per_round),
+        # The same ratios of p50 latencies (the turns' leave out the extraction worker's work).
+        "session_ratios_p50": session_ratios(p50_speeds(latencies)),
+        "turn_ratios_p50": turn_ratios(p50_speeds(latencies)),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
@@ -830,7 +843,7 @@ def main() -> None:
     print(session_table(results["results"], results["session_ratios"]))
     print()
     for pair, value in results["turn_ratios"].items():
-        print(f"{pair}: {value:.2f}")
+        print(f"{pair}: {value:.2f} (p50 latencies: {results['turn_ratios_p50'][pair]:.2f})")
     for library, why in skipped.items():
         print(f"\nNot measured: {library}: {why}")
     print(f"\nLoad average: {load_start[0]:.2f} at start, {results['load_average']['end'][0]:.2f} at end.")

@@ -176,6 +176,7 @@ def test_a_short_peers_run_reports_every_library_at_every_size(tmp_path):
                 # Ours against each other library, and each of ours against the other one.
                 assert set(entry["ours_over_this"]) == (OURS - {library}), (operation, size, library)
                 assert all(ratio > 0 for ratio in entry["ours_over_this"].values())
+                assert set(entry["ours_over_this_p50"]) == set(entry["ours_over_this"])
                 # Ours run with the default settings; the SDK's sessions and ours awaited.
                 if library in OURS | OUR_SESSIONS:
                     assert DEFAULTS in entry["variant"], (library, entry["variant"])
@@ -197,6 +198,8 @@ def test_a_short_peers_run_reports_every_library_at_every_size(tmp_path):
     assert DEFAULTS in default_turn["variant"]
     assert all(entry["scripts_per_op"] >= 2 for entry in figures["turn"]["0"].values())
     assert len(results["turn_ratios"]) == 2 and all(r > 0 for r in results["turn_ratios"].values())
+    assert set(results["turn_ratios_p50"]) == set(results["turn_ratios"])
+    assert set(results["session_ratios_p50"]) == set(results["session_ratios"])
     assert len(results["load_average"]["start"]) == len(results["load_average"]["end"]) == 3
     assert results["settings"]["append"] == "one user message"
 
