@@ -448,6 +448,12 @@ def _trips(cell: dict[str, float]) -> str:
     return f"{sent:g}" if sent == waits else f"{sent:g} sent, {waits:g} in sequence"
 
 
+def _server(cell: dict[str, float]) -> str:
+    return (
+        f"{cell['server_us_per_op']:,.1f} ({cell['server_cpu_us_per_op']:,.1f}), {cell['commands_per_op']:g}"
+    )
+
+
 def report(results: dict[str, Any]) -> str:
     parts = [
         f"Redis Cluster benchmark, {results['date']}: {results['machine']['cpu']} "
@@ -482,8 +488,7 @@ def report(results: dict[str, Any]) -> str:
         cells = [cell for s in SETUPS for cell in (f"{row[s]['ops_per_s']:,}", f"{row[s]['of_floor']:.0%}")]
         rows.append([name, *cells, f"{row['cluster_minus_node_points']:+.1f}"])
     server_rows = [
-        [name, *(f"{row[s]['server_us_per_op']:,.1f} µs, {row[s]['commands_per_op']:g}" for s in SETUPS)]
-        for name, row in speed["operations"].items()
+        [name, *(_server(row[setup]) for setup in SETUPS)] for name, row in speed["operations"].items()
     ]
     headers = ["Operation (one thread)"]
     headers += [cell for s in SETUPS for cell in (f"{s} ops/s", "of floor")]
@@ -495,9 +500,9 @@ def report(results: dict[str, Any]) -> str:
         "round, in points of the floor)\n\n" + markdown(headers, rows)
     )
     parts.append(
-        f"Redis time and commands per call (INFO commandstats over {results['options']['counted']} "
-        "more calls, summed over the setup's primaries; bench/server_time.py)\n\n"
-        + markdown(["Operation", *SETUPS], server_rows)
+        f"Redis µs (Redis CPU µs), commands per call (INFO commandstats and cpu over "
+        f"{results['options']['counted']} more calls, summed over the setup's primaries; "
+        "bench/server_time.py)\n\n" + markdown(["Operation", *SETUPS], server_rows)
     )
     spread = results["distribution"]
     rows = [
