@@ -23,6 +23,7 @@ import redis
 from django.contrib.auth import get_user_model
 from local_redis import free_port
 from rest_framework.authtoken.models import Token
+from server_time import command_stats, per_op
 from store_bench import ANSWER, build_store, fill
 
 BENCH = Path(__file__).resolve().parent
@@ -109,10 +110,6 @@ def load(
     return json.loads(done.stdout)
 
 
-def evalsha_calls(stats: redis.Redis) -> int:
-    return stats.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-
-
 def api_figures(
     redis_url: str,
     *,
@@ -138,10 +135,15 @@ def api_figures(
             load(base + path, files[name], token, min(1.0, duration), 2000, concurrency)
         for _ in range(rounds):
             for name, (path, _bodies) in plan.items():
-                calls = evalsha_calls(stats)
+                # Redis's counts over the run: the requests' calls and the workers' beside them.
+                before = command_stats([stats])
                 figures = load(base + path, files[name], token, duration, max_requests, concurrency)
-                figures["evalsha_per_request"] = round(
-                    (evalsha_calls(stats) - calls) / figures["requests"], 3
+                spent = command_stats([stats]) - before
+                figures.update(
+                    {
+                        key.replace("_per_op", "_per_request"): value
+                        for key, value in per_op(spent, figures["requests"]).items()
+                    }
                 )
                 if name not in best or figures["rps"] > best[name]["rps"]:
                     best[name] = figures

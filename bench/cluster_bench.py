@@ -55,6 +55,7 @@ from local_redis import redis_cluster, redis_url  # noqa: E402
 from redis.cluster import RedisCluster  # noqa: E402
 from redis.connection import AbstractConnection  # noqa: E402
 from run import machine, markdown, setup_django  # noqa: E402
+from server_time import server_cost  # noqa: E402
 from store_bench import ANSWER, VALUE, build_store  # noqa: E402
 
 from persistent_memory.backends.redis_layout import Layout  # noqa: E402
@@ -305,10 +306,25 @@ def hot_operations(store: Any, groups: dict[str, list[str]]) -> dict[str, Callab
     }
 
 
+def primaries(url: str, *, cluster: bool) -> list[redis.Redis]:
+    """A client of each primary behind ``url`` (the server itself when not a cluster)."""
+    if not cluster:
+        return [redis.Redis.from_url(url)]
+    with RedisCluster.from_url(url) as client:
+        return [redis.Redis(host=node.host, port=node.port) for node in client.get_primaries()]
+
+
 def throughput(
-    stores: dict[str, Any], groups: dict[str, list[str]], rounds: int, seconds: float
+    stores: dict[str, Any],
+    groups: dict[str, list[str]],
+    rounds: int,
+    seconds: float,
+    servers: dict[str, list[redis.Redis]],
+    counted: int,
 ) -> dict[str, Any]:
-    """Ops/s and ratio to the floor of each hot operation on each setup: median of rounds."""
+    """Ops/s and ratio to the floor of each hot operation on each setup (median of rounds),
+    then Redis time and commands per call over ``counted`` more calls, summed over the
+    ``servers`` of each setup."""
     single_pool = stores["single/node"].backend.client.connection_pool
     cluster = stores["cluster"].backend.client
     held = Layout(PREFIXES["cluster"], cluster=True).root_of(groups["write"][0])
@@ -358,6 +374,16 @@ def throughput(
             ),
             1,
         )
+        for setup in SETUPS:
+            store = stores[setup]
+            row[setup].update(
+                server_cost(
+                    servers[setup],
+                    operations[setup][name],
+                    counted,
+                    lambda store=store: store.extraction_worker.wait_idle(30),
+                )
+            )
         figures["operations"][name] = row
     return figures
 
@@ -422,6 +448,12 @@ def _trips(cell: dict[str, float]) -> str:
     return f"{sent:g}" if sent == waits else f"{sent:g} sent, {waits:g} in sequence"
 
 
+def _server(cell: dict[str, float]) -> str:
+    return (
+        f"{cell['server_us_per_op']:,.1f} ({cell['server_cpu_us_per_op']:,.1f}), {cell['commands_per_op']:g}"
+    )
+
+
 def report(results: dict[str, Any]) -> str:
     parts = [
         f"Redis Cluster benchmark, {results['date']}: {results['machine']['cpu']} "
@@ -455,6 +487,9 @@ def report(results: dict[str, Any]) -> str:
     for name, row in speed["operations"].items():
         cells = [cell for s in SETUPS for cell in (f"{row[s]['ops_per_s']:,}", f"{row[s]['of_floor']:.0%}")]
         rows.append([name, *cells, f"{row['cluster_minus_node_points']:+.1f}"])
+    server_rows = [
+        [name, *(_server(row[setup]) for setup in SETUPS)] for name, row in speed["operations"].items()
+    ]
     headers = ["Operation (one thread)"]
     headers += [cell for s in SETUPS for cell in (f"{s} ops/s", "of floor")]
     headers.append("cluster - node layout (points)")
@@ -463,6 +498,11 @@ def report(results: dict[str, Any]) -> str:
         "slices; each setup's ratio is to the floor of its own server, on the cluster of the primary "
         "holding every timed session; the last column is single/cluster minus single/node, round by "
         "round, in points of the floor)\n\n" + markdown(headers, rows)
+    )
+    parts.append(
+        f"Redis µs (Redis CPU µs), commands per call (INFO commandstats and cpu over "
+        f"{results['options']['counted']} more calls, summed over the setup's primaries; "
+        "bench/server_time.py)\n\n" + markdown(["Operation", *SETUPS], server_rows)
     )
     spread = results["distribution"]
     rows = [
@@ -489,13 +529,17 @@ def measure(args: argparse.Namespace, single_url: str, cluster_url: str) -> dict
         "single/cluster": setup_store("single/cluster", single_url),
         "cluster": setup_store("cluster", cluster_url),
     }
+    single, cluster = primaries(single_url, cluster=False), primaries(cluster_url, cluster=True)
+    servers = {"single/node": single, "single/cluster": single, "cluster": cluster}
     try:
         results: dict[str, Any] = {"round_trips": round_trips(stores, args.calls)}
         groups = timed_sessions(stores["cluster"].backend.client, PREFIXES["cluster"], args.sessions)
-        results["throughput"] = throughput(stores, groups, args.rounds, args.slice)
+        results["throughput"] = throughput(stores, groups, args.rounds, args.slice, servers, args.counted)
     finally:
         for store in stores.values():
             store.close()
+        for client in single + cluster:
+            client.close()
     spread = setup_store("cluster", cluster_url, max_sessions=args.spread + 1000)
     try:
         results["distribution"] = distribution(spread, args.spread)
@@ -516,11 +560,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sessions", type=int, help="sessions each timed operation cycles through (100; 10)")
     parser.add_argument("--spread", type=int, help="sessions created for the distribution (100,000; 5,000)")
     parser.add_argument("--calls", type=int, help="calls counted per operation for round trips (20; 5)")
+    parser.add_argument(
+        "--counted", type=int, help="calls per operation counting Redis time and commands (200; 10)"
+    )
     parser.add_argument("--output", type=Path, help="the text report (default: a full run's results file)")
     parser.add_argument("--json", type=Path, help="every figure as JSON")
     args = parser.parse_args(argv)
-    defaults = (3, 0.02, 10, 5000, 5) if args.quick else (11, 0.25, 100, 100_000, 20)
-    for name, default in zip(("rounds", "slice", "sessions", "spread", "calls"), defaults, strict=True):
+    defaults = (3, 0.02, 10, 5000, 5, 10) if args.quick else (11, 0.25, 100, 100_000, 20, 200)
+    names = ("rounds", "slice", "sessions", "spread", "calls", "counted")
+    for name, default in zip(names, defaults, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
     today = datetime.date.today().isoformat()

@@ -108,14 +108,17 @@ def redis_cluster(primaries: int = 3) -> Iterator[str]:
             )
         for port in ports:
             _wait_for(f"redis://127.0.0.1:{port}/0")
-        subprocess.run(
-            [shutil.which("redis-cli") or "redis-cli", "--cluster", "create"]
-            + [f"127.0.0.1:{port}" for port in ports]
-            + ["--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        if primaries >= 3:
+            subprocess.run(
+                [shutil.which("redis-cli") or "redis-cli", "--cluster", "create"]
+                + [f"127.0.0.1:{port}" for port in ports]
+                + ["--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+        else:  # redis-cli creates clusters of 3 primaries or more
+            _join(ports)
         deadline = time.monotonic() + 60
         while not all(_cluster_ok(port) for port in ports):
             if time.monotonic() > deadline:
@@ -128,6 +131,18 @@ def redis_cluster(primaries: int = 3) -> Iterator[str]:
         for server in servers:
             server.wait(timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _join(ports: list[int]) -> None:
+    """Split the slots evenly over the nodes on ``ports`` and make them meet."""
+    share = CLUSTER_SLOTS // len(ports)
+    for n, port in enumerate(ports):
+        last = CLUSTER_SLOTS - 1 if n == len(ports) - 1 else (n + 1) * share - 1
+        with redis.Redis(port=port) as client:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", n * share, last)
+            client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", n + 1)
+            if n:
+                client.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0])
 
 
 def _cluster_ok(port: int) -> bool:

@@ -1,6 +1,6 @@
 """The benchmark of the store and the REST API against their floors.
 
-    python bench/run.py [--duration 2] [--sessions 100] [--keys 10 50] [--backend both]
+    python bench/run.py [--duration 2] [--sessions 100] [--keys 10 50] [--counted 200] [--backend both]
                         [--summarizer-conversations 1000] [--summarizer-messages 300]
                         [--api-duration 3] [--rounds 3] [--no-api] [--output PATH]
 
@@ -109,7 +109,7 @@ def measure_store(args: argparse.Namespace, url: str) -> dict[str, Any]:
         # The node layout (REDIS_LAYOUT's default on one server) first, then the cluster
         # layout on the same server, each with its own floor measured beside it.
         for layout, suffix in (("node", ""), ("cluster", CLUSTER_LAYOUT)):
-            figures = redis_figures(url, args.duration, args.sessions, args.keys, layout)
+            figures = redis_figures(url, args.duration, args.sessions, args.keys, layout, args.counted)
             results[f"floor{suffix}"] = {
                 k.removeprefix(FLOOR_PREFIX): v for k, v in figures.items() if k.startswith(FLOOR_PREFIX)
             }
@@ -302,7 +302,9 @@ def report(results: dict[str, Any]) -> str:
                     "p50 ms",
                     "p99 ms",
                     "statuses",
-                    "EVALSHA/request",
+                    "scripts/request",
+                    "Redis commands/request",
+                    "Redis CPU µs/request",
                     "load generator CPU s",
                 ],
                 [
@@ -313,7 +315,9 @@ def report(results: dict[str, Any]) -> str:
                         f["p50_ms"],
                         f["p99_ms"],
                         " ".join(f"{code}×{n}" for code, n in f["statuses"].items()),
-                        f["evalsha_per_request"],
+                        f["scripts_per_request"],
+                        f["commands_per_request"],
+                        f["server_cpu_us_per_request"],
                         f["client_cpu_s"],
                     ]
                     for name, f in results["api"].items()
@@ -348,6 +352,9 @@ def main() -> None:
         nargs="+",
         default=[10, 50],
         help="keys per session for get_all (each); the first also for enrich",
+    )
+    parser.add_argument(
+        "--counted", type=int, default=200, help="calls per Redis operation counting its commands and time"
     )
     parser.add_argument("--backend", choices=["both", "redis", "memory"], default="both")
     parser.add_argument(

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 from conversation_bench import conversation_operations, lanes_with_idle_ttl, lanes_without_recording
+from server_time import server_cost
 from timing import timed
 
 from persistent_memory.conf import MemorySettings
@@ -30,6 +31,8 @@ ENRICH, STORE = "enrich lane", "store lane"
 TURN = "turn (enrich + store)"
 #: The variant the default turn is compared with.
 BARE = "recording and extraction off"
+#: The default turn at the window the bench used before the default (100) was measured.
+WINDOW_20 = "window 20"
 
 
 class CountingConnection(redis.Connection):
@@ -48,38 +51,24 @@ def count_round_trips(client: redis.Redis) -> None:
     client.connection_pool.connection_class = CountingConnection
 
 
-def command_stats(stats: redis.Redis) -> tuple[int, int, int]:
-    """Commands Redis has run (those inside scripts too, INFO excluded), the scripts it
-    ran, and the microseconds it spent on the ones clients sent (EVALSHA, PING)."""
-    table = stats.info("commandstats")
-    calls = sum(v["calls"] for k, v in table.items() if k != "cmdstat_info")
-    scripts = table.get("cmdstat_evalsha", {}).get("calls", 0)
-    usec = sum(table.get(k, {}).get("usec", 0) for k in ("cmdstat_evalsha", "cmdstat_ping"))
-    return calls, scripts, usec
-
-
 def per_op(
-    operation: Callable[[], Any], stats: redis.Redis | None, settle: Callable[[], Any] = lambda: None
+    operation: Callable[[], Any],
+    stats: redis.Redis | None,
+    settle: Callable[[], Any] = lambda: None,
+    counted: int = COUNTED,
 ) -> dict[str, float]:
     """Round trips, Redis commands, scripts and Redis time per call of ``operation`` (0
-    without Redis), what the background workers did about the calls included (``settle``
-    waits for them)."""
+    without Redis) over ``counted`` calls, what the background workers did about the calls
+    included (``settle`` waits for them)."""
     if stats is None:
         return {"round_trips_per_op": 0.0, "commands_per_op": 0.0, "server_us_per_op": 0.0}
-    settle()
-    calls, scripts, usec = command_stats(stats)
+    figures = server_cost([stats], operation, counted, settle)
+    settle()  # the workers' calls for earlier operations are not this one's
     CountingConnection.sends = 0
-    for _ in range(COUNTED):
+    for _ in range(counted):
         operation()
     settle()
-    sends = CountingConnection.sends
-    calls_after, scripts_after, usec_after = command_stats(stats)
-    return {
-        "round_trips_per_op": sends / COUNTED,
-        "scripts_per_op": (scripts_after - scripts) / COUNTED,
-        "commands_per_op": (calls_after - calls) / COUNTED,
-        "server_us_per_op": round((usec_after - usec) / COUNTED, 1),
-    }
+    return {"round_trips_per_op": CountingConnection.sends / counted, **figures}
 
 
 def measure(
@@ -87,14 +76,16 @@ def measure(
     duration: float,
     stats: redis.Redis | None,
     settle: Callable[[], Any] = lambda: None,
+    counted: int = COUNTED,
 ) -> dict[str, dict[str, Any]]:
-    """Time the operations (taking turns), then count each one's round trips and commands.
+    """Time the operations (taking turns), then count each one's round trips and commands
+    over ``counted`` calls.
 
     Many short turns: a burst of the machine's other work (the memory backend's mirror
     thread, another process) then falls on each operation alike."""
     figures = timed(operations, duration, slices=50)
     for name, operation in operations.items():
-        figures[name].update(per_op(operation, stats, settle))
+        figures[name].update(per_op(operation, stats, settle, counted))
     return figures
 
 
@@ -132,10 +123,9 @@ def build_store(
         "JOURNAL_DIR": journal_dir or False,
         "MAX_MESSAGES": 20_000,
         "MAX_SESSION_BYTES": None,
-        # The lanes' window: 20 messages, as a chat sends (the conversations grow while timed).
-        "CONTEXT_MAX_MESSAGES": 20,
-        # Everything else as a project gets it: conversations recorded, the extraction
-        # worker running (its cost is the default path's), the backend's mirror mode.
+        # Everything else as a project gets it: the lanes' window of 100 messages (the
+        # conversations grow while timed), conversations recorded, the extraction worker
+        # running (its cost is the default path's), the backend's mirror mode.
         **extra,
     }
     if backend == "redis":
@@ -162,10 +152,15 @@ def _cycle(items: list[Any]) -> Callable[[], Any]:
 
 
 def operations(
-    store: MemoryStore, sessions: int, keys: list[int], bare: MemoryStore | None = None
+    store: MemoryStore,
+    sessions: int,
+    keys: list[int],
+    bare: MemoryStore | None = None,
+    window_20: MemoryStore | None = None,
 ) -> dict[str, Callable[[], Any]]:
     """Each measured operation, on sessions of its own, spread over ``sessions`` ids; with
-    ``bare`` (the same backend with recording and extraction off), a turn on each."""
+    ``bare`` (the same backend with recording and extraction off) and ``window_20`` (with a
+    window of 20), a turn on each of the three."""
     written = _cycle(fill(store, "write", sessions, 1))
     result: dict[str, Callable[[], Any]] = {
         "put": lambda: store.put(written(), "k0", VALUE),
@@ -193,6 +188,8 @@ def operations(
     if bare is not None:
         result[TURN] = turn(store, fill(store, "turn", sessions, keys[0]))
         result[f"{TURN} ({BARE})"] = turn(bare, fill(bare, "bare-turn", sessions, keys[0]))
+    if window_20 is not None:
+        result[f"{TURN} ({WINDOW_20})"] = turn(window_20, fill(window_20, "turn-20", sessions, keys[0]))
     return result
 
 
@@ -211,7 +208,7 @@ def turn(store: MemoryStore, session_ids: list[str]) -> Callable[[], Any]:
 
 
 def redis_figures(
-    url: str, duration: float, sessions: int, keys: list[int], layout: str = "node"
+    url: str, duration: float, sessions: int, keys: list[int], layout: str = "node", counted: int = COUNTED
 ) -> dict[str, dict[str, Any]]:
     """The floor and the store on Redis (in ``layout``), taking turns in one timing run."""
     client = redis.Redis.from_url(url)
@@ -219,14 +216,21 @@ def redis_figures(
     stats = redis.Redis.from_url(url)
     store = build_store("redis", url, layout=layout)
     bare = build_store("redis", url, layout=layout, RECORD_CONVERSATION=False, MEMORY_EXTRACTION_WORKER=False)
+    window_20 = build_store("redis", url, layout=layout, CONTEXT_MAX_MESSAGES=20)
+
+    def settle() -> None:
+        store.extraction_worker.wait_idle(30)
+        window_20.extraction_worker.wait_idle(30)
+
     try:
         floor = floor_operations(client)
         ops = {f"{FLOOR_PREFIX}{name}": op for name, op in floor.items()}
-        ops.update(operations(store, sessions, keys, bare))
-        return measure(ops, duration, stats, lambda: store.extraction_worker.wait_idle(30))
+        ops.update(operations(store, sessions, keys, bare, window_20))
+        return measure(ops, duration, stats, settle, counted)
     finally:
         store.close()
         bare.close()
+        window_20.close()
         client.close()
         stats.close()
 

@@ -27,7 +27,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")
     }
     command = [sys.executable, str(BENCH), "--duration", "0.3", "--sessions", "5", "--keys", "10", "50"]
-    command += ["--long-conversation", "500"]
+    command += ["--long-conversation", "500", "--counted", "20"]
     command += ["--summarizer-conversations", "3", "--summarizer-messages", "120"]
     command += ["--api-duration", "0.5", "--rounds", "1", "--max-requests", "300", "--output", str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -54,7 +54,11 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         operations |= {f"enrich lane ({variant})", f"store lane ({variant})"}
     assert set(results["memory"]) == set(results["memory_journal"]) == operations
     # On Redis, in both layouts, a default turn beside the turn with recording and extraction off.
-    turns = {"turn (enrich + store)", "turn (enrich + store) (recording and extraction off)"}
+    turns = {
+        "turn (enrich + store)",
+        "turn (enrich + store) (recording and extraction off)",
+        "turn (enrich + store) (window 20)",
+    }
     assert set(results["redis"]) == set(results["redis_cluster_layout"]) == operations | turns
     # One round trip and one script per lane call and operation with the default settings,
     # the extraction worker's calls included: counted on the client and on the server.
@@ -74,8 +78,12 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
     assert set(api) == {"no-op DRF view", "enrich (10 keys)", "store", "process (2 entries)"}
     for name, figures in api.items():
         assert figures["requests"] > 0 and figures["statuses"] == {"200": figures["requests"]}, name
-    calls = {name: figures["evalsha_per_request"] for name, figures in api.items()}
+    calls = {name: figures["scripts_per_request"] for name, figures in api.items()}
     assert calls == {"no-op DRF view": 0.0, "enrich (10 keys)": 1.0, "store": 1.0, "process (2 entries)": 2.0}
+    # Redis commands beside every Redis figure; and per store operation, the Redis time
+    # of the commands clients sent.
+    assert all(api[name]["commands_per_request"] >= 1 for name in calls if name != "no-op DRF view")
+    assert all(f["server_us_per_op"] > 0 for f in results["redis"].values())
 
     targets = [check["target"] for check in results["targets"]]
     for layout in ("node", "cluster"):
@@ -227,6 +235,10 @@ def test_a_quick_cluster_run_counts_one_round_trip_per_operation(tmp_path):
     assert len(speed["operations"]) == 7
     for row in speed["operations"].values():
         assert all(row[setup]["ops_per_s"] > 0 and row[setup]["of_floor"] > 0 for setup in setups)
+        # Redis time beside each figure, summed over the cluster's primaries: the cluster
+        # layout's commands, the same on one server as on the cluster.
+        assert all(row[setup]["server_us_per_op"] > 0 for setup in setups)
+        assert row["single/cluster"]["commands_per_op"] == row["cluster"]["commands_per_op"] >= 1
 
     spread = results["distribution"]
     assert len(spread["primaries"]) == 3
