@@ -35,7 +35,6 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
-from importlib import resources
 from typing import Any
 
 import hiredis
@@ -62,6 +61,7 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
+from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
 from persistent_memory.backends.redis_layout import DIRTY, TAIL, Layout, swept
 from persistent_memory.backends.redis_topology import build_client, describe
 from persistent_memory.conf import (
@@ -93,17 +93,6 @@ from persistent_memory.exceptions import (
 from persistent_memory.owners import namespace_of
 
 
-def _script() -> str:
-    """lua/redis.lua with the files it includes (``-- @include name.lua`` lines) in their place:
-    one script, so that every operation stays one EVALSHA."""
-    files = resources.files("persistent_memory.backends").joinpath("lua")
-    text = files.joinpath("redis.lua").read_text()
-    return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
-
-
-SCRIPT = _script()
-
-
 def _bridged() -> Any:
     """:mod:`persistent_memory.integrations.redis_bridge` when this call runs in its bridge
     (an async caller's: see there), else None."""
@@ -127,6 +116,12 @@ def _pack_all(connection: redis.Connection, commands: list[tuple[Any, ...]]) -> 
         return [b"".join([hiredis.pack_command(command) for command in commands])]
     except TypeError:
         return connection.pack_commands(commands)
+
+
+def _execute(connection: redis.Connection, command: tuple[Any, ...]) -> Any:
+    """``command``'s reply on ``connection``."""
+    connection.send_command(*command)
+    return connection.read_response()
 
 
 def tail_read(command: tuple[Any, ...], seen: str) -> list[tuple[Any, ...]]:
@@ -234,6 +229,10 @@ _READS = frozenset(
 _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
+#: Errors a call recovers from before it gives up (see RedisBackend._recover): the library
+#: missing, then a read that must write.
+_RECOVERIES = 2
+
 #: Redirects a write that waits for replicas follows by hand before it gives up (see
 #: RedisBackend._resend); the cluster client's own limit is 16.
 _REDIRECT_LIMIT = 5
@@ -338,7 +337,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             "1" if self.refresh_on_read else "0",
             str(self.summarize_after_tokens or 0),
         )
-        self._sha = client.register_script(SCRIPT).sha
+        self._library = Library(SOURCE)  # loaded where a call finds it missing (see _recover)
         self._loops: Any = None  # redis_bridge.LoopClients, made by the first async call
         self._ask_role = True  # ROLE beside a write that waits for replicas (see _packet)
 
@@ -407,7 +406,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         elsewhere: int | None = None,
         **names: Any,
     ) -> tuple[Any, ...]:
-        """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`) and
+        """The FCALL of ``op``, its keys declared (``names``: see :meth:`Layout.keys`) and
         its ARGV as redis.lua reads them."""
         keys = self.layout.keys(session_id, idempotency=idempotency.ref if idempotency else None, **names)
         once = _NO_IDEMPOTENCY
@@ -418,7 +417,8 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             cap = f"{self.max_sessions_per_owner}" + ("?" if elsewhere is None else f"+{elsewhere}")
             policy = (*policy[:3], cap, *policy[4:])
         argv = (op, "bound" if bound else "", session_id, repr(time.time()), *policy, *once, *args)
-        return ("EVALSHA", self._sha, str(len(keys)), *keys, *argv)
+        head = self._library.head(op, read_only=not self.refresh_on_read)
+        return (*head, str(len(keys)), *keys, *argv)
 
     def _run(self, op: str, session_id: str, *args: Any, **options: Any) -> Any:
         """:meth:`_call`; in the cluster layout, a call that would create a session of an owner
@@ -449,9 +449,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         tail: str | None = None,
         **names: Any,
     ) -> Any:
-        """One EVALSHA of the script, its keys declared, on the primary of their slot.
+        """One FCALL of the library, its keys declared, on the primary of their slot.
 
-        Sent on a pooled connection directly rather than through ``Redis.evalsha``:
+        Sent on a pooled connection directly rather than through ``Redis.fcall``:
         the client's command wrapper (retries, which are off, and instrumentation)
         costs more on this hot path than the rest of the store's Python code. With
         REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet. A command
@@ -615,11 +615,49 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         raise redirect
 
     def _via_cluster_client(self, command: tuple[Any, ...]) -> Any:
-        try:
-            return self.client.execute_command(*command)
-        except redis.exceptions.NoScriptError:  # a node new to the slot
-            self.client.script_load(SCRIPT)
-            return self.client.execute_command(*command)
+        for _ in range(_RECOVERIES):
+            try:
+                return self.client.execute_command(*command)
+            except redis.ResponseError as exc:  # a node new to the slot lacks the library
+                command = self._recover(exc, command)
+        return self.client.execute_command(*command)
+
+    def _recover(self, exc: redis.ResponseError, command: tuple[Any, ...], on: Any = None) -> tuple[Any, ...]:
+        """The command to send once more after its error ``exc``, or ``exc`` raised: a read
+        that must write, as a write; a call that found the library missing, the same once
+        the library is loaded on ``on`` (the connection that answered), if given, and on
+        every primary."""
+        if write_needed(exc):
+            return self._library.writing(command)
+        if not missing(exc):
+            raise exc
+        if on is not None:
+            self._load(lambda *load: _execute(on, load))
+        if self.on_cluster or on is None:
+            self._load_everywhere()
+        return self._library.again(command)
+
+    def _load_everywhere(self) -> None:
+        """The library loaded on the server, or on every primary of a cluster (its map read
+        again first: a failover or a new node is why a call found it missing)."""
+        if not self.on_cluster:
+            self._load(self.client.execute_command)
+            return
+        self._refresh_slots()
+        for node in self.client.get_primaries():
+            self._load(self.client.get_redis_connection(node).execute_command)
+
+    def _load(self, execute: Callable[..., Any]) -> None:
+        """Load the library on the server ``execute`` sends to (see Library.loading)."""
+        steps = self._library.loading()
+        with suppress(StopIteration):
+            load = next(steps)
+            while True:
+                try:
+                    reply = execute(*load)
+                except redis.ResponseError as exc:
+                    reply = exc
+                load = steps.send(reply)
 
     def _pool(self, key: str) -> redis.ConnectionPool:
         """The connection pool of the primary that serves ``key``."""
@@ -637,22 +675,22 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
     def _exchange(
         self, connection: redis.Connection, command: tuple[Any, ...], wait: int, *, asking: bool = False
     ) -> Any:
+        for _ in range(_RECOVERIES):
+            try:
+                return self._exchange_once(connection, command, wait, asking)
+            except redis.ResponseError as exc:  # a restarted or flushed server, or one new to the slot
+                command = self._recover(exc, command, connection)
+        return self._exchange_once(connection, command, wait, asking)
+
+    def _exchange_once(
+        self, connection: redis.Connection, command: tuple[Any, ...], wait: int, asking: bool
+    ) -> Any:
         if not wait and not asking:
             connection.send_packed_command(_pack(connection, command))
-            try:
-                return connection.read_response()
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                connection.send_command("SCRIPT", "LOAD", SCRIPT)
-                connection.read_response()
-                return self._exchange(connection, command, wait)
+            return connection.read_response()
         packet = self._packet(command, wait, asking=asking)
         connection.send_packed_command(connection.pack_commands(packet))
-        try:
-            return self._read_packet(connection, packet)
-        except redis.exceptions.NoScriptError:  # a restarted or flushed server, or one new to the slot
-            connection.send_command("SCRIPT", "LOAD", SCRIPT)
-            connection.read_response()
-            return self._exchange(connection, command, wait, asking=asking)
+        return self._read_packet(connection, packet)
 
     def _packet(self, command: tuple[Any, ...], wait: int, *, asking: bool = False) -> list[tuple[Any, ...]]:
         """``command`` and what goes in its packet: ASKING before it when ``asking``; with
@@ -726,6 +764,14 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return reply
 
     def _exchange_tail(self, connection: redis.Connection, command: tuple[Any, ...], seen: str) -> Any:
+        for _ in range(_RECOVERIES):
+            try:
+                return self._exchange_tail_once(connection, command, seen)
+            except redis.ResponseError as exc:  # a restarted or flushed server
+                command = self._recover(exc, command, connection)
+        return self._exchange_tail_once(connection, command, seen)
+
+    def _exchange_tail_once(self, connection: redis.Connection, command: tuple[Any, ...], seen: str) -> Any:
         connection.send_packed_command(_pack_all(connection, tail_read(command, seen)))
         replies: list[Any] = []
         for _ in range(4):  # every reply read, errors too: the connection stays usable
@@ -733,12 +779,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
                 replies.append(connection.read_response())
             except redis.ResponseError as exc:
                 replies.append(exc)
-        try:
-            return tail_reply(replies)
-        except redis.exceptions.NoScriptError:  # a restarted or flushed server
-            connection.send_command("SCRIPT", "LOAD", SCRIPT)
-            connection.read_response()
-            return self._exchange_tail(connection, command, seen)
+        return tail_reply(replies)
 
     def _check_replicas(self, acknowledged: int, *, connected: bool = False) -> None:
         """ReplicasBehind unless ``acknowledged`` replicas are enough; ``connected``: the
@@ -800,20 +841,26 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return replies
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Several EVALSHAs, one pipeline per primary; replies or errors. Those a server did
-        not run (the script not loaded there, the slot moved) are sent again, alone."""
+        """Several FCALLs, one pipeline per primary; replies or errors. Those a server did
+        not run (the library not loaded there, a read that must write) are sent again
+        once; those whose slot moved, alone."""
         bridge = _bridged()
         if bridge is not None:
             return bridge.blocking(self._run_many, commands)
+        commands = list(commands)
         replies = self._batch(commands, key_at=3)
-        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
-        if unloaded:
-            with self._errors():
-                self.client.script_load(SCRIPT)  # every primary, on a cluster
-            for i, reply in zip(
-                unloaded, self._batch([commands[i] for i in unloaded], key_at=3), strict=True
-            ):
-                replies[i] = reply
+        failed = [i for i, reply in enumerate(replies) if missing(reply) or write_needed(reply)]
+        if failed:
+            if any(missing(replies[i]) for i in failed):
+                with self._errors():
+                    self._load_everywhere()
+            library = self._library
+            again = [
+                library.writing(commands[i]) if write_needed(replies[i]) else library.again(commands[i])
+                for i in failed
+            ]
+            for i, command, reply in zip(failed, again, self._batch(again, key_at=3), strict=True):
+                commands[i], replies[i] = command, reply
         return self._redirected_again(commands, replies)
 
     def _redirected_again(self, commands: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:

@@ -5,7 +5,7 @@ and the integrations. An async caller (the agent frameworks' sessions and stores
 store method in a *bridge*, a greenlet (the mechanism SQLAlchemy's asyncio support uses):
 the method runs unchanged, and where the backend would send its one script call on a
 socket, it hands an awaitable to the event loop and is resumed with the reply. So the
-call is one EVALSHA on a redis.asyncio connection of the loop, and no thread waits on it.
+call is one FCALL on a redis.asyncio connection of the loop, and no thread waits on it.
 
 What the bridge sends itself: a script call on one server or Sentinel's master (on a
 pooled connection, with ``WAIT`` in the same packet when REDIS_WAIT_REPLICAS asks), and on
@@ -41,12 +41,13 @@ from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 from persistent_memory.backends.redis import (
     _DROP,
     _READS,
+    _RECOVERIES,
     _REDIRECTS,
-    SCRIPT,
     _pack_all,
     tail_read,
     tail_reply,
 )
+from persistent_memory.backends.redis_functions import missing, write_needed
 from persistent_memory.backends.redis_layout import TAIL
 
 if TYPE_CHECKING:
@@ -248,12 +249,44 @@ async def _beside_tail(connection: Any, command: tuple[Any, ...], tail: str) -> 
                     replies.append(exc)
     except TimeoutError:  # read_response disconnected when it was cancelled
         raise redis.TimeoutError("Timeout reading from the server") from None
+    return tail_reply(replies)
+
+
+async def _load(backend: RedisBackend, execute: Callable[..., Awaitable[Any]]) -> None:
+    """``RedisBackend._load`` with an async ``execute``."""
+    steps = backend._library.loading()
     try:
-        return tail_reply(replies)
-    except redis.exceptions.NoScriptError:  # a restarted or flushed server
-        await connection.send_command("SCRIPT", "LOAD", SCRIPT)
-        await connection.read_response()
-        return await _beside_tail(connection, command, tail)
+        load = next(steps)
+        while True:
+            try:
+                reply = await execute(*load)
+            except redis.ResponseError as exc:
+                reply = exc
+            load = steps.send(reply)
+    except StopIteration:
+        return
+
+
+async def _recover(
+    backend: RedisBackend, exc: redis.ResponseError, command: tuple[Any, ...], client: Any, on: Any = None
+) -> tuple[Any, ...]:
+    """``RedisBackend._recover`` on the loop: the library loaded on ``on`` (the connection
+    that answered), if given, and on every primary of a cluster ``client``."""
+    if write_needed(exc):
+        return backend._library.writing(command)
+    if not missing(exc):
+        raise exc
+    if on is not None:
+
+        async def execute(*load: Any) -> Any:
+            await on.send_command(*load)
+            return await on.read_response()
+
+        await _load(backend, execute)
+    if isinstance(client, AsyncRedisCluster):
+        for node in client.get_primaries():
+            await _load(backend, node.execute_command)
+    return backend._library.again(command)
 
 
 async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
@@ -278,7 +311,7 @@ async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tupl
 async def exchange(
     backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int, tail: str | None = None
 ) -> Any:
-    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``, or beside
+    """The library call ``command`` (an FCALL), and its ``WAIT`` when ``wait``, or beside
     its thread tail when ``tail`` is given; as ``RedisBackend._exchange`` and ``_exchange_tail``
     do on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
@@ -292,33 +325,37 @@ async def exchange(
                 return await _beside_tail(connection, command, tail)
             except (*_REDIRECTS, redis.ConnectionError, redis.TimeoutError):
                 await connection.disconnect()  # the cluster client follows it, with the texts in the reply
-            except redis.ResponseError:
-                raise  # whole replies were read: the connection is fine
+            except redis.ResponseError as exc:  # whole replies were read: the connection is fine
+                if not (missing(exc) or write_needed(exc)):
+                    raise
+                command = await _recover(backend, exc, command, client, connection)
             except BaseException:
                 await connection.disconnect()
                 raise
             finally:
                 node.release(connection)
-        try:
-            return await client.execute_command(*command)
-        except redis.exceptions.NoScriptError:  # a node new to the slot, or restarted
-            await client.script_load(SCRIPT)
-            return await client.execute_command(*command)
+        for _ in range(_RECOVERIES):
+            try:
+                return await client.execute_command(*command)
+            except redis.ResponseError as exc:  # a node new to the slot, or restarted
+                command = await _recover(backend, exc, command, client)
+        return await client.execute_command(*command)
     pool = client.connection_pool
     connection = await pool.get_connection()
     try:
-        while True:
-            if tail is not None:
-                return await _beside_tail(connection, command, tail)
-            packet = backend._packet(command, wait)
-            await _send(connection, _pack_all(connection, packet))
+        for attempt in range(_RECOVERIES + 1):
             try:
+                if tail is not None:
+                    return await _beside_tail(connection, command, tail)
+                packet = backend._packet(command, wait)
+                await _send(connection, _pack_all(connection, packet))
                 if not wait:
                     return await connection.read_response()
                 return await _read_packet(backend, connection, packet)
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                await connection.send_command("SCRIPT", "LOAD", SCRIPT)
-                await connection.read_response()
+            except redis.ResponseError as exc:  # a restarted or flushed server, or a read that must write
+                if attempt == _RECOVERIES:
+                    raise
+                command = await _recover(backend, exc, command, client, connection)
     except redis.ResponseError:
         raise  # whole replies were read: the connection is fine
     except BaseException:
