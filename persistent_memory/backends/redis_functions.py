@@ -128,3 +128,12 @@ def write_needed(exc: BaseException) -> bool:
 
 
 SOURCE = _source()
+
+
+#: The commands that run the library, as ``INFO commandstats`` names them.
+CALL_STATS = ("cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha")
+
+
+def library_calls(commandstats: dict[str, Any]) -> int:
+    """The calls of the library in an ``INFO commandstats`` reply."""
+    return sum(commandstats.get(name, {}).get("calls", 0) for name in CALL_STATS)
