@@ -302,7 +302,7 @@ def report(results: dict[str, Any]) -> str:
                     "p50 ms",
                     "p99 ms",
                     "statuses",
-                    "EVALSHA/request",
+                    "FCALL/request",
                     "load generator CPU s",
                 ],
                 [
@@ -313,7 +313,7 @@ def report(results: dict[str, Any]) -> str:
                         f["p50_ms"],
                         f["p99_ms"],
                         " ".join(f"{code}×{n}" for code, n in f["statuses"].items()),
-                        f["evalsha_per_request"],
+                        f["fcalls_per_request"],
                         f["client_cpu_s"],
                     ]
                     for name, f in results["api"].items()

@@ -15,6 +15,7 @@ import redis
 from conversation_bench import conversation_operations, lanes_with_idle_ttl, lanes_without_recording
 from timing import timed
 
+from persistent_memory.backends.redis_functions import CALL_STATS, library_calls
 from persistent_memory.conf import MemorySettings
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
@@ -49,13 +50,13 @@ def count_round_trips(client: redis.Redis) -> None:
 
 
 def command_stats(stats: redis.Redis) -> tuple[int, int, int]:
-    """Commands Redis has run (those inside scripts too, INFO excluded), the scripts it
-    ran, and the microseconds it spent on the ones clients sent (EVALSHA, PING)."""
+    """Commands Redis has run (those inside the library's calls too, INFO excluded), the
+    library's calls (FCALL, FCALL_RO; EVALSHA without functions), and the microseconds it
+    spent on the ones clients sent (those, PING)."""
     table = stats.info("commandstats")
     calls = sum(v["calls"] for k, v in table.items() if k != "cmdstat_info")
-    scripts = table.get("cmdstat_evalsha", {}).get("calls", 0)
-    usec = sum(table.get(k, {}).get("usec", 0) for k in ("cmdstat_evalsha", "cmdstat_ping"))
-    return calls, scripts, usec
+    usec = sum(table.get(k, {}).get("usec", 0) for k in (*CALL_STATS, "cmdstat_ping"))
+    return calls, library_calls(table), usec
 
 
 def per_op(
