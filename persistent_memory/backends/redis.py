@@ -1,9 +1,10 @@
 """The Redis backend: one round trip per operation, on one server, Sentinel or a cluster.
 
-Every operation is one EVALSHA of ``lua/redis.lua`` (with the files it includes), which
-keeps each write atomic with its history entry, TTL alignment and summarization, and declares its keys
-(:mod:`.redis_layout` names them). The node layout, byte for byte the original node's
-(so either can read the other's data)::
+Every operation is one FCALL of the function library ``lua/redis.lua`` (with the files it
+includes; :mod:`.redis_functions` loads it, and falls back to EVALSHA of the same code on
+Redis < 7), which keeps each write atomic with its history entry, TTL alignment and
+summarization, and declares its keys (:mod:`.redis_layout` names them). The node layout,
+byte for byte the original node's (so either can read the other's data)::
 
     {prefix}:{session_id}:{key}         value as JSON text (counters: Redis integers)
     {prefix}:{session_id}:__keys__      set of the session's keys

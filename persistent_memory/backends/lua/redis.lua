@@ -1,8 +1,11 @@
--- Every store operation on Redis, as one script: one EVALSHA is one round trip, and
--- a write, its history entry, its TTL alignment, its summarization and its mark for
--- the ORM mirror happen atomically. This file holds the call's arguments, idempotency,
--- expiry alignment, run bindings and the fast path of the commonest reads; the files it
--- includes at its end (by concern) hold the rest, in that order.
+-- Every store operation on Redis, as one function library (FUNCTION LOAD; on Redis < 7
+-- the same chunk as a script, see persistent_memory.backends.redis_functions): one FCALL
+-- is one round trip, and a write, its history entry, its TTL alignment, its summarization
+-- and its mark for the ORM mirror happen atomically. This file holds the call's arguments,
+-- idempotency, expiry alignment, run bindings, the fast path of the commonest reads and,
+-- at its end, entry(), which runs a call; the files it includes (by concern) hold the rest,
+-- in that order. The chunk runs once, when Redis loads the library: what depends on the
+-- call is in entry() and in the handlers the included files register with on().
 --
 -- KEYS, in this order on every call (persistent_memory.backends.redis_layout builds
 -- them; a key the operation does not use is given as KEYS[8], so that every key of a
