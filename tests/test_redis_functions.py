@@ -241,12 +241,26 @@ def test_a_cluster_failover_keeps_the_library(cluster_store, redis_cluster):
         replica = int(primary.execute_command("ROLE")[2][0][1])
     redis_cluster.manual_failover(replica)
     assert store.increment("s1", "n") == 2  # the replica had it (FUNCTION LOAD replicates)
-    for _host, primary_port in redis_cluster.primaries():
-        with redis_cluster.node(primary_port) as node:
-            node.function_flush()
+    flush_functions(redis_cluster)
     assert store.increment("s1", "n") == 3  # a primary without it: loaded on every one
     assert store.list_sessions() == ["s1"]
     assert store.get("s1", "n") == 3
+    store.add_messages("s1", MESSAGES)
+
+    async def bridged() -> tuple[Any, Any]:  # through redis.asyncio's cluster client
+        flush_functions(redis_cluster)
+        read = await run_bridged(store.get_messages, "s1")
+        flush_functions(redis_cluster)
+        return read, await run_bridged(store.increment, "s1", "n")
+
+    read, counted = asyncio.run(bridged())
+    assert [m["content"] for m in read["messages"]] == ["Hello", "Hi there"] and counted == 4
+
+
+def flush_functions(cluster: Any) -> None:
+    for _host, port in cluster.primaries():
+        with cluster.node(port) as node:
+            node.function_flush()
 
 
 @pytest.fixture

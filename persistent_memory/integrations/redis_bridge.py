@@ -284,6 +284,7 @@ async def _recover(
 
         await _load(backend, execute)
     if isinstance(client, AsyncRedisCluster):
+        await client.nodes_manager.initialize()  # a failover or a new node is why it was missing
         for node in client.get_primaries():
             await _load(backend, node.execute_command)
     return backend._library.again(command)
