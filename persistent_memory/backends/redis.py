@@ -62,6 +62,7 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
+from persistent_memory.backends.redis_functions import READS as _READS
 from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
 from persistent_memory.backends.redis_layout import DIRTY, TAIL, Layout, swept
 from persistent_memory.backends.redis_topology import build_client, describe
@@ -218,11 +219,6 @@ _DELETE_IF_UNCHANGED = (
 #: The values the answer lane writes.
 ANSWER_KEYS = ("last_answer", "answer_count")
 
-#: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
-_READS = frozenset(
-    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "bucket_page", "snapshot"}
-    | {"read_messages", "context", "conversations", "summary_source"}
-)
 
 #: Replies that say a cluster node did not run the command (it belongs elsewhere, or the
 #: cluster is between states): sending it again through the cluster client, which follows

@@ -36,12 +36,15 @@ def _source() -> str:
     return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
 
 
-#: The operations that write nothing when reads do not move an idle expiry: an ``FCALL_RO``.
-#: A listing page is not one (it catches the unowned index up and sorts in a scratch key).
-READ_ONLY = frozenset(
-    {"get", "get_all", "keys", "info", "history", "list", "list_info", "snapshot"}
+#: Operations that change nothing a caller sees (REDIS_WAIT_REPLICAS does not wait for them).
+READS = frozenset(
+    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "bucket_page", "snapshot"}
     | {"read_messages", "context", "conversations", "summary_source"}
 )
+
+#: The reads that write nothing when reads do not move an idle expiry: an ``FCALL_RO``. A
+#: listing page writes (it catches the unowned index up, and sorts a search in a scratch key).
+READ_ONLY = READS - {"page", "bucket_page"}
 
 #: The operations that free memory: they run on a Redis at its maxmemory (``allow-oom``),
 #: as a script's deletes did. Every other write is refused there before it starts.
