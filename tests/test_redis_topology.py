@@ -216,7 +216,7 @@ class TestCluster:
         send_command = redis.connection.AbstractConnection.send_command
 
         def counting(self: Any, *args: Any, **kwargs: Any) -> None:
-            if str(args[0]).upper() == "FCALL":
+            if str(args[0]).upper() == "EVALSHA":
                 sent.append(args)
             send_command(self, *args, **kwargs)
 
