@@ -88,6 +88,13 @@ def test_a_read_that_meets_an_expired_session_cleans_it_up_as_a_write(rstore, re
         rstore.get("gone", "k")
 
 
+def test_a_read_of_a_session_that_never_was_stays_one_read(rstore, redis_client):
+    redis_client.config_resetstat()
+    with pytest.raises(SessionNotFound):
+        rstore.get_all("never")
+    assert calls(redis_client) == {"fcall": 0, "fcall_ro": 1, "evalsha": 0}
+
+
 def test_a_full_redis_refuses_writes_before_they_start_and_still_deletes(rstore, redis_client):
     rstore.create_session("s1")
     rstore.put("s1", "k", 1)

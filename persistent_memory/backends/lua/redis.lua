@@ -62,6 +62,8 @@
 -- file on every call. The library defines its functions once, when Redis loads it; a
 -- call only assigns these (a function may assign the library's locals, not globals).
 local KEYS, ARGV
+-- Whether the call is a read's (FCALL_RO: it may not write).
+local read_only
 local op, sid, now, root
 local max_history, auto_summarize, track_dirty
 -- ARGV[8] is the cap alone, or in the cluster layout '{cap}?' (not counted yet) or
@@ -313,8 +315,8 @@ end
 
 -- One call: its state from KEYS and ARGV (the state a call before left, reset), the
 -- idempotency record, then the first handler that returns.
-local function entry(keys, argv)
-  KEYS, ARGV = keys, argv
+local function entry(keys, argv, reading)
+  KEYS, ARGV, read_only = keys, argv, reading == true
   op, sid, now = ARGV[1], ARGV[3], ARGV[4]
   -- The root every key name starts with (see above): KEYS[8] is '{root}:__sessions__'.
   root = string.sub(KEYS[8], 1, #KEYS[8] - #':__sessions__')
@@ -354,7 +356,7 @@ end
 -- refused its first write, having written nothing, and answers PM_WRITE_NEEDED: the
 -- client sends it again as a write.
 local function read_entry(keys, argv)
-  local ok, reply = pcall(entry, keys, argv)
+  local ok, reply = pcall(entry, keys, argv, true)
   if ok then return reply end
   local message = type(reply) == 'table' and reply.err or tostring(reply)
   if string.find(message, 'Write commands are not allowed', 1, true) then
