@@ -642,7 +642,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             return
         self._refresh_slots()
         for node in self.client.get_primaries():
-            self._load(self.client.get_redis_connection(node).execute_command)
+            # One the map still lists but that is down (it failed over) has no call to serve.
+            with suppress(redis.ConnectionError, redis.TimeoutError):
+                self._load(self.client.get_redis_connection(node).execute_command)
 
     def _load(self, execute: Callable[..., Any]) -> None:
         """Load the library on the server ``execute`` sends to (see Library.loading)."""

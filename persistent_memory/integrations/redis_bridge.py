@@ -20,6 +20,7 @@ the loop that made them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import math
 import sys
@@ -120,6 +121,21 @@ def _options(kwargs: dict[str, Any], connection: type | None = None) -> dict[str
     return {name: kwargs[name] for name in _OPTIONS if kwargs.get(name) is not None}
 
 
+def _declared_keys(cluster: AsyncRedisCluster) -> None:
+    """Let ``cluster`` read an FCALL's keys where the call declares them, as it reads an
+    EVALSHA's: redis-py asks a node (``COMMAND GETKEYS``) for them on every call
+    otherwise, one round trip more, and none answers while that node is down."""
+    parser = cluster.commands_parser
+    asked = parser.get_keys
+
+    async def get_keys(*args: Any) -> Any:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return args[3 : 3 + int(args[2])]
+        return await asked(*args)
+
+    parser.get_keys = get_keys
+
+
 def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
     """A redis.asyncio client for the current loop that reaches what ``client`` reaches
     (None: the bridge does not handle its kind). Retries off, as the backend's are."""
@@ -129,7 +145,9 @@ def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
             return None
         options = {name: options[name] for name in options.keys() - {"host", "port", "db", "path"}}
         nodes = [ClusterNode(node.host, node.port) for node in client.get_primaries()]
-        return AsyncRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
+        cluster = AsyncRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
+        _declared_keys(cluster)
+        return cluster
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         return None
@@ -284,9 +302,10 @@ async def _recover(
 
         await _load(backend, execute)
     if isinstance(client, AsyncRedisCluster):
-        await client.nodes_manager.initialize()  # a failover or a new node is why it was missing
         for node in client.get_primaries():
-            await _load(backend, node.execute_command)
+            # One the map still lists but that is down (it failed over) has no call to serve.
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                await _load(backend, node.execute_command)
     return backend._library.again(command)
 
 
