@@ -131,7 +131,7 @@ def api_figures(
         for n, (name, (path, bodies)) in enumerate(plan.items()):
             files[name] = Path(folder, f"{n}.json")
             files[name].write_text(json.dumps(bodies))
-            # Warm both workers up: imports, connections, the script cache.
+            # Warm both workers up: imports, connections, the library.
             load(base + path, files[name], token, min(1.0, duration), 2000, concurrency)
         for _ in range(rounds):
             for name, (path, _bodies) in plan.items():

@@ -209,8 +209,8 @@ def round_trips(stores: dict[str, Any], calls: int) -> dict[str, dict[str, dict[
     with counter.patched():
         for setup, store in stores.items():
             open_connections(store.backend.client)
-            # A page reads every bucket: the script is then loaded on every primary (a node's
-            # first call of it otherwise loads it: NOSCRIPT, SCRIPT LOAD, the call again).
+            # A page reads every bucket: the library is then loaded on every primary (a node's
+            # first call of it otherwise loads it: function not found, FUNCTION LOAD, the call again).
             store.list_session_page(limit=1)
             for name, (prepare, operation) in round_trip_operations(store, setup.replace("/", "-")).items():
                 table.setdefault(name, {})[setup] = counter.count(prepare, operation, calls)

@@ -74,7 +74,8 @@ def _wait_for(url: str, seconds: float = 60.0) -> None:
 class RedisServer:
     """A redis-server process of the test session's own, which can be stopped and restarted."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        self.options = options  # more redis-server options
         self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tempfile.mkdtemp(prefix="pm-redis-")
@@ -94,6 +95,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -351,6 +351,21 @@ class ClusterServers:
                 except TimeoutError as exc:
                     raise TimeoutError(f"{exc}; its log ends:\n{_tail(log, 40)}") from None
 
+    def add_primary(self) -> int:
+        """Start a node and join it to the cluster as a master without slots (give it some
+        with ``migrate_slots``, before ``wait_ok``, which wants every master to serve some);
+        its port."""
+        port = on_free_port(self._spawn, _free_cluster_port)
+        self.ports.append(port)
+        self._ask(self.alive()[0], "CLUSTER MEET", HOST, port)
+        everyone = {f"{HOST}:{node}" for node in self.alive()}
+        poll(
+            lambda: all(everyone <= set(self.nodes(node)) for node in self.alive()),
+            f"every node to know {port}",
+        )
+        poll(lambda: self._ask(port, "CLUSTER INFO")["cluster_state"] == "ok", f"{port} to know every slot")
+        return port
+
     # -- data ----------------------------------------------------------------------------
 
     def flush(self) -> None:

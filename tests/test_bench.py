@@ -68,7 +68,7 @@ def test_a_short_benchmark_run_reports_every_section(tmp_path):
         calls = 2.0 if name in turns else 1.0
         assert figures["round_trips_per_op"] == figures["scripts_per_op"] == calls, name
         assert figures["ops"] > 0 and figures["p50_us"] <= figures["p99_us"]
-    assert results["redis"]["get"]["commands_per_op"] == 3.0  # EVALSHA, EXISTS, GET
+    assert results["redis"]["get"]["commands_per_op"] == 3.0  # FCALL_RO, EXISTS, GET
     assert all(f["round_trips_per_op"] == 0.0 for f in results["memory"].values())
     for catch_up in ("memory_mirror_catch_up", "memory_journal_mirror_catch_up"):
         assert results[catch_up]["rows_equal_store"] is True

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 
+from persistent_memory.backends.redis_functions import library_calls
 from persistent_memory.conf import DEFAULTS, memory_settings
 from persistent_memory.memories import memories_for
 from persistent_memory.pipeline import MemoryFilter
@@ -36,7 +37,7 @@ def _servers(setup: str, request: pytest.FixtureRequest) -> list[redis.Redis]:
 
 
 def _script_calls(servers: list[redis.Redis]) -> int:
-    return sum(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) for client in servers)
+    return sum(library_calls(client.info("commandstats")) for client in servers)
 
 
 @pytest.fixture(params=SETUPS)

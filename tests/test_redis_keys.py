@@ -50,7 +50,8 @@ import redis
 
 from persistent_memory import get_store, maintenance
 from persistent_memory.backends.conversations import Summary
-from persistent_memory.backends.redis import SCRIPT, RedisBackend, _glob_escape
+from persistent_memory.backends.redis import RedisBackend, _glob_escape
+from persistent_memory.backends.redis_functions import SOURCE
 from persistent_memory.backends.redis_layout import Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
@@ -70,7 +71,7 @@ OWNERS = ("", "user:a", "user:b")
 CONVERSATIONS = ("default", "side")
 MARK = "pm-test:mark"
 #: Every operation of the script (its dispatch: ``op == '...'``).
-SCRIPT_OPERATIONS = set(re.findall(r"(?<![.\w])op == '(\w+)'", SCRIPT))
+SCRIPT_OPERATIONS = set(re.findall(r"(?<![.\w])op == '(\w+)'", SOURCE))
 #: The value keys the answer lane writes, named by the script, not declared.
 ANSWER_KEYS = ("last_answer", "answer_count")
 FIXED = ("__meta__", "__keys__", "__history__", "~runs", "~convs", "~cp", "~cpi")
@@ -202,7 +203,7 @@ class WriteRecorder:
         self.pubsub = client.pubsub()
         self.pubsub.psubscribe(f"__keyevent@{database}__:*")
         self.pubsub.subscribe(MARK)
-        client.script_load(SCRIPT)  # a NOSCRIPT retry would be a second call of one command
+        backend._load_everywhere()  # a call that finds the library missing would be sent twice
         monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
         monkeypatch.setattr(backend, "_run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))

@@ -13,6 +13,7 @@ import struct
 from typing import Any
 
 import pytest
+import redis
 
 from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.idempotency import Idempotency
@@ -177,12 +178,14 @@ def test_an_async_read_of_a_stalled_server_times_out_and_the_next_one_is_whole(c
 
     async def reads() -> list[Any]:
         first = await run_bridged(store.get_messages, "s1")
-        client.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # a script call waits, UNPAUSE not
-        try:
-            with pytest.raises(BackendUnavailable):
-                await run_bridged(store.get_messages, "s1")
-        finally:
-            client.execute_command("CLIENT", "UNPAUSE")
+        # Every command waits, CLIENT UNPAUSE too (a read is an FCALL_RO: a WRITE pause lets
+        # it through), for three socket timeouts.
+        client.execute_command("CLIENT", "PAUSE", 3_000, "ALL")
+        with pytest.raises(BackendUnavailable):
+            await run_bridged(store.get_messages, "s1")
+        server = client.connection_pool.connection_kwargs
+        with redis.Redis(host=server["host"], port=server["port"]) as waiter:
+            waiter.ping()  # answered once the pause is over
         return [first, await run_bridged(store.get_messages, "s1")]
 
     first, after = asyncio.run(reads())

@@ -1,9 +1,10 @@
 """The Redis backend: one round trip per operation, on one server, Sentinel or a cluster.
 
-Every operation is one EVALSHA of ``lua/redis.lua`` (with the files it includes), which
-keeps each write atomic with its history entry, TTL alignment and summarization, and declares its keys
-(:mod:`.redis_layout` names them). The node layout, byte for byte the original node's
-(so either can read the other's data)::
+Every operation is one FCALL of the function library ``lua/redis.lua`` (with the files it
+includes; :mod:`.redis_functions` loads it, and falls back to EVALSHA of the same code on
+Redis < 7), which keeps each write atomic with its history entry, TTL alignment and
+summarization, and declares its keys (:mod:`.redis_layout` names them). The node layout,
+byte for byte the original node's (so either can read the other's data)::
 
     {prefix}:{session_id}:{key}         value as JSON text (counters: Redis integers)
     {prefix}:{session_id}:__keys__      set of the session's keys
@@ -35,7 +36,6 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
-from importlib import resources
 from typing import Any
 
 import hiredis
@@ -62,6 +62,8 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
+from persistent_memory.backends.redis_functions import READS as _READS
+from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
 from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
 from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe
 from persistent_memory.conf import (
@@ -93,17 +95,6 @@ from persistent_memory.exceptions import (
 from persistent_memory.owners import namespace_of
 
 
-def _script() -> str:
-    """lua/redis.lua with the files it includes (``-- @include name.lua`` lines) in their place:
-    one script, so that every operation stays one EVALSHA."""
-    files = resources.files("persistent_memory.backends").joinpath("lua")
-    text = files.joinpath("redis.lua").read_text()
-    return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
-
-
-SCRIPT = _script()
-
-
 def _bridged() -> Any:
     """:mod:`persistent_memory.integrations.redis_bridge` when this call runs in its bridge
     (an async caller's: see there), else None."""
@@ -127,6 +118,12 @@ def _pack_all(connection: redis.Connection, commands: list[tuple[Any, ...]]) -> 
         return [b"".join([hiredis.pack_command(command) for command in commands])]
     except TypeError:
         return connection.pack_commands(commands)
+
+
+def _execute(connection: redis.Connection, command: tuple[Any, ...]) -> Any:
+    """``command``'s reply on ``connection``."""
+    connection.send_command(*command)
+    return connection.read_response()
 
 
 logger = logging.getLogger(__name__)
@@ -199,17 +196,16 @@ _DELETE_IF_UNCHANGED = (
 #: The values the answer lane writes.
 ANSWER_KEYS = ("last_answer", "answer_count")
 
-#: Operations that write nothing (REDIS_WAIT_REPLICAS does not wait for them).
-_READS = frozenset(
-    {"get", "get_all", "keys", "info", "history", "list", "list_info", "page", "bucket_page", "snapshot"}
-    | {"read_messages", "context", "conversations", "summary_source"}
-)
 
 #: Replies that say a cluster node did not run the command (it belongs elsewhere, or the
 #: cluster is between states): sending it again through the cluster client, which follows
 #: them, cannot apply a write twice.
 _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 
+
+#: Errors a call recovers from before it gives up (see RedisBackend._recover): the library
+#: missing, then a read that must write.
+_RECOVERIES = 2
 
 #: Redirects a write that waits for replicas follows by hand before it gives up (see
 #: RedisBackend._resend); the cluster client's own limit is 16.
@@ -315,7 +311,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             "1" if self.refresh_on_read else "0",
             str(self.summarize_after_tokens or 0),
         )
-        self._sha = client.register_script(SCRIPT).sha
+        self._library = Library(SOURCE)  # loaded where a call finds it missing (see _recover)
         self._loops: Any = None  # redis_bridge.LoopClients, made by the first async call
         self._ask_role = True  # ROLE beside a write that waits for replicas (see _packet)
 
@@ -384,7 +380,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         elsewhere: int | None = None,
         **names: Any,
     ) -> tuple[Any, ...]:
-        """The EVALSHA of ``op``, its keys declared (``names``: see :meth:`Layout.keys`) and
+        """The FCALL of ``op``, its keys declared (``names``: see :meth:`Layout.keys`) and
         its ARGV as redis.lua reads them."""
         keys = self.layout.keys(session_id, idempotency=idempotency.ref if idempotency else None, **names)
         once = _NO_IDEMPOTENCY
@@ -395,7 +391,8 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             cap = f"{self.max_sessions_per_owner}" + ("?" if elsewhere is None else f"+{elsewhere}")
             policy = (*policy[:3], cap, *policy[4:])
         argv = (op, "bound" if bound else "", session_id, repr(time.time()), *policy, *once, *args)
-        return ("EVALSHA", self._sha, str(len(keys)), *keys, *argv)
+        head = self._library.head(op, read_only=not self.refresh_on_read)
+        return (*head, str(len(keys)), *keys, *argv)
 
     def _run(self, op: str, session_id: str, *args: Any, **options: Any) -> Any:
         """:meth:`_call`; in the cluster layout, a call that would create a session of an owner
@@ -425,9 +422,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         aside: tuple[Any, ...] | None = None,
         **names: Any,
     ) -> Any:
-        """One EVALSHA of the script, its keys declared, on the primary of their slot.
+        """One FCALL of the library, its keys declared, on the primary of their slot.
 
-        Sent on a pooled connection directly rather than through ``Redis.evalsha``:
+        Sent on a pooled connection directly rather than through ``Redis.fcall``:
         the client's command wrapper (retries, which are off, and instrumentation)
         costs more on this hot path than the rest of the store's Python code. With
         REDIS_WAIT_REPLICAS, a write's ``WAIT`` goes in the same packet. A command
@@ -583,11 +580,51 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         raise redirect
 
     def _via_cluster_client(self, command: tuple[Any, ...]) -> Any:
-        try:
-            return self.client.execute_command(*command)
-        except redis.exceptions.NoScriptError:  # a node new to the slot
-            self.client.script_load(SCRIPT)
-            return self.client.execute_command(*command)
+        for _ in range(_RECOVERIES):
+            try:
+                return self.client.execute_command(*command)
+            except redis.ResponseError as exc:  # a node new to the slot lacks the library
+                command = self._recover(exc, command)
+        return self.client.execute_command(*command)
+
+    def _recover(self, exc: redis.ResponseError, command: tuple[Any, ...], on: Any = None) -> tuple[Any, ...]:
+        """The command to send once more after its error ``exc``, or ``exc`` raised: a read
+        that must write, as a write; a call that found the library missing, the same once
+        the library is loaded on ``on`` (the connection that answered), if given, and on
+        every primary."""
+        if write_needed(exc):
+            return self._library.writing(command)
+        if not missing(exc):
+            raise exc
+        if on is not None:
+            self._load(lambda *load: _execute(on, load))
+        if self.on_cluster or on is None:
+            self._load_everywhere()
+        return self._library.again(command)
+
+    def _load_everywhere(self) -> None:
+        """The library loaded on the server, or on every primary of a cluster (its map read
+        again first: a failover or a new node is why a call found it missing)."""
+        if not self.on_cluster:
+            self._load(self.client.execute_command)
+            return
+        self._refresh_slots()
+        for node in self.client.get_primaries():
+            # One the map still lists but that is down (it failed over) has no call to serve.
+            with suppress(redis.ConnectionError, redis.TimeoutError):
+                self._load(self.client.get_redis_connection(node).execute_command)
+
+    def _load(self, execute: Callable[..., Any]) -> None:
+        """Load the library on the server ``execute`` sends to (see Library.loading)."""
+        steps = self._library.loading()
+        with suppress(StopIteration):
+            load = next(steps)
+            while True:
+                try:
+                    reply = execute(*load)
+                except redis.ResponseError as exc:
+                    reply = exc
+                load = steps.send(reply)
 
     def _pool(self, key: str) -> redis.ConnectionPool:
         """The connection pool of the primary that serves ``key``."""
@@ -604,22 +641,22 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
     def _exchange(
         self, connection: redis.Connection, command: tuple[Any, ...], wait: int, *, asking: bool = False
     ) -> Any:
+        for _ in range(_RECOVERIES):
+            try:
+                return self._exchange_once(connection, command, wait, asking)
+            except redis.ResponseError as exc:  # a restarted or flushed server, or one new to the slot
+                command = self._recover(exc, command, connection)
+        return self._exchange_once(connection, command, wait, asking)
+
+    def _exchange_once(
+        self, connection: redis.Connection, command: tuple[Any, ...], wait: int, asking: bool
+    ) -> Any:
         if not wait and not asking:
             connection.send_packed_command(_pack(connection, command))
-            try:
-                return connection.read_response()
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                connection.send_command("SCRIPT", "LOAD", SCRIPT)
-                connection.read_response()
-                return self._exchange(connection, command, wait)
+            return connection.read_response()
         packet = self._packet(command, wait, asking=asking)
         connection.send_packed_command(connection.pack_commands(packet))
-        try:
-            return self._read_packet(connection, packet)
-        except redis.exceptions.NoScriptError:  # a restarted or flushed server, or one new to the slot
-            connection.send_command("SCRIPT", "LOAD", SCRIPT)
-            connection.read_response()
-            return self._exchange(connection, command, wait, asking=asking)
+        return self._read_packet(connection, packet)
 
     def _packet(self, command: tuple[Any, ...], wait: int, *, asking: bool = False) -> list[tuple[Any, ...]]:
         """``command`` and what goes in its packet: ASKING before it when ``asking``; with
@@ -752,20 +789,26 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return replies
 
     def _run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Several EVALSHAs, one pipeline per primary; replies or errors. Those a server did
-        not run (the script not loaded there, the slot moved) are sent again, alone."""
+        """Several FCALLs, one pipeline per primary; replies or errors. Those a server did
+        not run (the library not loaded there, a read that must write) are sent again
+        once; those whose slot moved, alone."""
         bridge = _bridged()
         if bridge is not None:
             return bridge.blocking(self._run_many, commands)
+        commands = list(commands)
         replies = self._batch(commands, key_at=3)
-        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
-        if unloaded:
-            with self._errors():
-                self.client.script_load(SCRIPT)  # every primary, on a cluster
-            for i, reply in zip(
-                unloaded, self._batch([commands[i] for i in unloaded], key_at=3), strict=True
-            ):
-                replies[i] = reply
+        failed = [i for i, reply in enumerate(replies) if missing(reply) or write_needed(reply)]
+        if failed:
+            if any(missing(replies[i]) for i in failed):
+                with self._errors():
+                    self._load_everywhere()
+            library = self._library
+            again = [
+                library.writing(commands[i]) if write_needed(replies[i]) else library.again(commands[i])
+                for i in failed
+            ]
+            for i, command, reply in zip(failed, again, self._batch(again, key_at=3), strict=True):
+                commands[i], replies[i] = command, reply
         return self._redirected_again(commands, replies)
 
     def _redirected_again(self, commands: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:

@@ -1,7 +1,7 @@
 """The Redis backend's checkpoints (the contract in :mod:`.checkpoints`).
 
 Mixed into :class:`~persistent_memory.backends.redis.RedisBackend`: each method is one
-EVALSHA of the backend's script, whose checkpoint part is ``checkpoints.lua`` (the key
+FCALL of the backend's library, whose checkpoint part is ``checkpoints.lua`` (the key
 layout is described there); both keys are declared (by every call on the session), in
 the session's slot.
 """

@@ -1,7 +1,7 @@
 """The Redis backend's conversations (the contract in :mod:`.conversations`).
 
 Mixed into :class:`~persistent_memory.backends.redis.RedisBackend`: each method is one
-EVALSHA of the backend's script, whose conversation part is ``conversations.lua`` (the
+FCALL of the backend's library, whose conversation part is ``conversations.lua`` (the
 key layout is described there).
 """
 

@@ -5,7 +5,7 @@ and the integrations. An async caller (the agent frameworks' sessions and stores
 store method in a *bridge*, a greenlet (the mechanism SQLAlchemy's asyncio support uses):
 the method runs unchanged, and where the backend would send its one script call on a
 socket, it hands an awaitable to the event loop and is resumed with the reply. So the
-call is one EVALSHA on a redis.asyncio connection of the loop, and no thread waits on it.
+call is one FCALL on a redis.asyncio connection of the loop, and no thread waits on it.
 
 What the bridge sends itself: a script call on one server or Sentinel's master (on a
 pooled connection, with ``WAIT`` in the same packet when REDIS_WAIT_REPLICAS asks), and on
@@ -20,6 +20,7 @@ the loop that made them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import sys
 import threading
@@ -39,9 +40,10 @@ from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from persistent_memory.backends.redis import (
     _DROP,
-    SCRIPT,
+    _RECOVERIES,
     _pack_all,
 )
+from persistent_memory.backends.redis_functions import missing, write_needed
 
 if TYPE_CHECKING:
     from persistent_memory.backends.redis import RedisBackend
@@ -113,6 +115,21 @@ def _options(kwargs: dict[str, Any], connection: type | None = None) -> dict[str
     return {name: kwargs[name] for name in _OPTIONS if kwargs.get(name) is not None}
 
 
+def _declared_keys(cluster: AsyncRedisCluster) -> None:
+    """Let ``cluster`` read an FCALL's keys where the call declares them, as it reads an
+    EVALSHA's: redis-py asks a node (``COMMAND GETKEYS``) for them on every call
+    otherwise, one round trip more, and none answers while that node is down."""
+    parser = cluster.commands_parser
+    asked = parser.get_keys
+
+    async def get_keys(*args: Any) -> Any:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return args[3 : 3 + int(args[2])]
+        return await asked(*args)
+
+    parser.get_keys = get_keys
+
+
 def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
     """A redis.asyncio client for the current loop that reaches what ``client`` reaches
     (None: the bridge does not handle its kind). Retries off, as the backend's are."""
@@ -122,7 +139,9 @@ def async_client(client: Any) -> aioredis.Redis | AsyncRedisCluster | None:
             return None
         options = {name: options[name] for name in options.keys() - {"host", "port", "db", "path"}}
         nodes = [ClusterNode(node.host, node.port) for node in client.get_primaries()]
-        return AsyncRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
+        cluster = AsyncRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
+        _declared_keys(cluster)
+        return cluster
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         return None
@@ -227,6 +246,45 @@ async def _send(connection: Any, packed: list[bytes]) -> None:
         raise redis.ConnectionError("Error while writing to the socket.") from exc
 
 
+async def _load(backend: RedisBackend, execute: Callable[..., Awaitable[Any]]) -> None:
+    """``RedisBackend._load`` with an async ``execute``."""
+    steps = backend._library.loading()
+    try:
+        load = next(steps)
+        while True:
+            try:
+                reply = await execute(*load)
+            except redis.ResponseError as exc:
+                reply = exc
+            load = steps.send(reply)
+    except StopIteration:
+        return
+
+
+async def _recover(
+    backend: RedisBackend, exc: redis.ResponseError, command: tuple[Any, ...], client: Any, on: Any = None
+) -> tuple[Any, ...]:
+    """``RedisBackend._recover`` on the loop: the library loaded on ``on`` (the connection
+    that answered), if given, and on every primary of a cluster ``client``."""
+    if write_needed(exc):
+        return backend._library.writing(command)
+    if not missing(exc):
+        raise exc
+    if on is not None:
+
+        async def execute(*load: Any) -> Any:
+            await on.send_command(*load)
+            return await on.read_response()
+
+        await _load(backend, execute)
+    if isinstance(client, AsyncRedisCluster):
+        for node in client.get_primaries():
+            # One the map still lists but that is down (it failed over) has no call to serve.
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                await _load(backend, node.execute_command)
+    return backend._library.again(command)
+
+
 async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
     """``RedisBackend._read_packet`` on an asyncio connection."""
     steps = backend._packet_replies(packet)
@@ -247,27 +305,29 @@ async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tupl
 
 
 async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
-    """The script call ``command`` (an EVALSHA), and its ``WAIT`` when ``wait``; as
+    """The library call ``command`` (an FCALL), and its ``WAIT`` when ``wait``; as
     ``RedisBackend._exchange`` does on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
-        try:
-            return await client.execute_command(*command)
-        except redis.exceptions.NoScriptError:  # a node new to the slot, or restarted
-            await client.script_load(SCRIPT)
-            return await client.execute_command(*command)
+        for _ in range(_RECOVERIES):
+            try:
+                return await client.execute_command(*command)
+            except redis.ResponseError as exc:  # a node new to the slot, or restarted
+                command = await _recover(backend, exc, command, client)
+        return await client.execute_command(*command)
     pool = client.connection_pool
     connection = await pool.get_connection()
     try:
-        while True:
-            packet = backend._packet(command, wait)
-            await _send(connection, _pack_all(connection, packet))
+        for attempt in range(_RECOVERIES + 1):
             try:
+                packet = backend._packet(command, wait)
+                await _send(connection, _pack_all(connection, packet))
                 if not wait:
                     return await connection.read_response()
                 return await _read_packet(backend, connection, packet)
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server
-                await connection.send_command("SCRIPT", "LOAD", SCRIPT)
-                await connection.read_response()
+            except redis.ResponseError as exc:  # a restarted or flushed server, or a read that must write
+                if attempt == _RECOVERIES:
+                    raise
+                command = await _recover(backend, exc, command, client, connection)
     except redis.ResponseError:
         raise  # whole replies were read: the connection is fine
     except BaseException:

@@ -197,6 +197,7 @@ end
 -- Store a checkpoint: arg(1) namespace, 2 id, 3 record, 4 link, 5 ttl text, 6 ttl ms,
 -- then (reference, value) pairs of the new channel values. Creates the session when
 -- it is not live.
+on(function()
 if op == 'cp_put' then
   local entries, index = KEYS[17], KEYS[18]
   local ns, key = arg(1), arg(1) .. SEP .. arg(2)
@@ -232,11 +233,13 @@ if op == 'cp_put' then
   mark_dirty()
   return remember(1)
 end
+end)
 
 -- Merge a task's writes: arg(1) namespace, 2 id, 3 the writes' JSON list of
 -- [task_id, idx, channel, value, task_path] (backends.checkpoints.merge_writes' rule), 4
 -- ttl text, 5 ttl ms. Creates the session when it is not live (LangGraph may save a
 -- task's writes before the checkpoint they belong to).
+on(function()
 if op == 'cp_writes' then
   local entries, live = KEYS[17], redis.call('EXISTS', META) == 1
   local name = 'w' .. arg(1) .. SEP .. arg(2)
@@ -262,15 +265,19 @@ if op == 'cp_writes' then
   mark_dirty()
   return remember(1)
 end
+end)
 
+on(function()
 if op == 'cp_get' or op == 'cp_list' or op == 'cp_entries' or op == 'cp_prune' or op == 'cp_chain' then
   if redis.call('EXISTS', META) == 0 then
     return 0 -- no thread (or one whose time is up): nothing to read or prune
   end
   if refresh_reads and op ~= 'cp_prune' then touch() end
 end
+end)
 
 -- One checkpoint: arg(1) namespace, 2 id ('': the newest of the namespace). 0: none.
+on(function()
 if op == 'cp_get' then
   local key = arg(1) .. SEP .. arg(2)
   if arg(2) == '' then
@@ -279,16 +286,20 @@ if op == 'cp_get' then
   end
   return checkpoint_reply(KEYS[17], key) or 0
 end
+end)
 
 -- The value of arg(2) in namespace arg(1) and the values it extends, in turn.
+on(function()
 if op == 'cp_chain' then
   local entries, texts = KEYS[17], {}
   for _, name in ipairs(chain_names(entries, arg(1), arg(2))) do texts[#texts + 1] = redis.call('HGET', entries, name) end
   return texts
 end
+end)
 
 -- Checkpoints newest first within a namespace: arg(1) namespace, 2 '1' for every
 -- namespace (then 1 is ignored), 3 ids below this only ('': all), 4 offset, 5 count.
+on(function()
 if op == 'cp_list' then
   local entries, index, ns, before = KEYS[17], KEYS[18], arg(1), arg(3)
   local offset, count = tonumber(arg(4)), tonumber(arg(5))
@@ -312,14 +323,18 @@ if op == 'cp_list' then
   for _, key in ipairs(keys) do reply[#reply + 1] = checkpoint_reply(entries, key) end
   return reply
 end
+end)
 
 -- Every entry, flat (name, value) pairs.
+on(function()
 if op == 'cp_entries' then
   return redis.call('HGETALL', KEYS[17])
 end
+end)
 
 -- arg(1) 'latest': keep the newest checkpoint of each namespace; 'runs': remove those of
 -- the run ids that follow. Replies how many were removed.
+on(function()
 if op == 'cp_prune' then
   local entries, index = KEYS[17], KEYS[18]
   local keys, doomed = redis.call('ZRANGE', index, 0, -1), {}
@@ -348,9 +363,11 @@ if op == 'cp_prune' then
   end
   return remember(removed)
 end
+end)
 
 -- Add entries: arg(1) ttl text, 2 ttl ms, 3 'replace' to put them in place of the
 -- session's (else ''), then (name, value) pairs. Creates the session when it is not live.
+on(function()
 if op == 'cp_load' then
   local entries, index = KEYS[17], KEYS[18]
   local live, replace = redis.call('EXISTS', META) == 1, arg(3) == 'replace'
@@ -379,3 +396,4 @@ if op == 'cp_load' then
   mark_dirty()
   return remember(1)
 end
+end)

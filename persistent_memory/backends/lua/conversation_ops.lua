@@ -29,6 +29,7 @@ end
 -- Append (add_messages): arg(2) parent id ('': the head), 3 ttl text, 4 ttl ms, then
 -- (id, body, link) triples. Creates the session when it is not live. Replies the head,
 -- then the batch's stored texts.
+on(function()
 if op == 'messages' then
   local name = arg(1)
   local live = redis.call('EXISTS', META) == 1
@@ -43,20 +44,26 @@ if op == 'messages' then
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)
 end
+end)
 
+on(function()
 if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'head'
   or op == 'clear_messages' or op == 'pop' then
   local err = check_live()
   if err then return err end
 end
+end)
 
 -- The thread ending at arg(2) ('': the head), its newest arg(3) messages ('0': all):
 -- the head ('' for none), then the texts, oldest first (add_texts). The current thread's
 -- come from its form when it holds them.
+on(function()
 if (op == 'read_messages' or op == 'context') and refresh_reads then
   touch()
 end
+end)
 
+on(function()
 if op == 'read_messages' then
   local c = conv_key(arg(1))
   local leaf, limit = text_or_nil(arg(2) ~= '' and arg(2)), tonumber(arg(3))
@@ -76,15 +83,19 @@ if op == 'read_messages' then
   end
   return add_texts(reply, c, redis.call('LRANGE', c .. ':t', length - count, -1))
 end
+end)
 
 -- The window: arg(2) max tokens, 3 max messages ('': no limit). Replies tokens,
 -- truncated (1/0), then the texts.
 -- arg(4) '1': rolling, 5 '1': reserve the summary's tokens.
+on(function()
 if op == 'context' then
   return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1')
 end
+end)
 
 -- Flat name, head ('' for none), message count, tokens, branch count, trimmed.
+on(function()
 if op == 'conversations' then
   local reply = {}
   for _, name in ipairs(redis.call('SMEMBERS', base .. '~convs')) do
@@ -100,8 +111,10 @@ if op == 'conversations' then
   end
   return reply
 end
+end)
 
 -- Move the head to arg(2).
+on(function()
 if op == 'head' then
   local c = conv_key(arg(1))
   if redis.call('HEXISTS', c .. ':m', arg(2)) == 0 then
@@ -112,8 +125,10 @@ if op == 'head' then
   mark_dirty()
   return remember(arg(2))
 end
+end)
 
 -- Remove the conversation; reply how many messages it held.
+on(function()
 if op == 'clear_messages' then
   local name = arg(1)
   local c = conv_key(name)
@@ -127,12 +142,14 @@ if op == 'clear_messages' then
     .. ', "removed": ' .. count))
   return remember(count)
 end
+end)
 
 -- Take the head off the current thread (pop_message): arg(1) conversation, 2 the head it
 -- must still be, then the replacement's (id, body, link) triples, appended after its
 -- parent. The head is removed unless another branch goes on from it; a summary anchored
 -- there goes with it; a conversation left empty goes as a clear takes it. Replies the
 -- removed text, the head after ('' for none), then the replacement's stored texts.
+on(function()
 if op == 'pop' then
   local name = arg(1)
   local c = conv_key(name)
@@ -191,6 +208,7 @@ if op == 'pop' then
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)
 end
+end)
 
 -- A compare-and-set of a conversation and the record kept beside it (write_thread):
 -- arg(1) conversation, 2 the record's key (a session value, KEYS[15]), 3 the revision it
@@ -199,6 +217,7 @@ end
 -- messages' parent ('': a new root), 6 the head after ('': none), 7 ttl text, 8 ttl ms,
 -- then (id, body, link) triples. Creates the session when it is not live. Replies the
 -- messages' stored texts.
+on(function()
 if op == 'thread' then
   local name, key, expected, value = arg(1), arg(2), arg(3), arg(4)
   local c = conv_key(name)
@@ -264,9 +283,11 @@ if op == 'thread' then
   for _, entry in ipairs(plan) do reply[#reply + 1] = entry.text end
   return remember(reply)
 end
+end)
 
 -- The summary (text, anchor, anchor seq, tokens, covered tokens: false when none applies
 -- to the current thread), then the current thread's stored texts after its anchor.
+on(function()
 if op == 'summary_source' then
   local err = check_live()
   if err then return err end
@@ -279,6 +300,7 @@ if op == 'summary_source' then
   local ids = redis.call('LRANGE', c .. ':t', after and after + 1 or 0, -1)
   return add_texts(reply, c, ids)
 end
+end)
 
 -- Compare-and-set of a summary: arg(1) conversation, 2 the anchor it continues ('' for
 -- none: the current thread had no summary), 3 text, 4 anchor, 5 its seq, 6 tokens, 7
@@ -286,6 +308,7 @@ end
 -- (those anchored on the thread before it, which it continues, go; those of other
 -- branches stay; then trimmed and marked as an append would be), 0 when the thread's
 -- anchor moved or the new one is no longer on the thread.
+on(function()
 if op == 'commit_summary' then
   if redis.call('EXISTS', META) == 0 then return 0 end
   local name = arg(1)
@@ -307,3 +330,4 @@ if op == 'commit_summary' then
   align_new_keys() -- not remember(): a summary does not keep an idle session alive
   return 1
 end
+end)

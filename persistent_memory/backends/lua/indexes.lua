@@ -30,6 +30,7 @@ local function info_if_sound()
   end
 end
 
+on(function()
 if op == 'list' or op == 'list_info' then
   local wanted = arg(1) or ''
   local sets = sets_for(wanted)
@@ -65,14 +66,17 @@ if op == 'list' or op == 'list_info' then
   for _, id in ipairs(stale) do unindex(id) end
   return live
 end
+end)
 
 -- How many live sessions the namespace of KEYS[6] (an owner's listing) holds in this
 -- bucket, once the ids of those gone are dropped: for an owner's cap in the cluster layout.
+on(function()
 if op == 'owner_count' then
   BY_TIME = KEYS[6]
   prune_owner_index()
   return redis.call('ZCARD', BY_TIME)
 end
+end)
 
 -- Members of ``a`` that ``b`` lacks (sets or sorted sets): ZDIFF (Redis 6.2) in one
 -- command, else one by one.
@@ -176,6 +180,7 @@ local function rank_after(ordered, at, after)
   end
 end
 
+on(function()
 if op == 'page' then
   local wanted, offset, limit = arg(1), tonumber(arg(2)), tonumber(arg(3))
   local at, after, ids_only = arg(4) or '', arg(5) or '', arg(6) == '1'
@@ -296,6 +301,7 @@ if op == 'page' then
   reply[1] = total
   return reply
 end
+end)
 
 -- One bucket's part of a page in the cluster layout, whose 64 buckets
 -- RedisBackend._merged_page asks at once and merges. arg(1) the storage id prefix,
@@ -317,6 +323,7 @@ end
 -- 10,000 among a million sessions examines ~160 ids a bucket.
 local LEX_COST = 4
 
+on(function()
 if op == 'bucket_page' then
   local wanted, part, at, after = arg(1), tonumber(arg(2)), arg(4), arg(5)
   local ids_only = arg(6) == '1'
@@ -423,3 +430,4 @@ if op == 'bucket_page' then
   end
   return reply
 end
+end)

@@ -6,6 +6,7 @@
 
 -- Operations that create a missing session -----------------------------------
 
+on(function()
 if op == 'create' then
   if redis.call('EXISTS', META) == 1 then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
@@ -14,12 +15,14 @@ if op == 'create' then
   local expires, idle = create(now, arg(1), arg(2), arg(3))
   return remember({now, arg(1), 0, 0, expires, idle}) -- as set, not read back (see create)
 end
+end)
 
 -- arg(1) ttl text, 2 ttl ms, 3 run reference ('' none), 4 its TTL ms; with a question
 -- to record (conversations.lua): 5 conversation ('' none), 6 max tokens, 7 max messages
 -- ('' no limit), 8-10 the question (id, body, link), 11 '1' for a rolling window, 12 '1'
 -- to reserve its summary's tokens. Replies the values' object, and with a question: the
 -- question's id, then the window as window_reply gives it.
+on(function()
 if op == 'enrich' then
   local name, plan = arg(5), nil
   local live = redis.call('EXISTS', META) == 1
@@ -59,12 +62,14 @@ if op == 'enrich' then
   commit(name, plan)
   return remember(reply)
 end
+end)
 
 -- arg(1) ttl text, 2 ttl ms, 3 the answer's JSON, 4 run reference ('' none); with a
 -- message to record (conversations.lua): 5 conversation ('' none), 6 parent id ('': the
 -- run's question, else the head), 7-9 the message (id, body, link).
 -- ARGV[2] 'bound': the session was found through the run (the cluster layout's pointer),
 -- so it is answered only while the run's binding names it, as without a session.
+on(function()
 if op == 'answer' then
   local bound, asked_in, asked = binding(arg(4) ~= '' and redis.call('GET', KEYS[14]))
   if sid == '' or ARGV[2] == 'bound' then
@@ -134,3 +139,4 @@ if op == 'answer' then
   end
   return remember({sid, count})
 end
+end)

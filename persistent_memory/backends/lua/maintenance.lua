@@ -14,6 +14,7 @@
 -- (from KEYS[28] on). A live session the listing lacks (one the node wrote) is indexed.
 -- Over the unowned listing (6) it leaves the ids in the node's set to the pass over that
 -- set, so that none is counted twice. Replies how many ids had no live session.
+on(function()
 if op == 'sweep_ids' then
   local set, listing = KEYS[tonumber(arg(2))], arg(2) == '6'
   local removed, i = 0, 3
@@ -39,6 +40,7 @@ if op == 'sweep_ids' then
   end
   return removed
 end
+end)
 
 -- Keys found by a SCAN, KEYS[28] to KEYS[27 + n], each with its kind (arg(2 + i): 'b' a
 -- run binding, 'i' a session's run index, 'k' another key of a session, '' none of a
@@ -46,6 +48,7 @@ end
 -- (the client parses the names: persistent_memory.backends.redis_layout.swept). Keys of
 -- sessions whose meta is gone are removed; a binding's session is the one it names.
 -- arg(1) '1' for a dry run, 2 n. Replies the leftover keys and run bindings.
+on(function()
 if op == 'sweep_keys' then
   local leftovers, runs, n = 0, 0, tonumber(arg(2))
   for i = 1, n do
@@ -67,6 +70,7 @@ if op == 'sweep_keys' then
   end
   return {leftovers, runs}
 end
+end)
 
 -- A whole session as exported: arg(1) '1' to replace a live one, 2 created_at,
 -- 3 ttl_seconds text, 4 remaining ms ('0': none), 5 its conversations as one JSON text
@@ -74,6 +78,7 @@ end
 -- deadline, space-separated ('' for no idle TTL; the deadline may be left out), 7 its
 -- checkpoint entries as one JSON object text ('': none), 8 number of values, then that
 -- many key/JSON pairs, then the history entries.
+on(function()
 if op == 'restore' then
   if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
@@ -113,9 +118,11 @@ if op == 'restore' then
   end
   return 1
 end
+end)
 
 -- Read without side effects, for the mirror: 0 when the session is not live. arg(1)
 -- '1': with its checkpoint entries (export and relayout; the mirror has no use for them).
+on(function()
 if op == 'snapshot' then
   if redis.call('EXISTS', META) == 0 then
     return 0
@@ -124,3 +131,4 @@ if op == 'snapshot' then
   if arg(1) == '1' then reply[5] = checkpoints_snapshot() end
   return reply
 end
+end)

@@ -1,8 +1,11 @@
--- Every store operation on Redis, as one script: one EVALSHA is one round trip, and
--- a write, its history entry, its TTL alignment, its summarization and its mark for
--- the ORM mirror happen atomically. This file holds the call's arguments, idempotency,
--- expiry alignment, run bindings and the fast path of the commonest reads; the files it
--- includes at its end (by concern) hold the rest, in that order.
+-- Every store operation on Redis, as one function library (FUNCTION LOAD; on Redis < 7
+-- the same chunk as a script, see persistent_memory.backends.redis_functions): one FCALL
+-- is one round trip, and a write, its history entry, its TTL alignment, its summarization
+-- and its mark for the ORM mirror happen atomically. This file holds the call's arguments,
+-- idempotency, expiry alignment, run bindings, the fast path of the commonest reads and,
+-- at its end, entry(), which runs a call; the files it includes (by concern) hold the rest,
+-- in that order. The chunk runs once, when Redis loads the library: what depends on the
+-- call is in entry() and in the handlers the included files register with on().
 --
 -- KEYS, in this order on every call (persistent_memory.backends.redis_layout builds
 -- them; a key the operation does not use is given as KEYS[8], so that every key of a
@@ -55,19 +58,19 @@
 -- expires, server ms), so that deleting it drops its bindings; '~' keeps that name
 -- apart from the session's value keys, and it expires with the session.
 
-local op, sid, now = ARGV[1], ARGV[3], ARGV[4]
--- The root every key name below starts with (see above): KEYS[8] is '{root}:__sessions__'.
-local root = string.sub(KEYS[8], 1, #KEYS[8] - #':__sessions__')
-local max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
+-- The call's KEYS and ARGV, and what is read from them: set by entry() at the end of this
+-- file on every call. The library defines its functions once, when Redis loads it; a
+-- call only assigns these (a function may assign the library's locals, not globals).
+local KEYS, ARGV
+-- Whether the call is a read's (FCALL_RO: it may not write).
+local read_only
+local op, sid, now, root
+local max_history, auto_summarize, track_dirty
 -- ARGV[8] is the cap alone, or in the cluster layout '{cap}?' (not counted yet) or
 -- '{cap}+{sessions of the owner in the other buckets}' (see owner_has_room).
-local owner_cap, owner_elsewhere = string.match(ARGV[8], '^(%d+)(.*)$')
-owner_cap, owner_elsewhere = tonumber(owner_cap), owner_elsewhere ~= '?' and (tonumber(string.sub(owner_elsewhere, 2)) or 0)
-local byte_cap = tonumber(ARGV[9])
-local arg_max_messages = ARGV[10]
-local default_idle_ms, refresh_reads = ARGV[11], ARGV[12] == '1'
-local summarize_after = tonumber(ARGV[13])
-local NODE_SESSIONS, OWNED, DIRTY = KEYS[8], KEYS[9], KEYS[10]
+local owner_cap, owner_elsewhere
+local byte_cap, arg_max_messages, default_idle_ms, refresh_reads, summarize_after
+local NODE_SESSIONS, OWNED, DIRTY
 local base, META, KEYSET, HISTORY, RUNS, BY_TIME
 -- Defined by conversations.lua, included below; used by helpers defined before it.
 local drop_conversations, conversation_bytes
@@ -75,9 +78,15 @@ local drop_conversations, conversation_bytes
 local settle_tails
 -- Defined by checkpoints.lua, included below.
 local drop_checkpoints, checkpoints_snapshot, restore_checkpoints
--- Defined once every key of a session can be named (after the include); nil before, so
--- the fast path below never refreshes (it serves reads and run bindings only).
+-- Defined by windows.lua, once every key of a session can be named.
 local touch
+
+-- The operations of the included files, in order: each runs when the one before did not
+-- return (see entry()).
+local handlers = {}
+local function on(handler)
+  handlers[#handlers + 1] = handler
+end
 
 local function arg(i)
   return ARGV[16 + i]
@@ -89,7 +98,7 @@ end
 -- goes out through remember(), which records it; error replies are not recorded
 -- (nothing was written, so a retry runs again). Checked before anything else, the
 -- fast path below included.
-local IDEMPOTENCY = ARGV[14] ~= '' and KEYS[13]
+local IDEMPOTENCY
 
 -- A reply as a JSON-able value that gives it back exactly: cjson would turn integers
 -- into doubles, so strings are kept as 's..', integers as 'i..', nil as 'n'.
@@ -122,17 +131,6 @@ local function untagged(value)
   return string.sub(value, 2)
 end
 
-if IDEMPOTENCY then
-  local recorded = redis.call('GET', IDEMPOTENCY)
-  if recorded then
-    recorded = cjson.decode(recorded)
-    if recorded[1] ~= ARGV[15] then
-      return redis.error_reply('PM_IDEMPOTENCY_REUSED This idempotency key was used for a different request.')
-    end
-    return untagged(recorded[2])
-  end
-end
-
 -- Keys of the current session this call may have created (or SET, which drops a
 -- key's expiry), marked where they are written: they take the session's expiry when the
 -- call's reply goes out (align_new_keys). A write to a key that exists keeps its expiry,
@@ -161,13 +159,13 @@ end
 
 -- Every write's success reply goes out through here: the keys it created expire with
 -- its session, and the session's idle expiry moves.
-local function remember(reply)
+local function remember(reply, untouched)
   if IDEMPOTENCY then
     redis.call('SET', IDEMPOTENCY, cjson.encode({ARGV[15], tagged(reply)}), 'PX', ARGV[16])
   end
   if settle_tails then settle_tails() end
   align_new_keys()
-  if touch and sid ~= '' then
+  if sid ~= '' and not untouched then
     touch()
   end
   return reply
@@ -235,12 +233,6 @@ local function bind(ref, ttl_ms, question)
   end
 end
 
-if sid ~= '' then -- the call's session: its keys as declared
-  sid = ARGV[3]
-  base = string.sub(KEYS[1], 1, #KEYS[1] - #'__meta__')
-  META, KEYSET, HISTORY, RUNS, BY_TIME = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
-end
-
 -- Lua's unpack() takes at most a few thousand items: call in chunks.
 local CHUNK = 1000
 local function call_chunked(command, key, items)
@@ -291,19 +283,19 @@ local function values_object(keys, values)
   return '{' .. table.concat(parts, ', ') .. '}'
 end
 
--- The reads most calls are, answered before the helpers below are built (that
--- costs a tenth of a small call): a live session's values, for get_all and for
--- enrich (binding its run first). Anything else goes on to the full path.
+-- The reads most calls are, answered first: a live session's values, for get_all and
+-- for enrich (binding its run first, which moves no idle expiry). Anything else goes on
+-- to the operations of the included files.
+on(function()
 if (op == 'get_all' or (op == 'enrich' and arg(5) == '')) and not refresh_reads
   and redis.call('EXISTS', META) == 1 then
   if op == 'enrich' and arg(3) ~= '' then
     bind(arg(3), arg(4))
   end
-  return remember(values_object())
+  return remember(values_object(), true)
 end
+end)
 
--- The listing right after what it uses: a listing call (64 of them a page in the cluster
--- layout) then returns before the closures of the files below are built.
 -- @include sessions.lua
 -- @include indexes.lua
 -- @include forms.lua
@@ -314,3 +306,62 @@ end
 -- @include maintenance.lua
 -- @include lanes.lua
 -- @include values.lua
+
+-- Per call ---------------------------------------------------------------------
+
+-- Whether a handler returned (a reply, even nil) or fell through to the next one.
+local function returned(...)
+  return select('#', ...) > 0, ...
+end
+
+-- One call: its state from KEYS and ARGV (the state a call before left, reset), the
+-- idempotency record, then the first handler that returns.
+local function entry(keys, argv, reading)
+  KEYS, ARGV, read_only = keys, argv, reading == true
+  op, sid, now = ARGV[1], ARGV[3], ARGV[4]
+  -- The root every key name starts with (see above): KEYS[8] is '{root}:__sessions__'.
+  root = string.sub(KEYS[8], 1, #KEYS[8] - #':__sessions__')
+  max_history, auto_summarize, track_dirty = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
+  local cap, elsewhere = string.match(ARGV[8], '^(%d+)(.*)$')
+  owner_cap, owner_elsewhere = tonumber(cap), elsewhere ~= '?' and (tonumber(string.sub(elsewhere, 2)) or 0)
+  byte_cap, arg_max_messages = tonumber(ARGV[9]), ARGV[10]
+  default_idle_ms, refresh_reads = ARGV[11], ARGV[12] == '1'
+  summarize_after = tonumber(ARGV[13])
+  NODE_SESSIONS, OWNED, DIRTY = KEYS[8], KEYS[9], KEYS[10]
+  IDEMPOTENCY = ARGV[14] ~= '' and KEYS[13]
+  new_keys, marked, stale_forms = {}, {}, {}
+  if sid ~= '' then -- the call's session: its keys as declared
+    base = string.sub(KEYS[1], 1, #KEYS[1] - #'__meta__')
+    META, KEYSET, HISTORY, RUNS, BY_TIME = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
+  else
+    base, META, KEYSET, HISTORY, RUNS, BY_TIME = nil, nil, nil, nil, nil, nil
+  end
+  if IDEMPOTENCY then
+    local recorded = redis.call('GET', IDEMPOTENCY)
+    if recorded then
+      recorded = cjson.decode(recorded)
+      if recorded[1] ~= ARGV[15] then
+        return redis.error_reply('PM_IDEMPOTENCY_REUSED This idempotency key was used for a different request.')
+      end
+      return untagged(recorded[2])
+    end
+  end
+  for _, handler in ipairs(handlers) do
+    local done, reply = returned(handler())
+    if done then return reply end
+  end
+end
+
+-- A read's call (FCALL_RO, a function flagged no-writes): an operation that finds it
+-- must write after all (a read of a session that has just expired cleans it up) is
+-- refused its first write, having written nothing, and answers PM_WRITE_NEEDED: the
+-- client sends it again as a write.
+local function read_entry(keys, argv)
+  local ok, reply = pcall(entry, keys, argv, true)
+  if ok then return reply end
+  local message = type(reply) == 'table' and reply.err or tostring(reply)
+  if string.find(message, 'Write commands are not allowed', 1, true) then
+    return redis.error_reply('PM_WRITE_NEEDED A read found it must write.')
+  end
+  error(reply, 0)
+end

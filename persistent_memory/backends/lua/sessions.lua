@@ -86,10 +86,22 @@ local function purge_leftovers()
   drop_checkpoints()
 end
 
+-- Whether any index holds the id (what unindex would remove), by reads alone.
+local function indexed(id)
+  local by_time, by_name = listing_sets(id)
+  if redis.call('ZSCORE', by_time, id) or redis.call('ZSCORE', by_name, id) then
+    return true
+  end
+  return redis.call('SISMEMBER', namespace_of(id) and OWNED or NODE_SESSIONS, id) == 1
+end
+
 -- nil when the session is live, else the error reply to return.
 local function check_live()
   if redis.call('EXISTS', META) == 1 then
     return nil
+  end
+  if read_only and not indexed(sid) then -- nothing to clean up: a read stays a read
+    return fail('NOT_FOUND', "Session '" .. sid .. "' not found.")
   end
   if unindex(sid) == 1 then
     purge_leftovers()

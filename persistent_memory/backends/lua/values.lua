@@ -6,6 +6,7 @@
 
 -- Operations on a live session -----------------------------------------------
 
+on(function()
 local err = check_live()
 if err then return err end
 
@@ -103,3 +104,4 @@ elseif op == 'summarize' then
 end
 
 return fail('BAD_OPERATION', 'Unknown operation ' .. tostring(op))
+end)
