@@ -156,11 +156,13 @@ local function plan_append(name, parent, first, count, checked)
   local last = count and first + 3 * count - 1 or #ARGV
   while i < last and arg(i) do
     local id, body, tail = arg(i), arg(i + 1), arg(i + 2)
-    local given = cjson.decode(tail)
+    -- A plain message's link (most are) by pattern, not parsed; its fingerprint is read
+    -- only to compare with a stored one.
+    local given = window_link(tail)
     local stored = link_of(c, id)
     local where = 'messages[' .. #plan .. ']: '
     if stored then
-      if stored.f ~= given.f then
+      if stored.f ~= cjson.decode(tail).f then
         return nil, fail('MESSAGE_CONFLICT', where .. "message '" .. id .. "' is already stored with other content.")
       end
       open = open_calls(c, id)
@@ -412,6 +414,9 @@ local function commit(name, plan)
   local meta = plan.meta or redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local form, grown = meta[5] or nil, false
   local tokens, bytes, head, seq = 0, 0, nil, nil
+  -- The current thread ends at the head (every move of the head moves the thread with
+  -- it): an append after the head, as most are, leaves the thread where it is.
+  local thread_end = text_or_nil(meta[1])
   for _, entry in ipairs(plan) do
     if entry.new then
       redis.call('HSET', c .. ':m', entry.id, entry.text)
@@ -419,8 +424,9 @@ local function commit(name, plan)
       redis.call('ZADD', c .. ':o', entry.seq, entry.id)
       -- A parent new to the set may be its first member.
       if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
-      move_thread(c, entry.parent)
+      if not entry.parent or entry.parent ~= thread_end then move_thread(c, entry.parent) end
       if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
+      thread_end = entry.id
       local pushed = form_push(c, form, entry)
       if pushed then form, grown = pushed, true end
       if entry.role == 'system' then

@@ -272,15 +272,22 @@ end
 
 -- One JSON object text of every value (those given, else read): one reply the client
 -- decodes in one call.
+-- Built by one concatenation (no string per value); a key of the key rules
+-- (persistent_memory.validation) is its own JSON text between quotes.
 local function values_object(keys, values)
   if not keys then keys, values = stored_values() end
-  local parts = {}
+  local parts, n = {'{'}, 1
   for i, key in ipairs(keys) do
-    if values[i] then
-      parts[#parts + 1] = cjson.encode(key) .. ': ' .. values[i]
+    local value = values[i]
+    if value then
+      local name = string.find(key, '^[%w_.-]+$') and key or string.sub(cjson.encode(key), 2, -2)
+      parts[n + 1], parts[n + 2], parts[n + 3], parts[n + 4] = '"', name, '": ', value
+      parts[n + 5] = ', '
+      n = n + 5
     end
   end
-  return '{' .. table.concat(parts, ', ') .. '}'
+  parts[n > 1 and n or 2] = '}'
+  return table.concat(parts, '', 1, n > 1 and n or 2)
 end
 
 -- The reads most calls are, answered first: a live session's values, for get_all and
