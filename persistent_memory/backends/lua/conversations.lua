@@ -134,13 +134,14 @@ local APPEND_FIELDS = {'head', 'seq', 'tokens', 'bytes', 'form'}
 -- a new root; ``checked``: the caller knows it is stored), without writing: each message
 -- as it would be stored, and whether it is new. The plan's ``meta`` holds the
 -- conversation hash's APPEND_FIELDS as read here, for commit (a caller that writes them
--- in between sets it to nil). Returns nil and an error reply when a check fails.
-local function plan_append(name, parent, first, count, checked)
+-- in between sets it to nil; one that has read them passes them as ``meta``). Returns nil
+-- and an error reply when a check fails.
+local function plan_append(name, parent, first, count, checked, meta)
   local c = conv_key(name)
   if parent and not checked and redis.call('HEXISTS', c .. ':m', parent) == 0 then
     return nil, fail('MESSAGE_NOT_FOUND', "The conversation has no message '" .. parent .. "'.")
   end
-  local meta = redis.call('HMGET', c, unpack(APPEND_FIELDS))
+  meta = meta or redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local previous = parent
   if parent == nil then previous = text_or_nil(meta[1]) end
   if not previous then previous = nil end
@@ -386,10 +387,14 @@ end
 
 -- After conversation ``name`` grew or got a summary: trim it, record what was trimmed,
 -- and mark it for a summarizer when its pending tokens pass the threshold (unmark it
--- otherwise) (memory_conversations._settle).
-local function settle(name)
+-- otherwise) (memory_conversations._settle). ``seq``: the conversation's last seq, when the
+-- caller knows it: a conversation holds at most that many messages (each has its own seq,
+-- none above it), so at or under the cap it is not counted.
+local function settle(name, seq)
   local c = conv_key(name)
-  local removed = trim(c, tonumber(arg_max_messages))
+  local max_messages = tonumber(arg_max_messages)
+  local removed = 0
+  if not seq or seq > max_messages then removed = trim(c, max_messages) end
   if removed > 0 then
     record(history_entry('trim_messages', nil, ', "conversation": ' .. cjson.encode(name)
       .. ', "removed": ' .. removed))
@@ -453,7 +458,7 @@ local function commit(name, plan)
     if created then
       for _, key in ipairs(conv_keys(name)) do new_key(key) end
     end
-    settle(name)
+    settle(name, seq)
   end
   mark_dirty()
   return head or text_or_nil(meta[1])

@@ -92,13 +92,17 @@ if op == 'answer' then
     end
     local parent = text_or_nil(arg(6) ~= '' and arg(6))
     local c = conv_key(name)
-    if bound == sid and asked_in == name and redis.call('HEXISTS', c .. ':m', asked) == 1 then
+    local meta = redis.call('HMGET', c, unpack(APPEND_FIELDS))
+    -- The head is stored (nothing removes it but a move of the head): the run's question
+    -- still at the head, as it mostly is, needs no lookup.
+    local head = text_or_nil(meta[1])
+    if bound == sid and asked_in == name and (asked == head or redis.call('HEXISTS', c .. ':m', asked) == 1) then
       parent = asked
-    elseif parent and redis.call('HEXISTS', c .. ':m', parent) == 0 then
+    elseif parent and parent ~= head and redis.call('HEXISTS', c .. ':m', parent) == 0 then
       parent = nil
     end
     local failure
-    plan, failure = plan_append(name, parent, 7, nil, true)
+    plan, failure = plan_append(name, parent, 7, nil, true, meta)
     if not plan then return failure end
   end
   if created then
