@@ -155,8 +155,8 @@ local function plan_append(name, parent, first, count, checked, meta)
   local plan = {meta = meta}
   local i = first
   local last = count and first + 3 * count - 1 or #ARGV
-  while i < last and arg(i) do
-    local id, body, tail = arg(i), arg(i + 1), arg(i + 2)
+  while i < last and ARGV[16 + i] do -- arg(i), arg(i + 1), arg(i + 2), without a call each
+    local id, body, tail = ARGV[16 + i], ARGV[17 + i], ARGV[18 + i]
     -- A plain message's link (most are) by pattern, not parsed; its fingerprint is read
     -- only to compare with a stored one.
     local given = window_link(tail)
