@@ -354,7 +354,7 @@ local function returned(...)
 end
 
 -- One call: its state from KEYS and ARGV (the state a call before left, reset), the
--- idempotency record, then the first handler that returns.
+-- idempotency record, then the first of its operation's handlers that returns.
 local function entry(keys, argv, reading)
   KEYS, ARGV, read_only = keys, argv, reading == true
   op, sid, now = ARGV[1], ARGV[3], ARGV[4]
