@@ -211,6 +211,12 @@ def embed_later(memory_id: int) -> None:
 
     from persistent_memory.models import LongTermMemory
 
+    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
+        from persistent_memory.tasks import embed_later as enqueue
+
+        enqueue("memory", [memory_id])
+        return
+
     def put() -> None:
         current = worker()
         if current is not None:
@@ -225,6 +231,12 @@ def embed_messages_later(ids: list[int]) -> None:
     from django.db import router, transaction
 
     from persistent_memory.models import MemoryMessage
+
+    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
+        from persistent_memory.tasks import embed_later as enqueue
+
+        enqueue("message", ids)
+        return
 
     def put() -> None:
         current = worker()
