@@ -1,0 +1,24 @@
+"""The demo site's settings with the app's background work on django-tasks-db (for the web
+process and ``db_worker`` of tests/test_tasks.py, run as processes of their own): Redis
+from ``REDIS_URL``, the chat-completions extractor at ``EXTRACTOR_BASE_URL``."""
+
+import os
+
+from memory_site.settings import *  # noqa: F403
+from memory_site.settings import INSTALLED_APPS, PERSISTENT_MEMORY
+
+INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+PERSISTENT_MEMORY = {
+    **PERSISTENT_MEMORY,
+    "MIRROR_MODE": "off",
+    "TASK_BACKEND": "default",
+    "TASK_DEBOUNCE_SECONDS": float(os.environ.get("TASK_DEBOUNCE_SECONDS", "2")),
+    "MEMORY_EXTRACTORS": ["persistent_memory.memories.extraction.chat_completions.extract"],
+    "MEMORY_EXTRACTOR_OPTIONS": {
+        "base_url": os.environ.get("EXTRACTOR_BASE_URL", "http://127.0.0.1:9/v1"),
+        "model": "extraction-model",
+        "api_key_env": None,
+        "timeout": 30,
+    },
+}
