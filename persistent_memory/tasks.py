@@ -30,10 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from django.db import router, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -107,14 +106,31 @@ def _row(
     )
 
 
+def _free_lease(now: datetime) -> Q:
+    return Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - timedelta(seconds=LEASE_SECONDS))
+
+
 def _claim(kind: str, owner: str = "", session_id: str = "", conversation: str = "") -> bool:
     """Take the lease of waiting work; whether this caller got it (and so enqueues)."""
     from persistent_memory.models import BackgroundWork
 
     row, _ = _row(kind, owner, session_id, conversation)
     now = timezone.now()
-    free = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - timedelta(seconds=LEASE_SECONDS))
-    return bool(BackgroundWork.objects.filter(free, pk=row.pk).update(enqueued_at=now, updated_at=now))
+    return bool(
+        BackgroundWork.objects.filter(_free_lease(now), pk=row.pk).update(enqueued_at=now, updated_at=now)
+    )
+
+
+async def _aclaim(kind: str, owner: str = "", session_id: str = "", conversation: str = "") -> bool:
+    """:func:`_claim` for async code (Django's async ORM)."""
+    from persistent_memory.models import BackgroundWork
+
+    row, _ = await BackgroundWork.objects.aget_or_create(
+        kind=kind, owner=owner, session_id=session_id, conversation=conversation
+    )
+    now = timezone.now()
+    leased = BackgroundWork.objects.filter(_free_lease(now), pk=row.pk)
+    return bool(await leased.aupdate(enqueued_at=now, updated_at=now))
 
 
 def _release(kind: str, owner: str = "", session_id: str = "", conversation: str = "") -> BackgroundWork:
@@ -150,6 +166,9 @@ def _using(task: Any, delay: float) -> Any:
     return task.using(backend=alias, run_after=run_after)
 
 
+_KEY_FIELDS = ("owner", "session_id", "conversation")
+
+
 def _keys(kind: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The lease's row of a task's arguments: the conversation's, or the store's (summaries)."""
     return args if kind == EXTRACT else ()
@@ -170,12 +189,16 @@ def _enqueue_leased(task: Any, kind: str, *args: Any, delay: float | None = None
 
 async def _aenqueue_leased(task: Any, kind: str, *args: Any) -> bool:
     keys = _keys(kind, args)
-    if not await sync_to_async(_claim)(kind, *keys):
+    if not await _aclaim(kind, *keys):
         return False
     try:
         await _using(task, memory_settings.TASK_DEBOUNCE_SECONDS).aenqueue(*args)
     except BaseException:
-        await sync_to_async(_release)(kind, *keys)
+        from persistent_memory.models import BackgroundWork
+
+        await BackgroundWork.objects.filter(
+            kind=kind, **dict(zip(_KEY_FIELDS, keys or ("", "", ""), strict=True))
+        ).aupdate(enqueued_at=None)
         raise
     return True
 

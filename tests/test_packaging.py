@@ -105,8 +105,8 @@ def imported_distributions(paths: list[Path]) -> tuple[set[str], dict[str, set[s
 
 #: Packages the app uses when the project has them, imported only inside functions (behind
 #: ImportError): the OpenAI-compatible client (summarizer, extractor, embedder), Django 5.2's
-#: task framework and sqlite-vec.
-OPTIONAL = {"openai", "django_tasks", "sqlite_vec"}
+#: task framework, django-tasks-db (the task backlog in health/) and sqlite-vec.
+OPTIONAL = {"openai", "django_tasks", "django_tasks_db", "sqlite_vec"}
 
 
 def test_the_app_imports_only_its_core_requirements():
