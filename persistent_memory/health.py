@@ -16,6 +16,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DatabaseError
 
+from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.store import MemoryStore
 
@@ -136,7 +137,7 @@ def extraction_health(store: MemoryStore) -> dict[str, Any]:
         return part
     return {
         **part,
-        "worker": "thread" if worker.running else "off",
+        "worker": "thread" if worker.running else ("tasks" if memory_settings.TASK_BACKEND else "off"),
         "queued": worker.queued,
         "queue_size": worker.queue_size,
         "batches": worker.batches,

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from persistent_memory.memories import memories_for
 from persistent_memory.models import BackgroundWork
 from tests.chat import assistant, user
 from tests.chat_server import Reply
+from tests.readme_blocks import example, run_example
 from tests.servers import ROOT, demo_env
 
 FRAMEWORK = task_framework()
@@ -210,6 +212,24 @@ class TestDebounced:
         ]
 
 
+@pytest.mark.django_db(transaction=True)
+class TestDocs:
+    def test_the_run_example_on_the_immediate_backend(self, configure, settings):
+        settings.TASKS = IMMEDIATE
+        configure(TASK_BACKEND="default", MEMORY_EXTRACTION_WORKER=True)
+        run_example("tasks-run", {})
+
+    def test_the_async_example_enqueues_once(self, configure, settings):
+        settings.TASKS = DUMMY
+        dummy_results().clear()
+        configure(TASK_BACKEND="default", MEMORY_EXTRACTION_WORKER=True)
+        namespace: dict[str, Any] = {}
+        exec(example("tasks-async"), namespace)  # noqa: S102 (the docs' own example)
+        asyncio.run(namespace["on_new_messages"]("user:alice", "chat", "default"))
+        asyncio.run(namespace["on_new_messages"]("user:alice", "chat", "default"))
+        assert [r.task.name for r in dummy_results()] == ["extract_conversation"]
+
+
 class TestChecks:
     def test_the_immediate_backend_in_production_is_a_warning(self, settings):
         settings.TASKS = IMMEDIATE
@@ -246,6 +266,13 @@ for conversation in range(int(sys.argv[1])):
         scoped.add_messages("s", [message])
 print("queued", flush=True)
 sys.stdin.read()
+"""
+
+HEALTH = """
+import json, django
+django.setup()
+from persistent_memory.health import tasks_health
+print(json.dumps(tasks_health()))
 """
 
 COUNT = """
@@ -314,9 +341,10 @@ def test_db_worker_killed_with_tasks_queued_loses_none_and_extracts_each_message
         # Long enough that the kill always comes before the tasks are due.
         TASK_DEBOUNCE_SECONDS="20",
     )
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    migrate, run_worker = (shlex.split(line)[1:] for line in example("tasks-worker").splitlines())
+    subprocess.run([sys.executable, *migrate, "-v0"], cwd=ROOT, env=env, check=True)
     server.replies = [answer(HOME)]
-    worker = start(env, "manage.py", "db_worker", "--interval", "0.2", "--no-startup-delay")
+    worker = start(env, *run_worker, "--interval", "0.2", "--no-startup-delay")
     web = start(env, "-c", WEB, "4", "5", "a")
     try:
         assert web.stdout.readline().strip() == "queued", web.stdout.read()
@@ -328,7 +356,7 @@ def test_db_worker_killed_with_tasks_queued_loses_none_and_extracts_each_message
     assert server.requests == []
     # Started again: a web process writes more, the worker runs what the killed ones left.
     web = start(env, "-c", WEB, "4", "1", "b")
-    worker = start(env, "manage.py", "db_worker", "--interval", "0.2", "--no-startup-delay")
+    worker = start(env, *run_worker, "--interval", "0.2", "--no-startup-delay")
     try:
         assert web.stdout.readline().strip() == "queued"
         deadline = time.monotonic() + 180
@@ -342,6 +370,7 @@ def test_db_worker_killed_with_tasks_queued_loses_none_and_extracts_each_message
         kill(web)
         kill(worker)
     assert failed == 0
+    assert json.loads(python(env, HEALTH)) == json.loads(example("tasks-health"))  # as the docs show
     expected = [
         f"{batch}-{c}-{t}" for c in range(4) for batch, turns in (("a", 5), ("b", 1)) for t in range(turns)
     ]
