@@ -56,6 +56,8 @@ LEASE_SECONDS = 600.0
 RUN_SECONDS = 300.0
 #: The most messages of a conversation one extraction reads (the newest).
 LAST_MESSAGES = 200
+#: The most passes one extraction task makes over messages appended while it ran.
+ROUNDS = 3
 #: The roles whose messages are extracted from (as the worker thread's).
 ROLES = ("user", "assistant")
 
@@ -218,6 +220,7 @@ def conversation_changed(owner: str, session_id: str, conversation: str, *, extr
     transaction.on_commit(
         lambda: _enqueue_conversation(owner, session_id, conversation, extract=extract),
         using=router.db_for_write(BackgroundWork),
+        robust=True,  # the write stands: a failure to enqueue is logged (memory_extract catches up)
     )
 
 
@@ -237,7 +240,9 @@ def embed_later(kind: str, ids: list[int]) -> None:
     from persistent_memory.models import LongTermMemory
 
     transaction.on_commit(
-        lambda: _using(embed, 0).enqueue(kind, list(ids)), using=router.db_for_write(LongTermMemory)
+        lambda: _using(embed, 0).enqueue(kind, list(ids)),
+        using=router.db_for_write(LongTermMemory),
+        robust=True,  # the write stands: memory_embed catches up
     )
 
 
@@ -311,6 +316,35 @@ def extract_conversation(owner: str, session_id: str, conversation: str) -> dict
     """Run the extractors over the conversation's messages not extracted yet and upsert what
     they find; ``{"messages", "written"}``. A message is read once: the cursor moves past it
     only when every extractor succeeded (else this raises :class:`TaskFailed`)."""
+    from persistent_memory.models import BackgroundWork
+
+    row = _release(EXTRACT, owner, session_id, conversation)
+    totals = {"messages": 0, "written": 0}
+    if not _start_running(row):
+        # Another worker is at it: once more after it, where the backend can delay (inline,
+        # it would only meet the same run again; the running one looks again before it ends).
+        backend = task_backend()
+        if backend is not None and backend.supports_defer:
+            _enqueue_leased(extract_conversation, EXTRACT, owner, session_id, conversation)
+        return totals
+    try:
+        for _ in range(ROUNDS):  # again while appends came in during the extraction
+            row.refresh_from_db()
+            found = _extract_new(row)
+            if found is None:
+                BackgroundWork.objects.filter(pk=row.pk).delete()  # the session is gone
+                break
+            totals = {key: totals[key] + found[key] for key in totals}
+            if not found["read"]:
+                break
+    finally:
+        BackgroundWork.objects.filter(pk=row.pk).update(running_until=None, updated_at=timezone.now())
+    return totals
+
+
+def _extract_new(row: BackgroundWork) -> dict[str, int] | None:
+    """Extract the messages after ``row``'s cursor and move it past them; the counts (with
+    ``read``, the messages the cursor moved past), None when the session is gone."""
     from persistent_memory.memories.extraction import (
         ExtractionReport,
         find_candidates,
@@ -320,39 +354,25 @@ def extract_conversation(owner: str, session_id: str, conversation: str) -> dict
     from persistent_memory.models import BackgroundWork
     from persistent_memory.store import get_store
 
-    row = _release(EXTRACT, owner, session_id, conversation)
-    if not _start_running(row):  # another worker is at it: once more after it
-        _enqueue_leased(extract_conversation, EXTRACT, owner, session_id, conversation)
-        return {"messages": 0, "written": 0}
-    done = {"running_until": None, "updated_at": timezone.now()}
+    scoped = get_store().for_owner(row.owner)
     try:
-        row.refresh_from_db()
-        scoped = get_store().for_owner(owner)
-        try:
-            thread = scoped.get_messages(session_id, conversation=conversation, limit=LAST_MESSAGES)[
-                "messages"
-            ]
-        except (SessionNotFound, SessionExpired):
-            BackgroundWork.objects.filter(pk=row.pk).delete()  # nothing more to extract there
-            return {"messages": 0, "written": 0}
-        new = _after_cursor(thread, row)
-        kept = [message for message in new if message.get("role") in ROLES]
-        report = ExtractionReport(messages=len(kept))
-        candidates = find_candidates(kept, report) if kept else []
-        if report.failed:
-            raise TaskFailed(report.last_error or "an extractor failed")
-        if candidates and _live(scoped, session_id):
-            write_candidates(owner, candidates, report, message_times(kept))
-        if new:
-            last = new[-1]
-            at = last.get("created_at")
-            done |= {
-                "cursor_id": last.get("id") or "",
-                "cursor_at": at if isinstance(at, int | float) else None,
-            }
-        return {"messages": len(kept), "written": report.written}
-    finally:
-        BackgroundWork.objects.filter(pk=row.pk).update(**done)
+        got = scoped.get_messages(row.session_id, conversation=row.conversation, limit=LAST_MESSAGES)
+    except (SessionNotFound, SessionExpired):
+        return None
+    new = _after_cursor(got["messages"], row)
+    if not new:
+        return {"messages": 0, "written": 0, "read": 0}
+    kept = [message for message in new if message.get("role") in ROLES]
+    report = ExtractionReport(messages=len(kept))
+    candidates = find_candidates(kept, report) if kept else []
+    if report.failed:
+        raise TaskFailed(report.last_error or "an extractor failed")
+    if candidates and _live(scoped, row.session_id):
+        write_candidates(row.owner, candidates, report, message_times(kept))
+    at = new[-1].get("created_at")
+    row.cursor_id, row.cursor_at = new[-1].get("id") or "", at if isinstance(at, int | float) else None
+    BackgroundWork.objects.filter(pk=row.pk).update(cursor_id=row.cursor_id, cursor_at=row.cursor_at)
+    return {"messages": len(kept), "written": report.written, "read": len(new)}
 
 
 def _live(scoped: MemoryStore, session_id: str) -> bool:

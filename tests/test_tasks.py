@@ -213,6 +213,36 @@ class TestDebounced:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_memory_written_without_a_vector_is_embedded_by_a_task_once(settings):
+    from persistent_memory.models import LongTermMemory
+    from tests.embeddings_server import embed_text, embeddings_server
+
+    def vector_of(memory_id: int) -> list[float] | None:
+        return LongTermMemory.objects.get(pk=memory_id).embedding
+
+    settings.TASKS = DUMMY
+    dummy_results().clear()
+    with embeddings_server() as server:
+        settings.PERSISTENT_MEMORY = {
+            "TASK_BACKEND": "default",
+            "EMBEDDER": "openai",
+            "EMBEDDER_OPTIONS": {"base_url": server.url, "model": "stand-in", "api_key_env": None},
+            "EMBEDDER_REQUEST_TIMEOUT": 0.2,
+        }
+        server.hang()  # the write gets no vector in its time
+        memory = memories_for("user:a").add("Drinks espresso daily.")
+        server.recover()
+        assert [(r.task.name, list(r.args)) for r in dummy_results()] == [
+            ("embed", ["memory", [memory["id"]]])
+        ]
+        assert run_dummy() == [{"embedded": 1}]
+        assert vector_of(memory["id"]) == pytest.approx(embed_text("Drinks espresso daily."))
+        requests = len(server.requests)
+        assert tasks.embed.call("memory", [memory["id"]]) == {"embedded": 0}  # run again: nothing to do
+        assert len(server.requests) == requests
+
+
+@pytest.mark.django_db(transaction=True)
 class TestDocs:
     def test_the_run_example_on_the_immediate_backend(self, configure, settings):
         settings.TASKS = IMMEDIATE
