@@ -201,7 +201,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai,tasks]"]
 
 
 def test_the_demo_needs_only_the_app_and_its_demo_extra():
