@@ -141,6 +141,12 @@ class TestImmediate:
         alice.delete_session("s")
         assert tasks.extract_conversation.call("user:alice", "s", "default") == {"messages": 0, "written": 0}
         assert not BackgroundWork.objects.filter(kind="extract", session_id="s").exists()
+        alice.add_messages("t", [user("I live in Lyon.", id="m2")])
+        assert BackgroundWork.objects.filter(owner="user:alice").exists()
+        from persistent_memory.memories.forget import forget_owner
+
+        forget_owner("user:alice", store=store)
+        assert not BackgroundWork.objects.filter(owner="user:alice").exists()
 
     def test_summaries_are_made_by_the_task(self, configure, settings):
         settings.TASKS = IMMEDIATE
