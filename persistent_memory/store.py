@@ -204,9 +204,14 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
                 _off_the_event_loop(store.mirror.restore_safely)
             store.mirror.start()
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
+        store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
+        if conf.TASK_BACKEND:  # the work goes to Django's task framework, not to threads
+            from persistent_memory.tasks import connect
+
+            connect(store)
+            return store
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
             store.summarizer_worker.start()
-        store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
         if store.extraction_worker.enabled:
             store.extraction_worker.start()
         return store
@@ -569,6 +574,9 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if "extraction_worker" in self.__dict__:  # built (never just to stop it)
             self.extraction_worker.stop()
         self.summarizer_worker.stop()
+        from persistent_memory.tasks import disconnect
+
+        disconnect(self)  # what enqueued tasks for its writes (TASK_BACKEND)
         self.mirror.stop()
         self.backend.close()
 

@@ -105,8 +105,8 @@ def imported_distributions(paths: list[Path]) -> tuple[set[str], dict[str, set[s
 
 #: Packages the app uses when the project has them, imported only inside functions (behind
 #: ImportError): the OpenAI-compatible client (summarizer, extractor, embedder), Django 5.2's
-#: task framework and sqlite-vec.
-OPTIONAL = {"openai", "django_tasks", "sqlite_vec"}
+#: task framework, django-tasks-db (the task backlog in health/) and sqlite-vec.
+OPTIONAL = {"openai", "django_tasks", "django_tasks_db", "sqlite_vec"}
 
 
 def test_the_app_imports_only_its_core_requirements():
@@ -201,7 +201,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai,tasks]"]
 
 
 def test_the_demo_needs_only_the_app_and_its_demo_extra():

@@ -14,7 +14,8 @@ the summarizers' health, so ``health/`` says why, and is tried again with the ba
 With ``SUMMARIZER_TASKS`` the thread does not summarize: it enqueues
 ``summarize_conversations_task`` on Django's task framework when conversations are
 marked (at most one waiting task at a time where the task backend can tell), and a
-task worker makes the summaries.
+task worker makes the summaries. With ``TASK_BACKEND`` the thread is not started at all:
+appends enqueue :data:`persistent_memory.tasks.summarize_conversations` themselves.
 """
 
 from __future__ import annotations
