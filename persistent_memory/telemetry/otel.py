@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry import trace as _trace_api
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import SpanKind
 
 from persistent_memory.telemetry.operations import OPERATIONS, Operation, RoundTrip, Task
@@ -72,6 +74,24 @@ _task_items = _meter.create_counter(
 _task_failures = _meter.create_counter(
     "persistent_memory.task.failures", unit="{failure}", description="Background work that failed."
 )
+
+
+# Where the API keeps the providers set (None until an SDK, or anything, sets one). Read
+# directly: the API's getters cost microseconds a call (an environment lookup each), the
+# attributes tens of nanoseconds. A provider named by OTEL_PYTHON_*_PROVIDER is loaded at
+# the first getter call, and an API without these attributes is asked every time.
+_FROM_ENVIRONMENT = any(
+    name in os.environ for name in ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+)
+_KNOWN = hasattr(_trace_api, "_TRACER_PROVIDER") and hasattr(_metrics_api, "_METER_PROVIDER")
+
+
+def _configured() -> bool:
+    """Whether a tracer or a meter provider is set: without either (the API installed and
+    no SDK) the wrappers call straight through, at the cost of this check."""
+    if not _KNOWN or _FROM_ENVIRONMENT:
+        return True
+    return _trace_api._TRACER_PROVIDER is not None or _metrics_api._METER_PROVIDER is not None
 
 
 def capture_content() -> bool:
@@ -161,6 +181,8 @@ def _operation(func: Callable[..., Any], op: Operation, method: str) -> Callable
 
         @functools.wraps(func)
         async def traced_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _configured():
+                return await func(self, *args, **kwargs)
             span, began = start(args, kwargs), time.perf_counter()
             with trace.use_span(span, end_on_exit=True):
                 try:
@@ -175,6 +197,8 @@ def _operation(func: Callable[..., Any], op: Operation, method: str) -> Callable
 
     @functools.wraps(func)
     def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _configured():
+            return func(self, *args, **kwargs)
         span, began = start(args, kwargs), time.perf_counter()
         with trace.use_span(span, end_on_exit=True):
             try:
@@ -246,6 +270,8 @@ def _server(backend: Any) -> dict[str, Any]:
 def _round_trip(func: Callable[..., Any], what: RoundTrip) -> Callable[..., Any]:
     @functools.wraps(func)
     def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _configured():
+            return func(self, *args, **kwargs)
         if what.batch:
             ops = sorted({_op_of(command) for command in args[0]})
             op, size = " ".join(ops), len(args[0])
