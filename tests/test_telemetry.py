@@ -17,7 +17,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from rest_framework.authtoken.models import Token
@@ -30,11 +30,23 @@ from persistent_memory.telemetry.otel import CAPTURE_CONTENT
 from tests.conftest import memory_settings_for
 from tests.readme_blocks import ROOT
 
-EXPORTER = InMemorySpanExporter()
+
+class _Armed(InMemorySpanExporter):
+    """Keeps spans only during a test of this module: the providers stay set for the rest of
+    the test process, whose other tests' spans would otherwise pile up here."""
+
+    armed = False
+
+    def export(self, spans: Any) -> SpanExportResult:
+        return super().export(spans) if self.armed else SpanExportResult.SUCCESS
+
+
+EXPORTER = _Armed()
 READER = InMemoryMetricReader()
 
 
-def _providers() -> None:
+@pytest.fixture(scope="session")
+def providers() -> None:
     """The SDK, once per test process (the API's global providers are set once)."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
@@ -42,14 +54,12 @@ def _providers() -> None:
     metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
 
 
-_providers()
-
-
 @pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch):
+def spans(providers: None, monkeypatch: pytest.MonkeyPatch):
     """The spans finished during the test (content capture unset)."""
     monkeypatch.delenv(CAPTURE_CONTENT, raising=False)
     EXPORTER.clear()
+    EXPORTER.armed = True
 
     def finished(operation: str | None = None) -> list[ReadableSpan]:
         found = list(EXPORTER.get_finished_spans())
@@ -57,7 +67,9 @@ def spans(monkeypatch: pytest.MonkeyPatch):
             return found
         return [span for span in found if span.attributes.get("persistent_memory.operation") == operation]
 
-    return finished
+    yield finished
+    EXPORTER.armed = False
+    EXPORTER.clear()
 
 
 def _metrics() -> dict[str, list[Any]]:
@@ -254,7 +266,7 @@ def _of_task(point: Any, task: str) -> bool:
 
 
 @pytest.mark.django_db
-def test_backlogs_are_observed_from_the_process_store(settings: Any) -> None:
+def test_backlogs_are_observed_from_the_process_store(spans: Any, settings: Any) -> None:
     from persistent_memory.store import get_store
 
     settings.PERSISTENT_MEMORY = memory_settings_for("memory")
