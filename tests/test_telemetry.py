@@ -5,6 +5,7 @@ redis-server, the metrics, and nothing imported without the package."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -303,3 +304,49 @@ print("clean")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT)
     assert done.stdout.strip() == "clean", done.stderr
     assert telemetry.ENABLED  # and here, where it is installed, it is on
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend_name", ["memory", "redis"])
+def test_an_integration_call_is_the_parent_of_the_store_spans_it_makes(
+    spans: Any, store: Any, backend_name: str
+) -> None:
+    agents = pytest.importorskip("persistent_memory.integrations.openai_agents")
+    session = agents.PersistentMemorySession("s1")
+
+    async def turn() -> list[Any]:
+        await session.add_items([{"role": "user", "content": "hi"}])
+        return await session.get_items()
+
+    assert len(asyncio.run(turn())) == 1
+    (add,) = spans("add_items")
+    assert add.attributes["gen_ai.operation.name"] == "create_memory"
+    assert add.attributes["gen_ai.memory.store.id"] == "conversations"
+    below = [span for span in spans() if span.parent and span.parent.span_id == add.context.span_id]
+    assert below and all(span.attributes["gen_ai.memory.store.id"] == "conversations" for span in below)
+    if backend_name == "redis":  # the round trips under the store's spans, on the event loop's bridge
+        store_spans = {span.context.span_id for span in below}
+        assert any(span.parent.span_id in store_spans for span in spans() if span.kind == SpanKind.CLIENT)
+    (get,) = spans("get_items")
+    assert get.attributes["gen_ai.memory.record.count"] == 1
+
+
+def test_with_the_api_and_no_sdk_the_wrappers_call_straight_through() -> None:
+    script = """
+import os, django
+os.environ["DJANGO_SETTINGS_MODULE"] = "memory_site.settings"
+django.setup()
+from django.conf import settings
+from persistent_memory.telemetry import ENABLED, otel
+from persistent_memory.store import MemoryStore, get_store
+settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off"}
+assert ENABLED and MemoryStore.put.__wrapped__
+assert otel._configured() is False
+store = get_store()
+store.create_session("s1")
+store.put("s1", "k", 1)
+print(store.get("s1", "k"))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.stdout.strip() == "1", done.stderr
