@@ -10,7 +10,7 @@ configuration is its median over the rounds. The operations are the store's, cal
 Python with the default settings but the mirror off, on the memory backend and on a
 redis-server of the benchmark's own.
 
-    python bench/otel_cost.py --baseline /tmp/pm-main [--rounds 7] [--n 2000]
+    python bench/otel_cost.py --baseline /tmp/pm-main [--rounds 7] [--n 2000] [--backends memory]
 
 ``--baseline``: a checkout of the code to compare with (``git archive main | tar -x -C
 /tmp/pm-main``); it runs with OpenTelemetry absent.
@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--child", choices=CONFIGS)
     parser.add_argument("--backend", default="memory")
     parser.add_argument("--redis-url")
+    parser.add_argument("--backends", default="memory,redis", help="of the parent: which to time")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.backend, args.redis_url, args.n)
@@ -120,6 +121,8 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
     with redis_url(use_env=False) as url:
         for backend, server in (("memory", None), ("redis", url)):
+            if backend not in args.backends.split(","):
+                continue
             per = results.setdefault(backend, {c: {op: [] for op in OPERATIONS} for c in CONFIGS})
             for round_ in range(args.rounds):
                 order = CONFIGS[round_ % len(CONFIGS) :] + CONFIGS[: round_ % len(CONFIGS)]
