@@ -70,6 +70,7 @@ from persistent_memory.owners import (
     storage_id,
     validate_owner,
 )
+from persistent_memory.telemetry import instrument
 from persistent_memory.validation import (
     DEFAULT_MAX_DEPTH,
     SESSION_ID_PATTERN,
@@ -114,6 +115,7 @@ class SessionPage(NamedTuple):
     next_cursor: str | None
 
 
+@instrument
 class MemoryStore(ConversationMethods, CheckpointMethods):
     """Cross-session memory keyed by ``session_id`` over one backend (conversations: see
     :class:`~persistent_memory.conversations.store.ConversationMethods`)."""

@@ -30,6 +30,7 @@ from django.db import connections
 from persistent_memory.conversations.health import HealthPolicy, SummarizerHealth
 from persistent_memory.conversations.summarizers import Summarizer, summarizer_from_settings
 from persistent_memory.conversations.summarizing import SummarizeOptions, SummarizeReport, summarize_marked
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 
 
+@instrument
 class SummarizerWorker:
     """Summarizes one store's marked conversations (see the module's docstring)."""
 

@@ -35,6 +35,7 @@ from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
 from persistent_memory.memories import embedders
+from persistent_memory.telemetry import instrument
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -44,6 +45,7 @@ BATCH = 64
 POLL_SECONDS = 0.05
 
 
+@instrument
 class EmbeddingWorker:
     """Embeds the memories writes stored without a vector (see the module's docstring)."""
 

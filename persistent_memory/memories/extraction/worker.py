@@ -42,6 +42,7 @@ from django.db import close_old_connections, connections
 
 from persistent_memory.conversations.signals import messages_added
 from persistent_memory.exceptions import SessionExpired, SessionNotFound
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
@@ -79,6 +80,7 @@ class Batch:
     seq: int = 0
 
 
+@instrument
 class ExtractionWorker:
     """Extracts memories from one store's new messages (see the module's docstring)."""
 
