@@ -17,6 +17,7 @@ import functools
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.http import HttpResponse
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
@@ -206,8 +207,23 @@ def _run_id(data: dict[str, Any]) -> str | None:
 
 # The pipeline lanes ---------------------------------------------------------
 
+_JSON = JSONRenderer()
 
-class EnrichView(MemoryAPIView):
+
+class LaneView(MemoryAPIView):
+    """A lane: JSON whatever the ``Accept`` header says, rendered once, as every answer of
+    the API is (DRF's negotiation of one renderer only parsed the header per request)."""
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[Any, str]:
+        return _JSON, _JSON.media_type
+
+    def answer(self, body: dict[str, Any]) -> HttpResponse:
+        """``body`` as DRF's ``JSONRenderer`` writes it, in a plain response: the lane's
+        answer needs none of ``Response``'s deferred rendering."""
+        return HttpResponse(_JSON.render(body), content_type=_JSON.media_type)
+
+
+class EnrichView(LaneView):
     @extend_schema(
         request=s.EnrichRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -222,15 +238,15 @@ class EnrichView(MemoryAPIView):
         operation_id="enrich",
         summary="Questions lane: attach the session's memory as metadata.memory_context",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         data = self.validated(s.EnrichRequest)
         lanes = MemoryFilter(self.store)
         question, outcome = lanes.enrich(data["question"], run_id=_run_id(data), idempotency=once)
-        return Response({"question": question, "memory": outcome})
+        return self.answer({"question": question, "memory": outcome})
 
 
-class StoreView(MemoryAPIView):
+class StoreView(LaneView):
     @extend_schema(
         request=s.StoreRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -249,15 +265,15 @@ class StoreView(MemoryAPIView):
         operation_id="store",
         summary="Answers lane: store the text as last_answer and count it in answer_count",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         data = self.validated(s.StoreRequest)
         lanes = MemoryFilter(self.store)
         answer, outcome = lanes.store(data["answer"], run_id=_run_id(data), idempotency=once)
-        return Response({"answer": answer, "memory": outcome})
+        return self.answer({"answer": answer, "memory": outcome})
 
 
-class ProcessView(MemoryAPIView):
+class ProcessView(LaneView):
     @extend_schema(
         request=s.ProcessRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -284,7 +300,7 @@ class ProcessView(MemoryAPIView):
             "and answers the whole batch."
         ),
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         items = self.validated(s.ProcessRequest)["entries"]
         lanes = MemoryFilter(self.store)
@@ -299,7 +315,7 @@ class ProcessView(MemoryAPIView):
                 response.data["completed"] = results
                 return response
             results.append({"lane": item["lane"], "entry": entry, "memory": outcome})
-        return Response({"entries": results})
+        return self.answer({"entries": results})
 
 
 # Sessions, values and history -----------------------------------------------

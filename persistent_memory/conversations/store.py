@@ -24,6 +24,7 @@ from persistent_memory.conversations.messages import (
     PreparedMessage,
     chat_message,
     prepare_messages,
+    prepare_text,
     validate_conversation,
     validate_message_id,
 )
@@ -415,9 +416,12 @@ class ConversationMethods:
 
     def _lane_message(self: MemoryStore, role: str, text: str) -> Any:
         """The lane's text as one prepared message, or None when there is no text to record."""
-        if not self.conversation_options.record or not isinstance(text, str) or not text:
+        options = self.conversation_options
+        if not options.record or not isinstance(text, str) or not text:
             return None
-        return self._prepare([{"role": role, "content": text}])[0]
+        return prepare_text(
+            role, text, tokenizer=options.tokenizer, max_message_bytes=options.max_message_bytes
+        )
 
     def question(self: MemoryStore, text: Any, conversation: str) -> Question | None:
         """What the enrich lane records for a question's ``text`` (None: nothing)."""
