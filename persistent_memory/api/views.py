@@ -37,6 +37,7 @@ from persistent_memory.api.errors import DATABASE_UNAVAILABLE, PayloadTooLarge, 
 from persistent_memory.api.examples import COUNTER_KEY, KEY, QUESTION, SESSION, SESSION_ID, request_example
 from persistent_memory.api.pagination import SessionPagination
 from persistent_memory.api.parsers import MemoryJSONParser
+from persistent_memory.api.rendering import parsed, render_json
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.database import drop_dead_connections
@@ -211,16 +212,17 @@ _JSON = JSONRenderer()
 
 
 class LaneView(MemoryAPIView):
-    """A lane: JSON whatever the ``Accept`` header says, rendered once, as every answer of
-    the API is (DRF's negotiation of one renderer only parsed the header per request)."""
+    """A lane: JSON whatever the ``Accept`` header says, as every answer of the API is
+    (DRF's negotiation of one renderer only parsed the header per request), rendered once
+    in a plain response, the window's messages as the store holds them (see
+    :mod:`persistent_memory.api.rendering`)."""
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[Any, str]:
         return _JSON, _JSON.media_type
 
     def answer(self, body: dict[str, Any]) -> HttpResponse:
-        """``body`` as DRF's ``JSONRenderer`` writes it, in a plain response: the lane's
-        answer needs none of ``Response``'s deferred rendering."""
-        return HttpResponse(_JSON.render(body), content_type=_JSON.media_type)
+        """``body`` as the lane's answer."""
+        return HttpResponse(render_json(body), content_type=_JSON.media_type)
 
 
 class EnrichView(LaneView):
@@ -242,7 +244,9 @@ class EnrichView(LaneView):
         once = self.idempotency()
         data = self.validated(s.EnrichRequest)
         lanes = MemoryFilter(self.store)
-        question, outcome = lanes.enrich(data["question"], run_id=_run_id(data), idempotency=once)
+        question, outcome = lanes.enrich(
+            data["question"], run_id=_run_id(data), idempotency=once, window_as_json=True
+        )
         return self.answer({"question": question, "memory": outcome})
 
 
@@ -307,12 +311,15 @@ class ProcessView(LaneView):
         lanes.open()
         results: list[dict[str, Any]] = []
         for index, item in enumerate(items):
-            lane = lanes.enrich if item["lane"] == "questions" else lanes.store
+            once_here = once and once.entry(index)
             try:
-                entry, outcome = lane(item["entry"], idempotency=once and once.entry(index))
+                if item["lane"] == "questions":
+                    entry, outcome = lanes.enrich(item["entry"], idempotency=once_here, window_as_json=True)
+                else:
+                    entry, outcome = lanes.store(item["entry"], idempotency=once_here)
             except PersistentMemoryError as exc:
                 response = self.handle_exception(exc)
-                response.data["completed"] = results
+                response.data["completed"] = parsed(results)  # for DRF's renderer
                 return response
             results.append({"lane": item["lane"], "entry": entry, "memory": outcome})
         return self.answer({"entries": results})
