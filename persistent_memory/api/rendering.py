@@ -15,8 +15,8 @@ import json
 import secrets
 from typing import Any
 
-from rest_framework.renderers import JSONRenderer
 from rest_framework.compat import LONG_SEPARATORS, SHORT_SEPARATORS
+from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.encoders import JSONEncoder
 
 from persistent_memory.conversations.store import ChatJSON

@@ -31,7 +31,9 @@ from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
-messages_added = Signal()
+# Cached by sender (the store's class): sent on every write of a message, it then finds
+# its receivers without the signal's lock (connect and disconnect clear the cache).
+messages_added = Signal(use_caching=True)
 summary_updated = Signal()
 summarizer_health_changed = Signal()
 
