@@ -31,9 +31,7 @@ from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
-# Cached by sender (the store's class): sent on every write of a message, it then finds
-# its receivers without the signal's lock (connect and disconnect clear the cache).
-messages_added = Signal(use_caching=True)
+messages_added = Signal()
 summary_updated = Signal()
 summarizer_health_changed = Signal()
 
