@@ -84,13 +84,20 @@ class MemoryFilter:
         self.current_question = None
 
     def enrich(
-        self, question: dict[str, Any], *, run_id: str | None = None, idempotency: Idempotency | None = None
+        self,
+        question: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        idempotency: Idempotency | None = None,
+        window_as_json: bool = False,
     ) -> tuple[dict[str, Any], Outcome]:
         """Attach every stored key as ``metadata["memory_context"]`` (when there is one).
 
         ``run_id`` (a pipeline run that calls once per lane) is remembered in the backend
         so that :meth:`store` with the same ``run_id`` finds this session. ``idempotency``
         goes to the store call (see :mod:`persistent_memory.idempotency`).
+        ``window_as_json``: the window's messages may come as their JSON, for a caller
+        that only writes them out (see :meth:`MemoryStore.enrich_recording`).
         """
         question = _copy(question)
         session_id, reason = _session_id_of(question)
@@ -104,6 +111,7 @@ class MemoryFilter:
             conversation=conversation,
             run_id=run_id,
             idempotency=idempotency,
+            window_as_json=window_as_json,
         )
         if window is not None and question_id is not None:
             self.current_question = (session_id, conversation, question_id)

@@ -8,6 +8,7 @@ never takes an owner from the request body, and without one it fails closed.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -56,7 +57,13 @@ def tenant_user_owner(request: Any) -> str | None:
     return f"tenant:{tenant}/{user}"
 
 
+@functools.lru_cache(maxsize=16)
+def _resolver(path: str) -> Any:
+    # Imported once per path, not per request; a changed setting names another path.
+    return import_string(path)
+
+
 def resolve_owner(request: Any) -> str | None:
     """The owner ``OWNER_RESOLVER`` gives this request (validated), or None."""
-    owner = import_string(memory_settings.OWNER_RESOLVER)(request)
+    owner = _resolver(memory_settings.OWNER_RESOLVER)(request)
     return None if owner is None else validate_owner(owner)

@@ -487,11 +487,13 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         conversation: str = DEFAULT_CONVERSATION,
         run_id: str | None = None,
         idempotency: Idempotency | None = None,
+        window_as_json: bool = False,
     ) -> Enrichment:
         """:meth:`enrich`, and with ``RECORD_CONVERSATION`` on and a question ``text``, the
         window of ``conversation`` before it and the question recorded as a user message
         (bound to ``run_id``, so its answer follows it), in the same backend call.
-        The window and question id are None when nothing was recorded."""
+        The window and question id are None when nothing was recorded. With
+        ``window_as_json`` the window's messages may come as their JSON (``ChatJSON``)."""
         session_id = validate_session_id(session_id)
         question = self.question(text, conversation)
         if question is None:
@@ -514,6 +516,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
             max_tokens=question.max_tokens,
             overflow=options.overflow,
             tokenizer=options.tokenizer,
+            as_json=window_as_json,
         )
         return Enrichment(values, context, enriched.question_id)
 

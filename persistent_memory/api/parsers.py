@@ -13,6 +13,7 @@ infinity: ``invalid_json``) and nesting deeper than ``MAX_JSON_DEPTH``
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import math
 import re
@@ -114,6 +115,17 @@ def parse_json(text: str, *, max_depth: int) -> Any:
     return data
 
 
+@functools.lru_cache(maxsize=64)
+def _text_codec(encoding: str) -> str | None:
+    """The codec's name for a text ``encoding``, None for an unknown one or a
+    bytes-to-bytes codec (bz2_codec would inflate a small body); once per charset."""
+    try:
+        "".encode(encoding)
+    except (LookupError, UnicodeError):
+        return None
+    return codecs.lookup(encoding).name
+
+
 class MemoryJSONParser(JSONParser):
     """DRF's ``JSONParser`` that refuses what the store could not hold (see the module)."""
 
@@ -121,16 +133,14 @@ class MemoryJSONParser(JSONParser):
         self, stream: IO[bytes] | None, media_type: str | None = None, parser_context: Any = None
     ) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
-        try:
-            # Text codecs only: a bytes-to-bytes codec (bz2_codec) would inflate a small body.
-            "".encode(encoding)
-        except (LookupError, UnicodeError):
-            raise ParseError(f'Unsupported charset "{encoding}" in request Content-Type header.') from None
+        codec = _text_codec(encoding)
+        if codec is None:
+            raise ParseError(f'Unsupported charset "{encoding}" in request Content-Type header.')
         raw = stream.read() if stream is not None else b""
         try:
             text = raw.decode(encoding)
         except UnicodeDecodeError as exc:
             raise _refuse(f"The body is not valid {encoding}: {exc.reason}.", "invalid_unicode") from None
-        if codecs.lookup(encoding).name != "utf-8" and _SURROGATE.search(text):
+        if codec != "utf-8" and _SURROGATE.search(text):
             raise _refuse(f"The body decodes ({encoding}) to a lone surrogate.", "invalid_unicode")
         return parse_json(text, max_depth=memory_settings.MAX_JSON_DEPTH)

@@ -17,6 +17,7 @@ import functools
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.http import HttpResponse
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 from drf_spectacular.openapi import AutoSchema
@@ -36,6 +37,7 @@ from persistent_memory.api.errors import DATABASE_UNAVAILABLE, PayloadTooLarge, 
 from persistent_memory.api.examples import COUNTER_KEY, KEY, QUESTION, SESSION, SESSION_ID, request_example
 from persistent_memory.api.pagination import SessionPagination
 from persistent_memory.api.parsers import MemoryJSONParser
+from persistent_memory.api.rendering import parsed, render_json
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
 from persistent_memory.database import drop_dead_connections
@@ -206,8 +208,24 @@ def _run_id(data: dict[str, Any]) -> str | None:
 
 # The pipeline lanes ---------------------------------------------------------
 
+_JSON = JSONRenderer()
 
-class EnrichView(MemoryAPIView):
+
+class LaneView(MemoryAPIView):
+    """A lane: JSON whatever the ``Accept`` header says, as every answer of the API is
+    (DRF's negotiation of one renderer only parsed the header per request), rendered once
+    in a plain response, the window's messages as the store holds them (see
+    :mod:`persistent_memory.api.rendering`)."""
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[Any, str]:
+        return _JSON, _JSON.media_type
+
+    def answer(self, body: dict[str, Any]) -> HttpResponse:
+        """``body`` as the lane's answer."""
+        return HttpResponse(render_json(body), content_type=_JSON.media_type)
+
+
+class EnrichView(LaneView):
     @extend_schema(
         request=s.EnrichRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -222,15 +240,17 @@ class EnrichView(MemoryAPIView):
         operation_id="enrich",
         summary="Questions lane: attach the session's memory as metadata.memory_context",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         data = self.validated(s.EnrichRequest)
         lanes = MemoryFilter(self.store)
-        question, outcome = lanes.enrich(data["question"], run_id=_run_id(data), idempotency=once)
-        return Response({"question": question, "memory": outcome})
+        question, outcome = lanes.enrich(
+            data["question"], run_id=_run_id(data), idempotency=once, window_as_json=True
+        )
+        return self.answer({"question": question, "memory": outcome})
 
 
-class StoreView(MemoryAPIView):
+class StoreView(LaneView):
     @extend_schema(
         request=s.StoreRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -249,15 +269,15 @@ class StoreView(MemoryAPIView):
         operation_id="store",
         summary="Answers lane: store the text as last_answer and count it in answer_count",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         data = self.validated(s.StoreRequest)
         lanes = MemoryFilter(self.store)
         answer, outcome = lanes.store(data["answer"], run_id=_run_id(data), idempotency=once)
-        return Response({"answer": answer, "memory": outcome})
+        return self.answer({"answer": answer, "memory": outcome})
 
 
-class ProcessView(MemoryAPIView):
+class ProcessView(LaneView):
     @extend_schema(
         request=s.ProcessRequest,
         parameters=[IDEMPOTENCY_KEY],
@@ -284,22 +304,25 @@ class ProcessView(MemoryAPIView):
             "and answers the whole batch."
         ),
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         once = self.idempotency()
         items = self.validated(s.ProcessRequest)["entries"]
         lanes = MemoryFilter(self.store)
         lanes.open()
         results: list[dict[str, Any]] = []
         for index, item in enumerate(items):
-            lane = lanes.enrich if item["lane"] == "questions" else lanes.store
+            once_here = once and once.entry(index)
             try:
-                entry, outcome = lane(item["entry"], idempotency=once and once.entry(index))
+                if item["lane"] == "questions":
+                    entry, outcome = lanes.enrich(item["entry"], idempotency=once_here, window_as_json=True)
+                else:
+                    entry, outcome = lanes.store(item["entry"], idempotency=once_here)
             except PersistentMemoryError as exc:
                 response = self.handle_exception(exc)
-                response.data["completed"] = results
+                response.data["completed"] = parsed(results)  # for DRF's renderer
                 return response
             results.append({"lane": item["lane"], "entry": entry, "memory": outcome})
-        return Response({"entries": results})
+        return self.answer({"entries": results})
 
 
 # Sessions, values and history -----------------------------------------------

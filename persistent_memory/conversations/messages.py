@@ -28,9 +28,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from persistent_memory.conversations.tokens import message_tokens
-from persistent_memory.exceptions import InvalidKey, InvalidMessage, InvalidValue, ValueTooLarge
-from persistent_memory.validation import encode_value, validate_key
+from persistent_memory.conversations.tokens import MESSAGE_OVERHEAD, message_tokens, text_counter
+from persistent_memory.exceptions import (
+    InvalidKey,
+    InvalidMessage,
+    InvalidUnicode,
+    InvalidValue,
+    ValueTooLarge,
+)
+from persistent_memory.validation import _has_lone_surrogate, encode_value, validate_key
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = frozenset({"id", "role", "content", "name", "tool_calls", "tool_call_id", "metadata"})
@@ -250,11 +256,42 @@ def _prepare(
     except InvalidValue as exc:
         raise InvalidMessage(f"messages[{index}]: {exc}") from None
     tokens = message_tokens(chat, tokenizer)
+    return _prepared(message_id, chat["role"], content_json, tokens, calls, answers, now, tokenizer)
+
+
+def _prepared(
+    message_id: str,
+    role: str,
+    content_json: str,
+    tokens: int,
+    calls: tuple[str, ...],
+    answers: str | None,
+    now: float,
+    tokenizer: str = "",
+) -> PreparedMessage:
+    """The message whose chat fields encode as ``content_json``, stamped."""
     stamp = f'"tokens": {tokens}, "tokenizer": {_quoted_tokenizer(tokenizer)}, "created_at": {now!r}'
     body = f"{content_json[:-1]}, {stamp}}}"
     fingerprint = _fingerprint(content_json)
-    link = _link(chat["role"], tokens, calls, answers, fingerprint)
-    return PreparedMessage(message_id, chat["role"], body, link, tokens, calls, answers, fingerprint)
+    link = _link(role, tokens, calls, answers, fingerprint)
+    return PreparedMessage(message_id, role, body, link, tokens, calls, answers, fingerprint)
+
+
+def prepare_text(role: str, text: str, *, tokenizer: str, max_message_bytes: int) -> PreparedMessage:
+    """``prepare_messages([{"role": role, "content": text}], ...)[0]``, for the lanes: the
+    same checks and the same stored bytes, without the general message's walk (a role of
+    ``ROLES`` and a string are all such a message is; its JSON is one string deep)."""
+    if role not in ROLES or not isinstance(text, str):
+        raise InvalidMessage("messages[0]: a lane message is a role and a string.")
+    content_json = f'{{"role": "{role}", "content": {json.dumps(text)}}}'
+    # As encode_value: ensure_ascii writes a surrogate only as an escape.
+    if "\\ud" in content_json and _has_lone_surrogate(text):
+        raise InvalidMessage(f"messages[0]: {InvalidUnicode()}")
+    if len(content_json) > max_message_bytes:
+        raise _fail(0, f"over MAX_MESSAGE_BYTES ({max_message_bytes} bytes of JSON).")
+    tokens = MESSAGE_OVERHEAD + text_counter(tokenizer)(text)
+    now = time.time()
+    return _prepared(new_message_id(now), role, content_json, tokens, (), None, now, tokenizer)
 
 
 @lru_cache(maxsize=16)

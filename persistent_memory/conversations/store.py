@@ -24,6 +24,7 @@ from persistent_memory.conversations.messages import (
     PreparedMessage,
     chat_message,
     prepare_messages,
+    prepare_text,
     validate_conversation,
     validate_message_id,
 )
@@ -104,19 +105,35 @@ def _limit(value: Any, name: str) -> int | None:
 _CHAT_START, _CHAT_END, _METADATA = b', "role": ', b', "tokens": ', b'"metadata": '
 
 
-def _chats(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
-    """The chat messages of stored texts, in one parse of their chat fields only: the
-    fields a model is not sent cost most of the parsing. (A quote in a JSON string is
-    escaped, so the markers found are the stored text's own.)"""
-    raw = [text.encode() if isinstance(text, str) else text for text in texts]
+class ChatJSON(bytes):
+    """Chat messages as one JSON array, cut out of the stored texts: for an answer that
+    only passes them on (the API's enrich lane), which writes them as they are rather
+    than parse them and encode them again (see :mod:`persistent_memory.api.rendering`)."""
+
+
+def _chat_json(raw: list[bytes]) -> ChatJSON | None:
+    """The JSON array of the chat fields of stored texts; None when a text holds more
+    (its metadata), which only a parse leaves out. (A quote in a JSON string is escaped,
+    so the markers found are the stored text's own.)"""
     middles = []
     for text in raw:
         start, end = text.find(_CHAT_START), text.rfind(_CHAT_END)
         middle = text[start + 2 : end]
         if start < 0 or end < start or _METADATA in middle:
-            return [chat_message(stored) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
+            return None
         middles.append(middle)
-    return json.loads(b"[{" + b"}, {".join(middles) + b"}]") if middles else []
+    return ChatJSON(b"[{" + b"}, {".join(middles) + b"}]" if middles else b"[]")
+
+
+def _chats(texts: list[str] | list[bytes], *, as_json: bool = False) -> list[dict[str, Any]] | ChatJSON:
+    """The chat messages of stored texts, in one parse of their chat fields only (the
+    fields a model is not sent cost most of the parsing); with ``as_json``, their JSON
+    unparsed where it can be cut out."""
+    raw = [text.encode() if isinstance(text, str) else text for text in texts]
+    chat_json = _chat_json(raw)
+    if chat_json is None:
+        return [chat_message(stored) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
+    return chat_json if as_json else json.loads(chat_json)
 
 
 def _parsed(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
@@ -135,10 +152,15 @@ def window_context(
     max_tokens: int | None = None,
     overflow: str = "truncate_oldest",
     tokenizer: str = "o200k_base",
+    as_json: bool = False,
 ) -> Context:
     """A backend's window as ``get_context`` answers it (a rolling one when the backend read
-    it so: see :func:`~persistent_memory.conversations.summaries.rolling_context`)."""
-    messages = window.chats if window.chats is not None else _chats(window.messages)
+    it so: see :func:`~persistent_memory.conversations.summaries.rolling_context`). With
+    ``as_json``, a plain window's messages may come as :class:`ChatJSON`."""
+    if window.summary_state is not None or window.chats is not None:
+        messages = window.chats if window.chats is not None else _chats(window.messages)
+    else:
+        messages = _chats(window.messages, as_json=as_json)
     if window.summary_state is not None:
         return rolling_context(  # type: ignore[return-value]
             conversation, window, messages, max_tokens=max_tokens, overflow=overflow, tokenizer=tokenizer
@@ -415,9 +437,12 @@ class ConversationMethods:
 
     def _lane_message(self: MemoryStore, role: str, text: str) -> Any:
         """The lane's text as one prepared message, or None when there is no text to record."""
-        if not self.conversation_options.record or not isinstance(text, str) or not text:
+        options = self.conversation_options
+        if not options.record or not isinstance(text, str) or not text:
             return None
-        return self._prepare([{"role": role, "content": text}])[0]
+        return prepare_text(
+            role, text, tokenizer=options.tokenizer, max_message_bytes=options.max_message_bytes
+        )
 
     def question(self: MemoryStore, text: Any, conversation: str) -> Question | None:
         """What the enrich lane records for a question's ``text`` (None: nothing)."""

@@ -30,13 +30,11 @@ restart (or on a schedule) recovers what was lost and changes nothing else. With
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import close_old_connections, connections
 
@@ -68,14 +66,14 @@ _KEPT = ("name", "created_at")
 ERROR_LIMIT = 500
 
 
-@dataclass(frozen=True)
-class Batch:
-    """The new messages of one write, as the ``messages_added`` signal reported them."""
+class Batch(NamedTuple):
+    """The new messages of one write, as the ``messages_added`` signal reported them (a
+    tuple: one is built on every write)."""
 
     owner: str
     session_id: str
     conversation: str
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]]
     #: Its place in the order of writes queued (see :meth:`ExtractionWorker.forget`).
     seq: int = 0
 
@@ -89,7 +87,11 @@ class ExtractionWorker:
         #: Whether ``from_settings`` starts it (``MEMORY_EXTRACTION_WORKER`` and extractors configured).
         self.enabled = enabled
         self.queue_size = queue_size
-        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=queue_size)
+        # A deque the writers append to and the thread pops from (both atomic), and an event
+        # that wakes the thread, set by the first write after it took what was queued: a
+        # write takes one uncontended lock (the counts), never the thread's wake-up.
+        self._queue: deque[Batch] = deque()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -122,7 +124,7 @@ class ExtractionWorker:
     @property
     def queued(self) -> int:
         """Batches waiting in the queue."""
-        return self._queue.qsize()
+        return len(self._queue)
 
     # The receiver (the writer's thread) ------------------------------------------
 
@@ -150,18 +152,21 @@ class ExtractionWorker:
         ]
         if not kept:
             return
+        warn = False
         with self._lock:
-            try:
-                self._queue.put_nowait(Batch(owner, session_id, conversation, kept, self._seq + 1))
-            except queue.Full:
-                self.dropped += 1
-                warn, self._dropping = not self._dropping, True
-            else:
+            queued = len(self._queue) < self.queue_size
+            if queued:
                 self._seq += 1
                 self._dropping = False
                 self._pending += 1
-                return
-        if warn:  # one warning per run of drops, not one per write
+                self._queue.append(Batch(owner, session_id, conversation, kept, self._seq))
+            else:
+                self.dropped += 1
+                warn, self._dropping = not self._dropping, True
+        if queued:
+            if not self._wake.is_set():  # set once per gathering, not per write
+                self._wake.set()
+        elif warn:  # one warning per run of drops, not one per write
             logger.warning(
                 "persistent_memory: the extraction queue is full (%d batches); new messages are not "
                 "extracted in the background until it drains (run `manage.py memory_extract` to "
@@ -192,8 +197,7 @@ class ExtractionWorker:
             return
         self._stop.set()
         messages_added.disconnect(dispatch_uid=self._uid)
-        with contextlib.suppress(queue.Full):  # full: it wakes on its own, polling the stop flag
-            self._queue.put_nowait(None)  # wake the thread
+        self._wake.set()
         thread.join(timeout=timeout)
         left = self._discard()
         if left:
@@ -207,13 +211,9 @@ class ExtractionWorker:
         """Empty the queue; how many batches it held."""
         left = 0
         with self._idle:
-            while True:
-                try:
-                    batch = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if batch is not None:
-                    left += 1
+            while self._queue:
+                self._queue.popleft()
+                left += 1
             self._pending = 0
             self._idle.notify_all()
         return left
@@ -226,19 +226,16 @@ class ExtractionWorker:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                try:
-                    first = self._queue.get(timeout=1.0)
-                except queue.Empty:
+                if not self._wake.wait(timeout=1.0):
                     continue
-                if first is not None:
-                    self._stop.wait(GATHER_SECONDS)
-                batches = [first]
-                while len(batches) < TAKE:
-                    try:
-                        batches.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                taken = [batch for batch in batches if batch is not None]
+                self._stop.wait(GATHER_SECONDS)
+                # Cleared before taking: a write after this sets it again.
+                self._wake.clear()
+                taken = []
+                while self._queue and len(taken) < TAKE:
+                    taken.append(self._queue.popleft())
+                if self._queue:
+                    self._wake.set()  # more than TAKE were queued
                 try:
                     if taken and not self._stop.is_set():
                         self.extract(taken)
