@@ -104,19 +104,27 @@ def _limit(value: Any, name: str) -> int | None:
 _CHAT_START, _CHAT_END, _METADATA = b', "role": ', b', "tokens": ', b'"metadata": '
 
 
-def _chats(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
-    """The chat messages of stored texts, in one parse of their chat fields only: the
-    fields a model is not sent cost most of the parsing. (A quote in a JSON string is
-    escaped, so the markers found are the stored text's own.)"""
+def _chats(texts: list[str] | list[bytes], *, metadata: bool = False) -> list[dict[str, Any]]:
+    """The chat messages of stored texts (with ``metadata``: and their metadata), in one
+    parse of those fields only: the fields a model is not sent cost most of the parsing.
+    (A quote in a JSON string is escaped, so the markers found are the stored text's own;
+    the stored text's metadata comes before its token count, the last marker.)"""
     raw = [text.encode() if isinstance(text, str) else text for text in texts]
     middles = []
     for text in raw:
         start, end = text.find(_CHAT_START), text.rfind(_CHAT_END)
         middle = text[start + 2 : end]
-        if start < 0 or end < start or _METADATA in middle:
-            return [chat_message(stored) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
+        if start < 0 or end < start or (not metadata and _METADATA in middle):
+            return [_chat_fields(stored, metadata) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
         middles.append(middle)
     return json.loads(b"[{" + b"}, {".join(middles) + b"}]") if middles else []
+
+
+def _chat_fields(stored: dict[str, Any], metadata: bool) -> dict[str, Any]:
+    chat = chat_message(stored)
+    if metadata and stored.get("metadata") is not None:
+        chat["metadata"] = stored["metadata"]
+    return chat
 
 
 def _parsed(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
@@ -253,6 +261,21 @@ class ConversationMethods:
         count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
         head, texts = self._call(self.backend.get_messages, session_id, conversation, leaf, count)
         return {"conversation": conversation, "head": head, "messages": _parsed(texts)}
+
+    def get_chat_messages(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The current thread's newest ``limit`` messages (None: all), oldest first, in the
+        chat format with their metadata: what a framework's session reads back (no ids,
+        sequence numbers, token counts or times, which cost most of the parsing)."""
+        conversation = validate_conversation(conversation)
+        count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
+        _, texts = self._call(self.backend.get_messages, session_id, conversation, None, count)
+        return _chats(texts, metadata=True)
 
     def get_context(
         self: MemoryStore,

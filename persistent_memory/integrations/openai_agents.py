@@ -145,7 +145,21 @@ def messages_of(items: list[dict[str, Any]], *, outputs: bool = True) -> list[di
             messages[-1]["metadata"][KEY] += waiting
         else:
             messages.append({"role": "assistant", "content": "", "metadata": {KEY: waiting}})
+    for message in messages:
+        if _plain(message):
+            del message["metadata"]  # it reads back as the same item without: see items_of
     return messages
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    """Whether ``message`` holds one item that is the message itself (``{"role": "user",
+    "content": "Hi"}``, as the SDK's ``Runner`` sends a user's input), and so needs no
+    entries: most messages, stored and read back without metadata to parse."""
+    return (
+        isinstance(message["content"], str)
+        and message["role"] in ("user", "assistant", "system")
+        and message["metadata"][KEY] == [{"m": {"role": message["role"], "content": None}}]
+    )
 
 
 # Chat messages -> items ---------------------------------------------------------------
@@ -154,6 +168,13 @@ def messages_of(items: list[dict[str, Any]], *, outputs: bool = True) -> list[di
 def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The items a stored message holds, in order."""
     metadata = message.get("metadata")
+    if (
+        metadata is None
+        and len(message) == 2
+        and message["role"] != "tool"
+        and isinstance(message["content"], str)
+    ):
+        return [message]  # a plain message (see _plain); what _plain_items would build, sooner
     entries = metadata.get(KEY) if isinstance(metadata, dict) else None
     if not isinstance(entries, list):
         return _plain_items(message)
@@ -289,10 +310,10 @@ class PersistentMemorySession:
         if limit is not None and limit <= 0:
             return []
         try:
-            read = self.store.get_messages(self.session_id, conversation=self.conversation, limit=limit)
+            read = self.store.get_chat_messages(self.session_id, conversation=self.conversation, limit=limit)
         except SessionNotFound:
             return []
-        items = [item for message in read["messages"] for item in items_of(message)]
+        items = [item for message in read for item in items_of(message)]
         return items[-limit:] if limit else items  # type: ignore[return-value]
 
     def write_items(self, items: list[TResponseInputItem]) -> None:
