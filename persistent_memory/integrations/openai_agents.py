@@ -16,14 +16,17 @@ How items are stored (every item reads back equal):
   ``assistant``, ``system``; ``developer`` as ``system``), a run of ``function_call`` items
   (one assistant message with their ``tool_calls``, as a model answers parallel calls),
   and a ``function_call_output`` (a ``tool`` message). What the chat form leaves out (ids,
-  statuses, part types, annotations) is kept in the message's ``metadata``.
+  statuses, part types, annotations) is kept in the message's ``metadata``; an item
+  that is a chat message as it stands (``{"role": "user", "content": "Hi"}``, as
+  ``Runner`` sends a user's input) needs none, and is stored as that message alone.
 - Any other item (reasoning, web search, computer and MCP calls, compaction, ...) is kept
   verbatim in the metadata of the message next to it in the same write (or of an empty
   assistant message, when a write holds nothing else).
 - A message the app recorded otherwise (the lanes, the REST API) reads as the items the
   SDK would have sent for it.
 
-``get_items``, ``add_items`` and ``clear_session`` are one round trip on Redis;
+``get_items`` reads only the messages' chat fields and metadata (not their ids, token
+counts or times). ``get_items``, ``add_items`` and ``clear_session`` are one round trip on Redis;
 ``pop_item`` two (it reads the newest message, then takes it off with a compare-and-set
 on the head, retried if another writer moved it). The async methods await Redis on the
 event loop, without a thread (see :mod:`persistent_memory.integrations.redis_bridge`), and
@@ -296,11 +299,19 @@ class PersistentMemorySession:
         self.owner = owner
         self._store = store
         self.session_settings = session_settings
+        self._scoped: tuple[MemoryStore, str, MemoryStore] | None = None  # see store
 
     @property
     def store(self) -> MemoryStore:
         store = self._store if self._store is not None else get_store()
-        return store if self.owner is None else store.for_owner(self.owner)
+        if self.owner is None:
+            return store
+        # The owner's store, made once per store (a new one after a settings change), not
+        # validated and copied again on every call.
+        scoped = self._scoped
+        if scoped is None or scoped[0] is not store or scoped[1] != self.owner:
+            scoped = self._scoped = (store, self.owner, store.for_owner(self.owner))
+        return scoped[2]
 
     # What each method does, synchronously --------------------------------------------
 
