@@ -81,6 +81,7 @@ GROUPS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
         ("TOKENIZER", "MAX_MESSAGES", "MAX_MESSAGE_BYTES", "RECORD_CONVERSATION"),
     ),
     ("Long-term memories", ("MEMORY_", "EMBEDDER"), ("INJECT_MEMORIES", "MESSAGE_EMBEDDINGS")),
+    ("Background work", ("TASK_",), ()),
     ("MCP", ("MCP_",), ()),
     ("Other", ("",), ()),
 ]

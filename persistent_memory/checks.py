@@ -339,6 +339,7 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         for name in ("SUMMARIZER_WORKER", "SUMMARIZER_TASKS")
     ),
     ("SUMMARIZER_RETRY_ATTEMPTS", lambda v: _is_int(v, 1), POSITIVE_INTEGER, "E002"),
+    ("TASK_DEBOUNCE_SECONDS", _is_number, "Use a number of seconds, 0 or more.", "E002"),
     *(
         (name, lambda v: _is_number(v, positive=True), "Use a positive number of seconds.", "E002")
         for name in (
@@ -545,10 +546,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return values + _check_backend(conf) + _check_memories(conf) + _check_tasks(conf)
 
 
+def _check_task_backend(conf: MemorySettings) -> list[CheckMessage]:
+    """TASK_BACKEND names an alias of TASKS, with a task framework installed."""
+    alias = conf.TASK_BACKEND
+    if alias is None:
+        return []
+    from persistent_memory.conversations.tasks import task_framework
+
+    hint = "Use None (worker threads in this process) or an alias of TASKS, with django-tasks on Django 5.2."
+    if not isinstance(alias, str) or not alias:
+        return [_bad("TASK_BACKEND", alias, hint, "E018")]
+    framework = task_framework()
+    if framework is None:
+        reason = ": neither django.tasks (Django 6) nor the django-tasks package is installed"
+        return [_bad("TASK_BACKEND", alias, hint, "E018", reason)]
+    tasks_setting = getattr(settings, "TASKS", None) or {framework.DEFAULT_TASK_BACKEND_ALIAS: {}}
+    if alias not in tasks_setting:
+        return [_bad("TASK_BACKEND", alias, hint, "E018", f": TASKS has no {alias!r}")]
+    return []
+
+
 def _check_tasks(conf: MemorySettings) -> list[CheckMessage]:
     """SUMMARIZER_TASKS needs a task framework, and a TASKS setting to enqueue on."""
     if conf.SUMMARIZER_TASKS is not True:
-        return []
+        return _check_task_backend(conf)
     from persistent_memory.conversations.tasks import task_framework
 
     if task_framework() is None:
@@ -556,9 +577,32 @@ def _check_tasks(conf: MemorySettings) -> list[CheckMessage]:
     elif not settings.is_overridden("TASKS"):
         reason = ": the project sets no TASKS (the default backend would run the task inline)"
     else:
-        return []
+        return _check_task_backend(conf)
     hint = "Install django-tasks (Django 5.2) and configure TASKS, or set SUMMARIZER_TASKS to False."
-    return [_bad("SUMMARIZER_TASKS", True, hint, "E014", reason)]
+    return [_bad("SUMMARIZER_TASKS", True, hint, "E014", reason), *_check_task_backend(conf)]
+
+
+@register(Tags.compatibility)
+def check_task_backend_inline(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when TASK_BACKEND's backend runs tasks inline (ImmediateBackend) with DEBUG off:
+    extraction, summaries and embedding would run inside the requests that write."""
+    user = getattr(settings, SETTING_NAME, {})
+    if settings.DEBUG or not isinstance(user, dict) or check_settings():
+        return []
+    alias = MemorySettings(user).TASK_BACKEND
+    backend = ((getattr(settings, "TASKS", None) or {}).get(alias) or {}).get("BACKEND", "")
+    if not str(backend).endswith(".ImmediateBackend"):
+        return []
+    return [
+        Warning(
+            f"{SETTING_NAME}['TASK_BACKEND'] is {alias!r}, whose ImmediateBackend runs memory "
+            "extraction, summaries and embedding inside the requests that write (a model call "
+            "in the request's time).",
+            hint="Use a backend with a worker (django-tasks-db's db_worker, RQ, Celery), or None "
+            "for the app's worker threads.",
+            id="persistent_memory.W010",
+        )
+    ]
 
 
 def _anonymous_let_in() -> bool:

@@ -202,6 +202,13 @@ DEFAULTS: dict[str, Any] = {
     # Whether the worker thread enqueues a task on Django's task framework (TASKS) instead of
     # summarizing itself; needs django.tasks or django-tasks and a TASKS setting (else E014).
     "SUMMARIZER_TASKS": False,
+    # The alias in Django's TASKS whose backend runs the app's background work (extraction,
+    # summaries, embedding: see docs/background-work.md); None: worker threads in this process,
+    # fed by in-memory queues, as before (and no task framework needed).
+    "TASK_BACKEND": None,
+    # Seconds a task for a conversation waits after its first new message, so a burst of
+    # appends gives one extraction and one summary (on backends that support run_after).
+    "TASK_DEBOUNCE_SECONDS": 2.0,
     # The longest content of a long-term memory, in characters (longer: 400 invalid_memory); also
     # the longest search query.
     "MEMORY_MAX_CONTENT_CHARS": 4000,

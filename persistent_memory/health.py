@@ -16,11 +16,14 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DatabaseError
 
+from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.store import MemoryStore
 
 OK = "ok"
 UNAVAILABLE = "unavailable"
+#: The longest error text a part reports.
+ERROR_LIMIT = 500
 
 
 def _probe(check: Callable[[], object], errors: tuple[type[Exception], ...], code: str) -> dict[str, Any]:
@@ -134,7 +137,7 @@ def extraction_health(store: MemoryStore) -> dict[str, Any]:
         return part
     return {
         **part,
-        "worker": "thread" if worker.running else "off",
+        "worker": "thread" if worker.running else ("tasks" if memory_settings.TASK_BACKEND else "off"),
         "queued": worker.queued,
         "queue_size": worker.queue_size,
         "batches": worker.batches,
@@ -189,6 +192,26 @@ def embedder_health() -> dict[str, Any]:
     }
 
 
+def tasks_health() -> dict[str, Any]:
+    """Where the background work runs: ``"threads"`` in this process (no ``TASK_BACKEND``),
+    or the task backend's alias and class, with the app's tasks waiting on it where the
+    backend can tell (``backlog``; None: it cannot). Its ``status`` stays "ok": writes never
+    wait for background work."""
+    from persistent_memory.tasks import backend_alias, backlog, task_backend
+
+    alias = backend_alias()
+    if alias is None:
+        return {"status": OK, "runner": "threads"}
+    part: dict[str, Any] = {"status": OK, "runner": "tasks", "backend": alias}
+    try:
+        backend = task_backend()
+        part["class"] = f"{type(backend).__module__}.{type(backend).__qualname__}"
+        part["backlog"] = backlog()
+    except Exception as exc:  # a bad alias (checks say so), the database down: reported, not raised
+        part["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_LIMIT]
+    return part
+
+
 def health_report(store: MemoryStore) -> dict[str, Any]:
     """Every part's health, and ``status``: "ok" when every part is."""
     parts = {
@@ -198,6 +221,7 @@ def health_report(store: MemoryStore) -> dict[str, Any]:
         "summarizer": summarizer_health(store),
         "extraction": extraction_health(store),
         "embedder": embedder_health(),
+        "tasks": tasks_health(),
     }
     status = OK if all(part["status"] == OK for part in parts.values()) else UNAVAILABLE
     return {"status": status, **parts}

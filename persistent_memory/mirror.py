@@ -38,6 +38,7 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.mirror_checkpoints import checkpoint_columns
 from persistent_memory.owners import split_storage_id, storage_id
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
@@ -157,6 +158,7 @@ def _error_text(exc: BaseException) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
 
 
+@instrument
 class Mirror:
     """The mirror of one store."""
 

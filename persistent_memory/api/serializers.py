@@ -280,7 +280,10 @@ class ExtractionHealth(serializers.Serializer):
     enabled = serializers.BooleanField(
         help_text="Whether this process extracts in the background (MEMORY_EXTRACTION_WORKER and extractors)."
     )
-    worker = serializers.CharField(required=False, help_text='"thread" or "off" (stopped).')
+    worker = serializers.CharField(
+        required=False,
+        help_text='"thread", "tasks" (TASK_BACKEND: Django\'s task framework) or "off" (stopped).',
+    )
     queued = serializers.IntegerField(required=False, help_text="Writes whose messages wait in the queue.")
     queue_size = serializers.IntegerField(required=False, help_text="MEMORY_EXTRACTION_QUEUE_SIZE.")
     batches = serializers.IntegerField(required=False, help_text="Writes extracted from since it started.")
@@ -295,6 +298,21 @@ class ExtractionHealth(serializers.Serializer):
     last_success_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
+class TasksHealth(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=["ok"], help_text="Always ok: writes never wait for background work."
+    )
+    runner = serializers.ChoiceField(
+        choices=["threads", "tasks"],
+        help_text="Worker threads in each process, or TASK_BACKEND's task backend.",
+    )
+    backend = serializers.CharField(required=False, help_text="The TASKS alias (TASK_BACKEND).")
+    backlog = serializers.IntegerField(
+        required=False, allow_null=True, help_text="The app's tasks waiting (null: the backend cannot tell)."
+    )
+    error = serializers.CharField(required=False, help_text="Why the backend could not be asked.")
+
+
 class Health(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"], help_text="ok when every part is.")
     backend = BackendHealth(required=False, help_text="Staff only, as every part.")
@@ -302,6 +320,7 @@ class Health(serializers.Serializer):
     mirror = MirrorHealth(required=False, help_text="The ORM mirror of the store.")
     summarizer = SummarizerHealth(required=False, help_text="The conversations' rolling summaries.")
     extraction = ExtractionHealth(required=False, help_text="This process's memory extraction worker.")
+    tasks = TasksHealth(required=False, help_text="Where the background work runs, and its backlog.")
 
 
 class Error(serializers.Serializer):

@@ -107,6 +107,7 @@ from persistent_memory.exceptions import (
     SessionNotFound,
 )
 from persistent_memory.owners import namespace_of
+from persistent_memory.telemetry import instrument
 
 
 def _bridged() -> Any:
@@ -288,6 +289,7 @@ def _idle_args(info: SessionInfo, remaining: float | None) -> str:
     return f"{_ttl_ms(idle)} {max(left, int(expiry) + 2)}"
 
 
+@instrument
 class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBackend):
     """Sessions in Redis, shared by every process that points at the same server or cluster."""
 

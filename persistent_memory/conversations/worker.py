@@ -14,7 +14,8 @@ the summarizers' health, so ``health/`` says why, and is tried again with the ba
 With ``SUMMARIZER_TASKS`` the thread does not summarize: it enqueues
 ``summarize_conversations_task`` on Django's task framework when conversations are
 marked (at most one waiting task at a time where the task backend can tell), and a
-task worker makes the summaries.
+task worker makes the summaries. With ``TASK_BACKEND`` the thread is not started at all:
+appends enqueue :data:`persistent_memory.tasks.summarize_conversations` themselves.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from django.db import connections
 from persistent_memory.conversations.health import HealthPolicy, SummarizerHealth
 from persistent_memory.conversations.summarizers import Summarizer, summarizer_from_settings
 from persistent_memory.conversations.summarizing import SummarizeOptions, SummarizeReport, summarize_marked
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 
 
+@instrument
 class SummarizerWorker:
     """Summarizes one store's marked conversations (see the module's docstring)."""
 

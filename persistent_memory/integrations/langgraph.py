@@ -72,6 +72,7 @@ from persistent_memory.integrations.langgraph_saver import PersistentMemorySaver
 from persistent_memory.memories import message_search, records, search
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.models import LongTermMemory
+from persistent_memory.telemetry import instrument
 
 #: The metadata key that marks a memory as a LangGraph item.
 MARK = "langgraph"
@@ -158,6 +159,7 @@ def content_of(value: dict[str, Any], key: str, fields: list[str] | None) -> str
     return text[: memory_settings.MEMORY_MAX_CONTENT_CHARS]
 
 
+@instrument
 class PersistentMemoryStore(BaseStore):
     """A LangGraph ``BaseStore`` over one owner's long-term memories.
 

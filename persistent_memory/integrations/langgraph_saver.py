@@ -54,6 +54,7 @@ from persistent_memory.checkpoints import THREAD_PREFIXES
 from persistent_memory.exceptions import CheckpointBaseMissing, InvalidThreadId
 from persistent_memory.integrations.langgraph_values import EMPTY, LATEST, Values
 from persistent_memory.store import get_store
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.store import MemoryStore
@@ -116,6 +117,7 @@ def _writes_order(item: list[Any]) -> tuple[str, str, int]:
     return task_path, task_id, idx  # LangGraph's own order (writes_sort_key's)
 
 
+@instrument
 class PersistentMemorySaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer over ``store`` (None: ``get_store()``, the unowned
     namespace); see the module's docstring."""

@@ -46,6 +46,7 @@ from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, is_ch
 from persistent_memory.exceptions import HeadMoved, MessageNotFound, OrphanToolResult, SessionNotFound
 from persistent_memory.integrations import off_the_loop
 from persistent_memory.store import get_store
+from persistent_memory.telemetry import instrument
 from persistent_memory.validation import validate_session_id
 
 if TYPE_CHECKING:
@@ -278,6 +279,7 @@ def _as_chat(items: list[Any], write: Callable[[list[dict[str, Any]]], Any]) -> 
 # The session ----------------------------------------------------------------------------
 
 
+@instrument
 class PersistentMemorySession:
     """An Agents SDK ``Session`` over conversation ``conversation`` of session ``session_id``
     (see the module's docstring). ``owner``: the owner whose session it is (None: the

@@ -85,6 +85,7 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.integrations import off_the_loop
 from persistent_memory.store import get_store
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.store import MemoryStore
@@ -264,6 +265,7 @@ def entries_of(messages: list[dict[str, Any]]) -> list[ConversationEntry]:
 # The store ---------------------------------------------------------------------------------
 
 
+@instrument
 class PersistentMemoryConversationStore(ConversationStore):
     """A Pydantic AI ``ConversationStore`` over this app's conversations (see the module's
     docstring). ``owner``: whose conversations (None: the store's own namespace,

@@ -12,8 +12,9 @@ embedder's own timeout and retries (:func:`persistent_memory.memories.upkeep.emb
 While the circuit is open it waits for the cool-down; a batch that fails is kept and
 tried again then, so a memory gets its vector once the embedder answers again.
 
-It is kept small on purpose: one queue, one thread, one function it calls. Moving it to
-Django's tasks framework means enqueueing a task that calls ``embed_batch`` instead.
+It is kept small on purpose: one queue, one thread, one function it calls. With
+``TASK_BACKEND`` the write enqueues :data:`persistent_memory.tasks.embed` on Django's
+tasks framework instead, which calls the same ``embed_batch``.
 The queue lives in the process's memory: what is queued when the process stops is
 embedded by ``manage.py memory_embed``. The worker stops at a settings change and when
 the process exits.
@@ -34,6 +35,7 @@ from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
 from persistent_memory.memories import embedders
+from persistent_memory.telemetry import instrument
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -43,6 +45,7 @@ BATCH = 64
 POLL_SECONDS = 0.05
 
 
+@instrument
 class EmbeddingWorker:
     """Embeds the memories writes stored without a vector (see the module's docstring)."""
 
@@ -211,6 +214,12 @@ def embed_later(memory_id: int) -> None:
 
     from persistent_memory.models import LongTermMemory
 
+    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
+        from persistent_memory.tasks import embed_later as enqueue
+
+        enqueue("memory", [memory_id])
+        return
+
     def put() -> None:
         current = worker()
         if current is not None:
@@ -225,6 +234,12 @@ def embed_messages_later(ids: list[int]) -> None:
     from django.db import router, transaction
 
     from persistent_memory.models import MemoryMessage
+
+    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
+        from persistent_memory.tasks import embed_later as enqueue
+
+        enqueue("message", ids)
+        return
 
     def put() -> None:
         current = worker()

@@ -48,7 +48,7 @@ def owner_holdings(owner: str, *, store: MemoryStore | None = None) -> dict[str,
 
 def forget_owner(owner: str, *, store: MemoryStore | None = None) -> dict[str, Any]:
     """Delete everything held about ``owner`` (never ``""``, the unowned namespace); the counts."""
-    from persistent_memory.models import MemorySession
+    from persistent_memory.models import BackgroundWork, MemorySession
 
     _forgettable(owner)
     store = store or get_store()
@@ -64,6 +64,7 @@ def forget_owner(owner: str, *, store: MemoryStore | None = None) -> dict[str, A
     rows = MemorySession.objects.filter(owner=owner)
     mirror_rows = rows.count()
     rows.delete()  # values, history, conversations and messages cascade
+    BackgroundWork.objects.filter(owner=owner).delete()  # the tasks' cursors in their conversations
     # Nothing the extraction worker holds of theirs may write a memory after this.
     if not store.extraction_worker.forget(owner):
         logger.warning("persistent_memory: an extraction of %s's messages is still running", owner)

@@ -26,6 +26,7 @@ from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryN
 from persistent_memory.memories import embedders, embedding_worker, message_search, records, search, vectors
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
+from persistent_memory.telemetry import instrument
 from persistent_memory.validation import validate_int
 
 #: The fields :meth:`MemoryService.update` may change.
@@ -186,6 +187,7 @@ class SearchResults(NamedTuple):
     strategy: str
 
 
+@instrument
 class MemoryService:
     """The long-term memories of one owner."""
 

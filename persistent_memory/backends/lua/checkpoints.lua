@@ -197,7 +197,7 @@ end
 -- Store a checkpoint: arg(1) namespace, 2 id, 3 record, 4 link, 5 ttl text, 6 ttl ms,
 -- then (reference, value) pairs of the new channel values. Creates the session when
 -- it is not live.
-on(function()
+on({'cp_put'}, function()
 if op == 'cp_put' then
   local entries, index = KEYS[17], KEYS[18]
   local ns, key = arg(1), arg(1) .. SEP .. arg(2)
@@ -239,7 +239,7 @@ end)
 -- [task_id, idx, channel, value, task_path] (backends.checkpoints.merge_writes' rule), 4
 -- ttl text, 5 ttl ms. Creates the session when it is not live (LangGraph may save a
 -- task's writes before the checkpoint they belong to).
-on(function()
+on({'cp_writes'}, function()
 if op == 'cp_writes' then
   local entries, live = KEYS[17], redis.call('EXISTS', META) == 1
   local name = 'w' .. arg(1) .. SEP .. arg(2)
@@ -267,7 +267,7 @@ if op == 'cp_writes' then
 end
 end)
 
-on(function()
+on({'cp_get', 'cp_list', 'cp_entries', 'cp_prune', 'cp_chain'}, function()
 if op == 'cp_get' or op == 'cp_list' or op == 'cp_entries' or op == 'cp_prune' or op == 'cp_chain' then
   if redis.call('EXISTS', META) == 0 then
     return 0 -- no thread (or one whose time is up): nothing to read or prune
@@ -277,7 +277,7 @@ end
 end)
 
 -- One checkpoint: arg(1) namespace, 2 id ('': the newest of the namespace). 0: none.
-on(function()
+on({'cp_get'}, function()
 if op == 'cp_get' then
   local key = arg(1) .. SEP .. arg(2)
   if arg(2) == '' then
@@ -289,7 +289,7 @@ end
 end)
 
 -- The value of arg(2) in namespace arg(1) and the values it extends, in turn.
-on(function()
+on({'cp_chain'}, function()
 if op == 'cp_chain' then
   local entries, texts = KEYS[17], {}
   for _, name in ipairs(chain_names(entries, arg(1), arg(2))) do texts[#texts + 1] = redis.call('HGET', entries, name) end
@@ -299,7 +299,7 @@ end)
 
 -- Checkpoints newest first within a namespace: arg(1) namespace, 2 '1' for every
 -- namespace (then 1 is ignored), 3 ids below this only ('': all), 4 offset, 5 count.
-on(function()
+on({'cp_list'}, function()
 if op == 'cp_list' then
   local entries, index, ns, before = KEYS[17], KEYS[18], arg(1), arg(3)
   local offset, count = tonumber(arg(4)), tonumber(arg(5))
@@ -326,7 +326,7 @@ end
 end)
 
 -- Every entry, flat (name, value) pairs.
-on(function()
+on({'cp_entries'}, function()
 if op == 'cp_entries' then
   return redis.call('HGETALL', KEYS[17])
 end
@@ -334,7 +334,7 @@ end)
 
 -- arg(1) 'latest': keep the newest checkpoint of each namespace; 'runs': remove those of
 -- the run ids that follow. Replies how many were removed.
-on(function()
+on({'cp_prune'}, function()
 if op == 'cp_prune' then
   local entries, index = KEYS[17], KEYS[18]
   local keys, doomed = redis.call('ZRANGE', index, 0, -1), {}
@@ -367,7 +367,7 @@ end)
 
 -- Add entries: arg(1) ttl text, 2 ttl ms, 3 'replace' to put them in place of the
 -- session's (else ''), then (name, value) pairs. Creates the session when it is not live.
-on(function()
+on({'cp_load'}, function()
 if op == 'cp_load' then
   local entries, index = KEYS[17], KEYS[18]
   local live, replace = redis.call('EXISTS', META) == 1, arg(3) == 'replace'

@@ -29,7 +29,7 @@ end
 -- Append (add_messages): arg(2) parent id ('': the head), 3 ttl text, 4 ttl ms, then
 -- (id, body, link) triples. Creates the session when it is not live. Replies the head,
 -- then the batch's stored texts.
-on(function()
+on({'messages'}, function()
 if op == 'messages' then
   local name = arg(1)
   local live = redis.call('EXISTS', META) == 1
@@ -46,7 +46,7 @@ if op == 'messages' then
 end
 end)
 
-on(function()
+on({'read_messages', 'context', 'conversations', 'head', 'clear_messages', 'pop'}, function()
 if op == 'read_messages' or op == 'context' or op == 'conversations' or op == 'head'
   or op == 'clear_messages' or op == 'pop' then
   local err = check_live()
@@ -57,13 +57,13 @@ end)
 -- The thread ending at arg(2) ('': the head), its newest arg(3) messages ('0': all):
 -- the head ('' for none), then the texts, oldest first (add_texts). The current thread's
 -- come from its form when it holds them.
-on(function()
+on({'read_messages', 'context'}, function()
 if (op == 'read_messages' or op == 'context') and refresh_reads then
   touch()
 end
 end)
 
-on(function()
+on({'read_messages'}, function()
 if op == 'read_messages' then
   local c = conv_key(arg(1))
   local leaf, limit = text_or_nil(arg(2) ~= '' and arg(2)), tonumber(arg(3))
@@ -88,14 +88,14 @@ end)
 -- The window: arg(2) max tokens, 3 max messages ('': no limit). Replies tokens,
 -- truncated (1/0), then the texts.
 -- arg(4) '1': rolling, 5 '1': reserve the summary's tokens.
-on(function()
+on({'context'}, function()
 if op == 'context' then
   return window_reply({}, arg(1), limit_or_nil(arg(2)), limit_or_nil(arg(3)), arg(4) == '1', arg(5) == '1')
 end
 end)
 
 -- Flat name, head ('' for none), message count, tokens, branch count, trimmed.
-on(function()
+on({'conversations'}, function()
 if op == 'conversations' then
   local reply = {}
   for _, name in ipairs(redis.call('SMEMBERS', base .. '~convs')) do
@@ -114,7 +114,7 @@ end
 end)
 
 -- Move the head to arg(2).
-on(function()
+on({'head'}, function()
 if op == 'head' then
   local c = conv_key(arg(1))
   if redis.call('HEXISTS', c .. ':m', arg(2)) == 0 then
@@ -128,7 +128,7 @@ end
 end)
 
 -- Remove the conversation; reply how many messages it held.
-on(function()
+on({'clear_messages'}, function()
 if op == 'clear_messages' then
   local name = arg(1)
   local c = conv_key(name)
@@ -149,7 +149,7 @@ end)
 -- parent. The head is removed unless another branch goes on from it; a summary anchored
 -- there goes with it; a conversation left empty goes as a clear takes it. Replies the
 -- removed text, the head after ('' for none), then the replacement's stored texts.
-on(function()
+on({'pop'}, function()
 if op == 'pop' then
   local name = arg(1)
   local c = conv_key(name)
@@ -217,7 +217,7 @@ end)
 -- messages' parent ('': a new root), 6 the head after ('': none), 7 ttl text, 8 ttl ms,
 -- then (id, body, link) triples. Creates the session when it is not live. Replies the
 -- messages' stored texts.
-on(function()
+on({'thread'}, function()
 if op == 'thread' then
   local name, key, expected, value = arg(1), arg(2), arg(3), arg(4)
   local c = conv_key(name)
@@ -287,7 +287,7 @@ end)
 
 -- The summary (text, anchor, anchor seq, tokens, covered tokens: false when none applies
 -- to the current thread), then the current thread's stored texts after its anchor.
-on(function()
+on({'summary_source'}, function()
 if op == 'summary_source' then
   local err = check_live()
   if err then return err end
@@ -308,7 +308,7 @@ end)
 -- (those anchored on the thread before it, which it continues, go; those of other
 -- branches stay; then trimmed and marked as an append would be), 0 when the thread's
 -- anchor moved or the new one is no longer on the thread.
-on(function()
+on({'commit_summary'}, function()
 if op == 'commit_summary' then
   if redis.call('EXISTS', META) == 0 then return 0 end
   local name = arg(1)

@@ -134,13 +134,14 @@ local APPEND_FIELDS = {'head', 'seq', 'tokens', 'bytes', 'form'}
 -- a new root; ``checked``: the caller knows it is stored), without writing: each message
 -- as it would be stored, and whether it is new. The plan's ``meta`` holds the
 -- conversation hash's APPEND_FIELDS as read here, for commit (a caller that writes them
--- in between sets it to nil). Returns nil and an error reply when a check fails.
-local function plan_append(name, parent, first, count, checked)
+-- in between sets it to nil; one that has read them passes them as ``meta``). Returns nil
+-- and an error reply when a check fails.
+local function plan_append(name, parent, first, count, checked, meta)
   local c = conv_key(name)
   if parent and not checked and redis.call('HEXISTS', c .. ':m', parent) == 0 then
     return nil, fail('MESSAGE_NOT_FOUND', "The conversation has no message '" .. parent .. "'.")
   end
-  local meta = redis.call('HMGET', c, unpack(APPEND_FIELDS))
+  meta = meta or redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local previous = parent
   if parent == nil then previous = text_or_nil(meta[1]) end
   if not previous then previous = nil end
@@ -154,13 +155,15 @@ local function plan_append(name, parent, first, count, checked)
   local plan = {meta = meta}
   local i = first
   local last = count and first + 3 * count - 1 or #ARGV
-  while i < last and arg(i) do
-    local id, body, tail = arg(i), arg(i + 1), arg(i + 2)
-    local given = cjson.decode(tail)
+  while i < last and ARGV[16 + i] do -- arg(i), arg(i + 1), arg(i + 2), without a call each
+    local id, body, tail = ARGV[16 + i], ARGV[17 + i], ARGV[18 + i]
+    -- A plain message's link (most are) by pattern, not parsed; its fingerprint is read
+    -- only to compare with a stored one.
+    local given = window_link(tail)
     local stored = link_of(c, id)
     local where = 'messages[' .. #plan .. ']: '
     if stored then
-      if stored.f ~= given.f then
+      if stored.f ~= cjson.decode(tail).f then
         return nil, fail('MESSAGE_CONFLICT', where .. "message '" .. id .. "' is already stored with other content.")
       end
       open = open_calls(c, id)
@@ -384,10 +387,14 @@ end
 
 -- After conversation ``name`` grew or got a summary: trim it, record what was trimmed,
 -- and mark it for a summarizer when its pending tokens pass the threshold (unmark it
--- otherwise) (memory_conversations._settle).
-local function settle(name)
+-- otherwise) (memory_conversations._settle). ``seq``: the conversation's last seq, when the
+-- caller knows it: a conversation holds at most that many messages (each has its own seq,
+-- none above it), so at or under the cap it is not counted.
+local function settle(name, seq)
   local c = conv_key(name)
-  local removed = trim(c, tonumber(arg_max_messages))
+  local max_messages = tonumber(arg_max_messages)
+  local removed = 0
+  if not seq or seq > max_messages then removed = trim(c, max_messages) end
   if removed > 0 then
     record(history_entry('trim_messages', nil, ', "conversation": ' .. cjson.encode(name)
       .. ', "removed": ' .. removed))
@@ -412,6 +419,9 @@ local function commit(name, plan)
   local meta = plan.meta or redis.call('HMGET', c, unpack(APPEND_FIELDS))
   local form, grown = meta[5] or nil, false
   local tokens, bytes, head, seq = 0, 0, nil, nil
+  -- The current thread ends at the head (every move of the head moves the thread with
+  -- it): an append after the head, as most are, leaves the thread where it is.
+  local thread_end = text_or_nil(meta[1])
   for _, entry in ipairs(plan) do
     if entry.new then
       redis.call('HSET', c .. ':m', entry.id, entry.text)
@@ -419,8 +429,9 @@ local function commit(name, plan)
       redis.call('ZADD', c .. ':o', entry.seq, entry.id)
       -- A parent new to the set may be its first member.
       if entry.parent and redis.call('SADD', c .. ':k', entry.parent) == 1 then new_key(c .. ':k') end
-      move_thread(c, entry.parent)
+      if not entry.parent or entry.parent ~= thread_end then move_thread(c, entry.parent) end
       if redis.call('RPUSH', c .. ':t', entry.id) == 1 then new_key(c .. ':t') end
+      thread_end = entry.id
       local pushed = form_push(c, form, entry)
       if pushed then form, grown = pushed, true end
       if entry.role == 'system' then
@@ -447,7 +458,7 @@ local function commit(name, plan)
     if created then
       for _, key in ipairs(conv_keys(name)) do new_key(key) end
     end
-    settle(name)
+    settle(name, seq)
   end
   mark_dirty()
   return head or text_or_nil(meta[1])

@@ -30,7 +30,7 @@ local function info_if_sound()
   end
 end
 
-on(function()
+on({'list', 'list_info'}, function()
 if op == 'list' or op == 'list_info' then
   local wanted = arg(1) or ''
   local sets = sets_for(wanted)
@@ -70,7 +70,7 @@ end)
 
 -- How many live sessions the namespace of KEYS[6] (an owner's listing) holds in this
 -- bucket, once the ids of those gone are dropped: for an owner's cap in the cluster layout.
-on(function()
+on({'owner_count'}, function()
 if op == 'owner_count' then
   BY_TIME = KEYS[6]
   prune_owner_index()
@@ -180,7 +180,7 @@ local function rank_after(ordered, at, after)
   end
 end
 
-on(function()
+on({'page'}, function()
 if op == 'page' then
   local wanted, offset, limit = arg(1), tonumber(arg(2)), tonumber(arg(3))
   local at, after, ids_only = arg(4) or '', arg(5) or '', arg(6) == '1'
@@ -323,7 +323,7 @@ end)
 -- 10,000 among a million sessions examines ~160 ids a bucket.
 local LEX_COST = 4
 
-on(function()
+on({'bucket_page'}, function()
 if op == 'bucket_page' then
   local wanted, part, at, after = arg(1), tonumber(arg(2)), arg(4), arg(5)
   local ids_only = arg(6) == '1'

@@ -14,7 +14,7 @@
 -- (from KEYS[28] on). A live session the listing lacks (one the node wrote) is indexed.
 -- Over the unowned listing (6) it leaves the ids in the node's set to the pass over that
 -- set, so that none is counted twice. Replies how many ids had no live session.
-on(function()
+on({'sweep_ids'}, function()
 if op == 'sweep_ids' then
   local set, listing = KEYS[tonumber(arg(2))], arg(2) == '6'
   local removed, i = 0, 3
@@ -48,7 +48,7 @@ end)
 -- (the client parses the names: persistent_memory.backends.redis_layout.swept). Keys of
 -- sessions whose meta is gone are removed; a binding's session is the one it names.
 -- arg(1) '1' for a dry run, 2 n. Replies the leftover keys and run bindings.
-on(function()
+on({'sweep_keys'}, function()
 if op == 'sweep_keys' then
   local leftovers, runs, n = 0, 0, tonumber(arg(2))
   for i = 1, n do
@@ -78,7 +78,7 @@ end)
 -- deadline, space-separated ('' for no idle TTL; the deadline may be left out), 7 its
 -- checkpoint entries as one JSON object text ('': none), 8 number of values, then that
 -- many key/JSON pairs, then the history entries.
-on(function()
+on({'restore'}, function()
 if op == 'restore' then
   if redis.call('EXISTS', META) == 1 and arg(1) ~= '1' then
     return fail('EXISTS', "Session '" .. sid .. "' already exists.")
@@ -122,7 +122,7 @@ end)
 
 -- Read without side effects, for the mirror: 0 when the session is not live. arg(1)
 -- '1': with its checkpoint entries (export and relayout; the mirror has no use for them).
-on(function()
+on({'snapshot'}, function()
 if op == 'snapshot' then
   if redis.call('EXISTS', META) == 0 then
     return 0

@@ -81,11 +81,23 @@ local drop_checkpoints, checkpoints_snapshot, restore_checkpoints
 -- Defined by windows.lua, once every key of a session can be named.
 local touch
 
--- The operations of the included files, in order: each runs when the one before did not
--- return (see entry()).
-local handlers = {}
-local function on(handler)
-  handlers[#handlers + 1] = handler
+-- The operations of the included files, in order, each with the operations it serves
+-- (none named: every one): of those that serve a call's operation, each runs when the one
+-- before did not return (see entry()). A call runs only its operation's: a Lua function
+-- call costs more in Redis than some commands, and an operation at the end of the list
+-- would otherwise call every handler before it (a lane call, 30 of them).
+local handlers, served = {}, {}
+local function on(ops, handler)
+  if handler == nil then ops, handler = nil, ops end
+  local serves = false
+  if ops then
+    serves = {}
+    for i = 1, #ops do
+      serves[ops[i]] = true
+      served[#served + 1] = ops[i]
+    end
+  end
+  handlers[#handlers + 1] = {serves = serves, run = handler}
 end
 
 local function arg(i)
@@ -272,25 +284,33 @@ end
 
 -- One JSON object text of every value (those given, else read): one reply the client
 -- decodes in one call.
+-- Built by one concatenation (no string per value); a key of the key rules
+-- (persistent_memory.validation) is its own JSON text between quotes.
 local function values_object(keys, values)
   if not keys then keys, values = stored_values() end
-  local parts = {}
+  local parts, n = {'{'}, 1
   for i, key in ipairs(keys) do
-    if values[i] then
-      parts[#parts + 1] = cjson.encode(key) .. ': ' .. values[i]
+    local value = values[i]
+    if value then
+      local name = string.find(key, '^[%w_.-]+$') and key or string.sub(cjson.encode(key), 2, -2)
+      parts[n + 1], parts[n + 2], parts[n + 3], parts[n + 4] = '"', name, '": ', value
+      parts[n + 5] = ', '
+      n = n + 5
     end
   end
-  return '{' .. table.concat(parts, ', ') .. '}'
+  parts[n > 1 and n or 2] = '}'
+  return table.concat(parts, '', 1, n > 1 and n or 2)
 end
 
 -- The reads most calls are, answered first: a live session's values, for get_all and
 -- for enrich (binding its run first, which moves no idle expiry). Anything else goes on
 -- to the operations of the included files.
-on(function()
-if (op == 'get_all' or (op == 'enrich' and arg(5) == '')) and not refresh_reads
+on({'get_all', 'enrich'}, function()
+-- An enrich's arg(5) is the conversation to record into, its arg(3) and arg(4) the run.
+if (op == 'get_all' or (op == 'enrich' and ARGV[21] == '')) and not refresh_reads
   and redis.call('EXISTS', META) == 1 then
-  if op == 'enrich' and arg(3) ~= '' then
-    bind(arg(3), arg(4))
+  if op == 'enrich' and ARGV[19] ~= '' then
+    bind(ARGV[19], ARGV[20])
   end
   return remember(values_object(), true)
 end
@@ -309,13 +329,32 @@ end)
 
 -- Per call ---------------------------------------------------------------------
 
+-- The handlers a call of each operation runs, in order (built once, when the library loads,
+-- from what on() was given: nothing a call changes); an operation no handler names runs
+-- those that serve every one.
+local routes, every = {}, {}
+for i = 1, #handlers do
+  if not handlers[i].serves then every[#every + 1] = handlers[i].run end
+end
+for i = 1, #served do
+  local name = served[i]
+  if not routes[name] then
+    local route = {}
+    for j = 1, #handlers do
+      local serves = handlers[j].serves
+      if not serves or serves[name] then route[#route + 1] = handlers[j].run end
+    end
+    routes[name] = route
+  end
+end
+
 -- Whether a handler returned (a reply, even nil) or fell through to the next one.
 local function returned(...)
   return select('#', ...) > 0, ...
 end
 
 -- One call: its state from KEYS and ARGV (the state a call before left, reset), the
--- idempotency record, then the first handler that returns.
+-- idempotency record, then the first of its operation's handlers that returns.
 local function entry(keys, argv, reading)
   KEYS, ARGV, read_only = keys, argv, reading == true
   op, sid, now = ARGV[1], ARGV[3], ARGV[4]
@@ -346,8 +385,9 @@ local function entry(keys, argv, reading)
       return untagged(recorded[2])
     end
   end
-  for _, handler in ipairs(handlers) do
-    local done, reply = returned(handler())
+  local route = routes[op] or every
+  for i = 1, #route do
+    local done, reply = returned(route[i]())
     if done then return reply end
   end
 end

@@ -23,7 +23,9 @@ The queue lives in the process's memory: what is queued (at most
 the process stops or crashes is not extracted. ``manage.py memory_extract`` runs the
 extractors over the newest messages of every live session again; extraction upserts by
 key and leaves a memory that is already as found untouched, so running it after a
-restart (or on a schedule) recovers what was lost and changes nothing else.
+restart (or on a schedule) recovers what was lost and changes nothing else. With
+``TASK_BACKEND`` this worker is not started: appends enqueue
+:data:`persistent_memory.tasks.extract_conversation` on Django's tasks framework instead.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from django.db import close_old_connections, connections
 
 from persistent_memory.conversations.signals import messages_added
 from persistent_memory.exceptions import SessionExpired, SessionNotFound
+from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.conf import MemorySettings
@@ -77,6 +80,7 @@ class Batch:
     seq: int = 0
 
 
+@instrument
 class ExtractionWorker:
     """Extracts memories from one store's new messages (see the module's docstring)."""
 
