@@ -442,6 +442,9 @@ def _check_redis(conf: MemorySettings) -> list[CheckMessage]:
     if not _is_int(conf.REDIS_WAIT_TIMEOUT_MS, 1):
         hint = "Use a positive number of milliseconds (WAIT's 0 would wait forever)."
         errors.append(_bad("REDIS_WAIT_TIMEOUT_MS", conf.REDIS_WAIT_TIMEOUT_MS, hint, "E017"))
+    if not isinstance(conf.REDIS_READ_FROM_REPLICAS, bool):
+        hint = "Use True (reads on replicas) or False (every call on the primary)."
+        errors.append(_bad("REDIS_READ_FROM_REPLICAS", conf.REDIS_READ_FROM_REPLICAS, hint, "E017"))
     return errors
 
 

@@ -66,6 +66,12 @@ DEFAULTS: dict[str, Any] = {
     # How long a write waits for REDIS_WAIT_REPLICAS, in milliseconds (positive: WAIT's 0 would
     # wait forever).
     "REDIS_WAIT_TIMEOUT_MS": 1000,
+    # Reads that write nothing (FCALL_RO: get, get_all, get_context, get_messages, ...) go to a
+    # replica: on a cluster each slot's replicas in turn, behind Sentinel the replicas it names
+    # (the master when none); the master when a replica cannot answer. A replica lags: a read
+    # right after a write may not see it. No effect on one server. Reads that move an idle
+    # expiry (IDLE_TTL_REFRESH_ON_READ) write, and stay on the master.
+    "REDIS_READ_FROM_REPLICAS": False,
     # Prefix of every Redis key the store uses (non-empty, no spaces; E006). The default is the
     # RocketRide node's, so that both read the same sessions.
     "KEY_PREFIX": "rr:memory",

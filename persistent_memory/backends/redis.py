@@ -41,7 +41,14 @@ from typing import Any
 import hiredis
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from persistent_memory.backends.base import (
     AnswerRecord,
@@ -62,10 +69,17 @@ from persistent_memory.backends.redis_conversations import (
     restore_blob,
     snapshot_conversations,
 )
+from persistent_memory.backends.redis_functions import READ_ONLY as _READ_ONLY
 from persistent_memory.backends.redis_functions import READS as _READS
 from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
 from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
-from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe
+from persistent_memory.backends.redis_topology import (
+    build_client,
+    build_replicas,
+    cluster_pool,
+    describe,
+    replica_pool,
+)
 from persistent_memory.conf import (
     MemorySettings,
     mirror_mode,
@@ -216,6 +230,8 @@ _REDIRECT_LIMIT = 5
 #: What RedisBackend._packet_replies asks of its reader: the next reply, or to drop the connection.
 _READ = object()
 _DROP = object()
+#: What _replica_read answers for a read the primary must serve.
+_ON_PRIMARY = object()
 
 
 def _online(role: list[Any]) -> int | None:
@@ -291,10 +307,13 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         layout: str = "node",
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        replicas: redis.Redis | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
         self.client = client
+        #: Behind Sentinel with REDIS_READ_FROM_REPLICAS, the replicas' client (see _replica_read).
+        self.replicas = replicas
         self.owns_client = owns_client
         self.key_prefix = key_prefix
         self.layout = Layout(key_prefix, cluster=layout == "cluster")
@@ -316,6 +335,9 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         self._library = Library(SOURCE)  # loaded where a call finds it missing (see _recover)
         self._loops: Any = None  # redis_bridge.LoopClients, made by the first async call
         self._ask_role = True  # ROLE beside a write that waits for replicas (see _packet)
+        self._replica_reads = (
+            replicas is not None or getattr(client, "load_balancing_strategy", None) is not None
+        )
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
@@ -325,6 +347,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             layout=redis_layout(conf),
             wait_replicas=conf.REDIS_WAIT_REPLICAS,
             wait_timeout_ms=conf.REDIS_WAIT_TIMEOUT_MS,
+            replicas=build_replicas(conf),
             max_history=conf.MAX_HISTORY,
             auto_summarize=conf.AUTO_SUMMARIZE,
             track_dirty=mirror_mode(conf) != "off",
@@ -439,6 +462,10 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
                 bridge, op, session_id, args, idempotency, bound, elsewhere, aside, names
             )
         command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
+        if self._replica_reads and command[0] == "FCALL_RO":
+            reply = self._replica_read(command)
+            if reply is not _ON_PRIMARY:
+                return reply
         wait = 0 if op in _READS else self.wait_replicas
         side = None
         try:
@@ -463,6 +490,35 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
             with self._errors():
                 raise exc
 
+    def _replica_read(self, command: tuple[Any, ...]) -> Any:
+        """A read (FCALL_RO) on a replica, with REDIS_READ_FROM_REPLICAS; _ON_PRIMARY when the
+        primary must answer it (nothing was written: a read is safe to send again): the
+        replica is unreachable, lacks the library (a replica cannot load it: the primary's
+        load reaches it by replication), no longer serves the slot, or the read must write."""
+        try:
+            pool = replica_pool(self.client, self.replicas, command[3])
+            if pool is None:
+                return _ON_PRIMARY
+            connection = pool.get_connection()
+        except (redis.RedisError, RedisClusterException):
+            return _ON_PRIMARY
+        try:
+            connection.send_packed_command(_pack(connection, command))
+            return connection.read_response()
+        except redis.ResponseError as exc:
+            if missing(exc) or write_needed(exc) or isinstance(exc, (*_REDIRECTS, ReadOnlyError)):
+                return _ON_PRIMARY
+            with self._errors():
+                raise exc from None
+        except (redis.ConnectionError, redis.TimeoutError):
+            connection.disconnect()
+            return _ON_PRIMARY
+        except BaseException:
+            connection.disconnect()  # a reply may be left half read
+            raise
+        finally:
+            pool.release(connection)
+
     def _call_bridged(
         self,
         bridge: Any,
@@ -484,7 +540,8 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         if not made:
             client = bridge.await_only(self._loops.get())
         wait = 0 if op in _READS else self.wait_replicas
-        if client is None or aside is not None or (wait and self.on_cluster):
+        replica = self._replica_reads and op in _READ_ONLY and not self.refresh_on_read
+        if client is None or aside is not None or (wait and self.on_cluster) or replica:
             options = {"idempotency": idempotency, "bound": bound, "elsewhere": elsewhere, "aside": aside}
             return bridge.blocking(lambda: self._call(op, session_id, *args, **options, **names))
         command = self._command(op, session_id, args, idempotency, bound, elsewhere, **names)
@@ -1474,6 +1531,8 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
 
     def close(self) -> None:
         # A connection borrowed from a django-redis cache belongs to that cache.
+        if self.replicas is not None:
+            self.replicas.close()
         if self.owns_client:
             self.client.close()
             if not self.on_cluster:

@@ -17,7 +17,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.views.decorators.debug import sensitive_variables
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import LoadBalancingStrategy, RedisCluster
 from redis.connection import SSLConnection, parse_url
 from redis.crc import key_slot
 from redis.exceptions import SlotNotCoveredError
@@ -91,6 +91,10 @@ def _cluster(conf: MemorySettings) -> RedisCluster:
     ``retry``.)
     """
     options: dict[str, Any] = {**_timeouts(conf), "retry": _no_retry()}
+    if conf.REDIS_READ_FROM_REPLICAS is True:
+        # Every connection then starts with READONLY, which lets a replica answer reads of
+        # its slots (a primary ignores it); see replica_pool.
+        options["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN_REPLICAS
     if conf.REDIS_URL:
         return RedisCluster.from_url(conf.REDIS_URL, **options)
     if not conf.REDIS_HOST:
@@ -101,14 +105,8 @@ def _cluster(conf: MemorySettings) -> RedisCluster:
 
 
 @sensitive_variables()
-def _sentinel(conf: MemorySettings) -> redis.Redis:
-    """The master of REDIS_SENTINEL_SERVICE as the sentinels name it.
-
-    The pool asks the sentinels for the master on every new connection: after a
-    failover the command that met the dead master fails (once, not re-sent), the
-    connection is dropped, and the next one goes to the new master. REDIS_URL, when
-    set, gives only the master's credentials, database and TLS (its host is ignored).
-    """
+def _sentinel_parts(conf: MemorySettings) -> tuple[Sentinel, dict[str, Any]]:
+    """The sentinels' client, and the options of a connection to the servers they name."""
     try:
         sentinels = parse_sentinels(conf.REDIS_SENTINELS)
     except ValueError as exc:
@@ -128,8 +126,35 @@ def _sentinel(conf: MemorySettings) -> redis.Redis:
         if url.pop("connection_class", None) is SSLConnection:
             url["ssl"] = True
         master = {**master, **url}
-    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
-    return manager.master_for(conf.REDIS_SENTINEL_SERVICE, **master, **_timeouts(conf), retry=_no_retry())
+    return Sentinel(sentinels, sentinel_kwargs=sentinel_options), {**master, **_timeouts(conf)}
+
+
+@sensitive_variables()
+def _sentinel(conf: MemorySettings) -> redis.Redis:
+    """The master of REDIS_SENTINEL_SERVICE as the sentinels name it.
+
+    The pool asks the sentinels for the master on every new connection: after a
+    failover the command that met the dead master fails (once, not re-sent), the
+    connection is dropped, and the next one goes to the new master. REDIS_URL, when
+    set, gives only the master's credentials, database and TLS (its host is ignored).
+    """
+    manager, options = _sentinel_parts(conf)
+    return manager.master_for(conf.REDIS_SENTINEL_SERVICE, **options, retry=_no_retry())
+
+
+@sensitive_variables()
+def build_replicas(conf: MemorySettings) -> redis.Redis | None:
+    """With REDIS_READ_FROM_REPLICAS behind Sentinel, a client of the replicas it names
+    (each new connection to the next; to the master when it names none); else None (a
+    cluster client finds its replicas itself: see :func:`replica_pool`)."""
+    if (
+        conf.REDIS_READ_FROM_REPLICAS is not True
+        or conf.REDIS_CACHE_ALIAS
+        or conf.REDIS_TOPOLOGY != "sentinel"
+    ):
+        return None
+    manager, options = _sentinel_parts(conf)
+    return manager.slave_for(conf.REDIS_SENTINEL_SERVICE, **options, retry=_no_retry())
 
 
 @lru_cache(maxsize=8192)
@@ -153,6 +178,21 @@ def cluster_pool(client: RedisCluster, key: str) -> redis.ConnectionPool:
     if not nodes:
         raise SlotNotCoveredError(f'Slot "{slot}" is not covered by the cluster.')
     node = nodes[0]
+    return (node.redis_connection or client.get_redis_connection(node)).connection_pool
+
+
+def replica_pool(client: Client, replicas: redis.Redis | None, key: str) -> redis.ConnectionPool | None:
+    """The connection pool a read of ``key`` goes to with REDIS_READ_FROM_REPLICAS (None:
+    the setting is off, or the client knows no replicas, as on one server): on a cluster
+    the next of the slot's replicas in turn (its primary when it has none), behind
+    Sentinel the pool of ``replicas`` (:func:`build_replicas`)."""
+    if replicas is not None:
+        return replicas.connection_pool
+    if not isinstance(client, RedisCluster) or client.load_balancing_strategy is None:
+        return None
+    node = client.nodes_manager.get_node_from_slot(
+        _slot(key), load_balancing_strategy=client.load_balancing_strategy
+    )
     return (node.redis_connection or client.get_redis_connection(node)).connection_pool
 
 

@@ -111,29 +111,39 @@ class ChatJSON(bytes):
     than parse them and encode them again (see :mod:`persistent_memory.api.rendering`)."""
 
 
-def _chat_json(raw: list[bytes]) -> ChatJSON | None:
-    """The JSON array of the chat fields of stored texts; None when a text holds more
-    (its metadata), which only a parse leaves out. (A quote in a JSON string is escaped,
-    so the markers found are the stored text's own.)"""
+def _chat_json(raw: list[bytes], metadata: bool = False) -> ChatJSON | None:
+    """The JSON array of the chat fields of stored texts (with ``metadata``: and their
+    metadata); None when a text holds metadata not asked for, which only a parse leaves
+    out. (A quote in a JSON string is escaped, so the markers found are the stored text's
+    own; the stored text's metadata comes before its token count, the last marker.)"""
     middles = []
     for text in raw:
         start, end = text.find(_CHAT_START), text.rfind(_CHAT_END)
         middle = text[start + 2 : end]
-        if start < 0 or end < start or _METADATA in middle:
+        if start < 0 or end < start or (not metadata and _METADATA in middle):
             return None
         middles.append(middle)
     return ChatJSON(b"[{" + b"}, {".join(middles) + b"}]" if middles else b"[]")
 
 
-def _chats(texts: list[str] | list[bytes], *, as_json: bool = False) -> list[dict[str, Any]] | ChatJSON:
-    """The chat messages of stored texts, in one parse of their chat fields only (the
-    fields a model is not sent cost most of the parsing); with ``as_json``, their JSON
-    unparsed where it can be cut out."""
+def _chats(
+    texts: list[str] | list[bytes], *, metadata: bool = False, as_json: bool = False
+) -> list[dict[str, Any]] | ChatJSON:
+    """The chat messages of stored texts (with ``metadata``: and their metadata), in one
+    parse of their chat fields only (the fields a model is not sent cost most of the
+    parsing); with ``as_json``, their JSON unparsed where it can be cut out."""
     raw = [text.encode() if isinstance(text, str) else text for text in texts]
-    chat_json = _chat_json(raw)
+    chat_json = _chat_json(raw, metadata)
     if chat_json is None:
-        return [chat_message(stored) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
+        return [_chat_fields(stored, metadata) for stored in json.loads(b"[" + b", ".join(raw) + b"]")]
     return chat_json if as_json else json.loads(chat_json)
+
+
+def _chat_fields(stored: dict[str, Any], metadata: bool) -> dict[str, Any]:
+    chat = chat_message(stored)
+    if metadata and stored.get("metadata") is not None:
+        chat["metadata"] = stored["metadata"]
+    return chat
 
 
 def _parsed(texts: list[str] | list[bytes]) -> list[dict[str, Any]]:
@@ -275,6 +285,21 @@ class ConversationMethods:
         count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
         head, texts = self._call(self.backend.get_messages, session_id, conversation, leaf, count)
         return {"conversation": conversation, "head": head, "messages": _parsed(texts)}
+
+    def get_chat_messages(
+        self: MemoryStore,
+        session_id: str,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The current thread's newest ``limit`` messages (None: all), oldest first, in the
+        chat format with their metadata: what a framework's session reads back (no ids,
+        sequence numbers, token counts or times, which cost most of the parsing)."""
+        conversation = validate_conversation(conversation)
+        count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
+        _, texts = self._call(self.backend.get_messages, session_id, conversation, None, count)
+        return _chats(texts, metadata=True)
 
     def get_context(
         self: MemoryStore,

@@ -16,14 +16,17 @@ How items are stored (every item reads back equal):
   ``assistant``, ``system``; ``developer`` as ``system``), a run of ``function_call`` items
   (one assistant message with their ``tool_calls``, as a model answers parallel calls),
   and a ``function_call_output`` (a ``tool`` message). What the chat form leaves out (ids,
-  statuses, part types, annotations) is kept in the message's ``metadata``.
+  statuses, part types, annotations) is kept in the message's ``metadata``; an item
+  that is a chat message as it stands (``{"role": "user", "content": "Hi"}``, as
+  ``Runner`` sends a user's input) needs none, and is stored as that message alone.
 - Any other item (reasoning, web search, computer and MCP calls, compaction, ...) is kept
   verbatim in the metadata of the message next to it in the same write (or of an empty
   assistant message, when a write holds nothing else).
 - A message the app recorded otherwise (the lanes, the REST API) reads as the items the
   SDK would have sent for it.
 
-``get_items``, ``add_items`` and ``clear_session`` are one round trip on Redis;
+``get_items`` reads only the messages' chat fields and metadata (not their ids, token
+counts or times). ``get_items``, ``add_items`` and ``clear_session`` are one round trip on Redis;
 ``pop_item`` two (it reads the newest message, then takes it off with a compare-and-set
 on the head, retried if another writer moved it). The async methods await Redis on the
 event loop, without a thread (see :mod:`persistent_memory.integrations.redis_bridge`), and
@@ -146,7 +149,21 @@ def messages_of(items: list[dict[str, Any]], *, outputs: bool = True) -> list[di
             messages[-1]["metadata"][KEY] += waiting
         else:
             messages.append({"role": "assistant", "content": "", "metadata": {KEY: waiting}})
+    for message in messages:
+        if _plain(message):
+            del message["metadata"]  # it reads back as the same item without: see items_of
     return messages
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    """Whether ``message`` holds one item that is the message itself (``{"role": "user",
+    "content": "Hi"}``, as the SDK's ``Runner`` sends a user's input), and so needs no
+    entries: most messages, stored and read back without metadata to parse."""
+    return (
+        isinstance(message["content"], str)
+        and message["role"] in ("user", "assistant", "system")
+        and message["metadata"][KEY] == [{"m": {"role": message["role"], "content": None}}]
+    )
 
 
 # Chat messages -> items ---------------------------------------------------------------
@@ -155,6 +172,13 @@ def messages_of(items: list[dict[str, Any]], *, outputs: bool = True) -> list[di
 def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The items a stored message holds, in order."""
     metadata = message.get("metadata")
+    if (
+        metadata is None
+        and len(message) == 2
+        and message["role"] != "tool"
+        and isinstance(message["content"], str)
+    ):
+        return [message]  # a plain message (see _plain); what _plain_items would build, sooner
     entries = metadata.get(KEY) if isinstance(metadata, dict) else None
     if not isinstance(entries, list):
         return _plain_items(message)
@@ -277,11 +301,19 @@ class PersistentMemorySession:
         self.owner = owner
         self._store = store
         self.session_settings = session_settings
+        self._scoped: tuple[MemoryStore, str, MemoryStore] | None = None  # see store
 
     @property
     def store(self) -> MemoryStore:
         store = self._store if self._store is not None else get_store()
-        return store if self.owner is None else store.for_owner(self.owner)
+        if self.owner is None:
+            return store
+        # The owner's store, made once per store (a new one after a settings change), not
+        # validated and copied again on every call.
+        scoped = self._scoped
+        if scoped is None or scoped[0] is not store or scoped[1] != self.owner:
+            scoped = self._scoped = (store, self.owner, store.for_owner(self.owner))
+        return scoped[2]
 
     # What each method does, synchronously --------------------------------------------
 
@@ -291,10 +323,10 @@ class PersistentMemorySession:
         if limit is not None and limit <= 0:
             return []
         try:
-            read = self.store.get_messages(self.session_id, conversation=self.conversation, limit=limit)
+            read = self.store.get_chat_messages(self.session_id, conversation=self.conversation, limit=limit)
         except SessionNotFound:
             return []
-        items = [item for message in read["messages"] for item in items_of(message)]
+        items = [item for message in read for item in items_of(message)]
         return items[-limit:] if limit else items  # type: ignore[return-value]
 
     def write_items(self, items: list[TResponseInputItem]) -> None:
