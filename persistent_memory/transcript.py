@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.backends.memory.tree import StoredMessage, Tree
 from persistent_memory.mirror_conversations import row_summaries
 from persistent_memory.models import MemoryConversation, MemoryMessage
 

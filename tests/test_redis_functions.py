@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from persistent_memory.backends.redis import RedisBackend
-from persistent_memory.backends.redis_functions import SOURCE, Library
+from persistent_memory.backends.redis.functions import SOURCE, Library
 from persistent_memory.exceptions import CapacityExceeded, SessionExpired, SessionNotFound
 from persistent_memory.integrations.redis_bridge import run_bridged
 from persistent_memory.store import MemoryStore

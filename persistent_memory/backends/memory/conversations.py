@@ -22,8 +22,8 @@ from persistent_memory.backends.conversations import (
     RecordWrite,
     WindowTexts,
 )
-from persistent_memory.backends.memory_once import idempotent
-from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.backends.memory.once import idempotent
+from persistent_memory.backends.memory.tree import StoredMessage, Tree
 from persistent_memory.conversations.messages import PreparedMessage
 from persistent_memory.exceptions import (
     HeadMoved,
@@ -34,7 +34,7 @@ from persistent_memory.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend, _Session
+    from persistent_memory.backends.memory.backend import MemoryBackend, _Session
 
 Plan = list[tuple[StoredMessage, bool]]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from persistent_memory.backends.conversations import Summary, SummaryBackend, SummarySource
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend
+    from persistent_memory.backends.memory.backend import MemoryBackend
 
 
 class MemorySummaries(SummaryBackend):

@@ -25,13 +25,13 @@ from persistent_memory.backends.conversations import (
     SummarySource,
     WindowTexts,
 )
-from persistent_memory.backends.memory_tree import Tree
-from persistent_memory.backends.redis_layout import SUMMARIZE, SUMMARIZER
+from persistent_memory.backends.memory.tree import Tree
+from persistent_memory.backends.redis.layout import SUMMARIZE, SUMMARIZER
 from persistent_memory.conversations.messages import PreparedMessage
 
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, RunBinding
-    from persistent_memory.backends.redis import RedisBackend
+    from persistent_memory.backends.redis.backend import RedisBackend
 
 
 def _limit(value: int | None) -> str:
@@ -143,7 +143,7 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> Appended:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         reply = self._run(
             "messages",
@@ -259,7 +259,7 @@ class RedisConversations(ConversationBackend):
         messages: list[PreparedMessage],
         ttl_seconds: float | None,
     ) -> list[str]:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         reply = self._run(
             "thread",
@@ -287,7 +287,7 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> Enriched:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
         reply = self._run(

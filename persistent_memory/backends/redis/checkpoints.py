@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from persistent_memory.backends.checkpoints import SEP, CheckpointBackend, StoredCheckpoint
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.redis import RedisBackend
+    from persistent_memory.backends.redis.backend import RedisBackend
 
 
 def _stored(reply: list[Any]) -> StoredCheckpoint:
@@ -43,7 +43,7 @@ class RedisCheckpoints(CheckpointBackend):
         blobs: dict[str, str],
         ttl_seconds: float | None,
     ) -> None:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         pairs = [part for ref, text in blobs.items() for part in (ref, text)]
         self._cp(
@@ -66,7 +66,7 @@ class RedisCheckpoints(CheckpointBackend):
         writes: list[list[object]],
         ttl_seconds: float | None,
     ) -> None:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         ttl = (_ttl_text(ttl_seconds), _ttl_ms(ttl_seconds))
         self._cp("cp_writes", session_id, ns, checkpoint_id, json.dumps(writes), *ttl)
@@ -106,7 +106,7 @@ class RedisCheckpoints(CheckpointBackend):
         *,
         replace: bool = False,
     ) -> None:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+        from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
 
         pairs = [part for name, text in entries.items() for part in (name, text)]
         how = "replace" if replace else ""

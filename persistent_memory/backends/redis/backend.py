@@ -54,18 +54,18 @@ from persistent_memory.backends.base import (
     session_info,
 )
 from persistent_memory.backends.conversations import Answer
-from persistent_memory.backends.redis_checkpoints import RedisCheckpoints, _entries
-from persistent_memory.backends.redis_conversations import (
+from persistent_memory.backends.redis.checkpoints import RedisCheckpoints, _entries
+from persistent_memory.backends.redis.conversations import (
     RedisConversations,
     RedisSummaries,
     message_args,
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.backends.redis_functions import READS as _READS
-from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
-from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
-from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe
+from persistent_memory.backends.redis.functions import READS as _READS
+from persistent_memory.backends.redis.functions import SOURCE, Library, missing, write_needed
+from persistent_memory.backends.redis.layout import DIRTY, Layout, swept
+from persistent_memory.backends.redis.topology import build_client, cluster_pool, describe
 from persistent_memory.conf import (
     MemorySettings,
     mirror_mode,

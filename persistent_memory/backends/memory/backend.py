@@ -30,12 +30,12 @@ from persistent_memory.backends.base import (
     session_info,
 )
 from persistent_memory.backends.conversations import Answer, Enriched
-from persistent_memory.backends.memory_checkpoints import Checkpoints, MemoryCheckpoints
-from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
-from persistent_memory.backends.memory_once import Recorded, decoded, encoded, idempotent
-from persistent_memory.backends.memory_replay import MalformedRecord, check_record
-from persistent_memory.backends.memory_summaries import MemorySummaries
-from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.backends.memory.checkpoints import Checkpoints, MemoryCheckpoints
+from persistent_memory.backends.memory.conversations import MemoryConversations, journaled, prepared
+from persistent_memory.backends.memory.once import Recorded, decoded, encoded, idempotent
+from persistent_memory.backends.memory.replay import MalformedRecord, check_record
+from persistent_memory.backends.memory.summaries import MemorySummaries
+from persistent_memory.backends.memory.tree import Tree
 from persistent_memory.conf import (
     MemorySettings,
     memory_idle_ttl,
@@ -77,14 +77,14 @@ class _Session:
     #: expired: pruned when the set has doubled), dropped with it.
     runs: set[str] = field(default_factory=set)
     runs_prune_at: int = 16
-    #: Conversations by name (see persistent_memory.backends.memory_conversations).
+    #: Conversations by name (see persistent_memory.backends.memory.conversations).
     conversations: dict[str, Tree] = field(default_factory=dict)
     #: The enrich lane's question per bound run id: (conversation, message id).
     questions: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Idle expiry (None: none) and the fixed TTL's deadline it never passes.
     idle_ttl_seconds: float | None = None
     deadline: float | None = None
-    #: Graph checkpoints (see persistent_memory.backends.memory_checkpoints); None: none yet.
+    #: Graph checkpoints (see persistent_memory.backends.memory.checkpoints); None: none yet.
     checkpoints: Checkpoints | None = None
 
     def expired(self, now: float) -> bool:

@@ -29,7 +29,7 @@ from persistent_memory.backends.checkpoints import (
 from persistent_memory.exceptions import CheckpointBaseMissing
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend, _Session
+    from persistent_memory.backends.memory.backend import MemoryBackend, _Session
 
 
 @dataclass

@@ -12,7 +12,7 @@ from persistent_memory.backends.base import AnswerRecord, IdempotencyRecord
 from persistent_memory.backends.conversations import Appended, Enriched, WindowTexts
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend
+    from persistent_memory.backends.memory.backend import MemoryBackend
 
 T = TypeVar("T")
 
