@@ -68,7 +68,7 @@ from persistent_memory.backends.redis.functions import READS as _READS
 from persistent_memory.backends.redis.functions import SOURCE, Library, missing, write_needed
 from persistent_memory.backends.redis.layout import DIRTY, Layout, swept
 from persistent_memory.backends.redis.queues import BucketQueues
-from persistent_memory.backends.redis.topology import build_client, cluster_pool, describe
+from persistent_memory.backends.redis.topology import build_client, cluster_pool, declared_keys, describe
 from persistent_memory.backends.redis.ttl import ttl_ms as _ttl_ms
 from persistent_memory.backends.redis.ttl import ttl_text as _ttl_text
 from persistent_memory.conf import (
@@ -336,6 +336,8 @@ class RedisBackend(ConversationBackend, SummaryBackend, CheckpointBackend, BaseB
         self.key_prefix = key_prefix
         self.layout = Layout(key_prefix, cluster=layout == "cluster")
         self.on_cluster = isinstance(client, RedisCluster)
+        if self.on_cluster:
+            declared_keys(client)  # the calls it sends for us after a MOVED
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         # ARGV 5-13 of every call (see redis.lua); 14-16 are the idempotency key's.
