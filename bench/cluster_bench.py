@@ -58,7 +58,7 @@ from run import machine, markdown, setup_django  # noqa: E402
 from server_time import server_cost  # noqa: E402
 from store_bench import ANSWER, VALUE, build_store  # noqa: E402
 
-from persistent_memory.backends.redis_layout import Layout  # noqa: E402
+from persistent_memory.backends.redis.layout import Layout  # noqa: E402
 
 #: The three setups, in the order of every table.
 SETUPS = ("single/node", "single/cluster", "cluster")

@@ -72,7 +72,7 @@ def bulk_create(store: Any, session_ids: list[str]) -> None:
     """Create ``session_ids`` by writing what the 'create' script writes for a new
     session (lanes.lua, sessions.lua's create()), pipelined: a bench's shortcut to a
     million sessions (:func:`check_bulk` compares the keys with ``create_session``'s)."""
-    from persistent_memory.backends.redis import _ttl_ms, _ttl_text
+    from persistent_memory.backends.redis.backend import _ttl_ms, _ttl_text
     from persistent_memory.owners import namespace_of, storage_id
 
     backend = store.backend

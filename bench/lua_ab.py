@@ -2,7 +2,7 @@
 
     python bench/lua_ab.py OTHER_LUA_DIR [--turns 800]
 
-``OTHER_LUA_DIR`` is another checkout's ``persistent_memory/backends/lua`` (for example
+``OTHER_LUA_DIR`` is another checkout's ``persistent_memory/backends/redis/lua`` (for example
 ``git archive main | tar -x -C /tmp/main``). Both libraries are loaded side by side (their
 names carry their versions); four stores, this checkout's and the other's Lua, each with
 a default turn (window 100, recording and extraction on) and a bare one (recording and
@@ -43,14 +43,14 @@ def lua_source(folder: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("other", type=Path, help="the other checkout's persistent_memory/backends/lua")
+    parser.add_argument("other", type=Path, help="the other checkout's persistent_memory/backends/redis/lua")
     parser.add_argument("--turns", type=int, default=800, help="timed turns of each store")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pm-lua-ab-") as folder, redis_url(use_env=False) as url:
         setup_django(folder)
         from store_bench import build_store, fill, turn
 
-        from persistent_memory.backends.redis_functions import Library
+        from persistent_memory.backends.redis.functions import Library
 
         client = redis.Redis.from_url(url)
         turns, stores = {}, []

@@ -424,7 +424,7 @@ def _check_backend(conf: MemorySettings) -> list[CheckMessage]:
 
 def _check_redis(conf: MemorySettings) -> list[CheckMessage]:
     """The Redis backend's layout and replication settings (whatever gives its connection)."""
-    from persistent_memory.backends.redis_topology import TOPOLOGIES
+    from persistent_memory.backends.redis.topology import TOPOLOGIES
 
     errors: list[CheckMessage] = []
     if conf.REDIS_TOPOLOGY not in TOPOLOGIES:
@@ -462,7 +462,7 @@ def _url_database(conf: MemorySettings) -> Any:
 
 def _check_topology(conf: MemorySettings) -> list[CheckMessage]:
     """The address each REDIS_TOPOLOGY needs (REDIS_CACHE_ALIAS replaces all of them)."""
-    from persistent_memory.backends.redis_topology import parse_sentinels
+    from persistent_memory.backends.redis.topology import parse_sentinels
 
     if conf.REDIS_TOPOLOGY == "sentinel":
         try:
@@ -508,7 +508,7 @@ def _unreachable_sentinels(conf: MemorySettings) -> str | None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from persistent_memory.backends.redis_topology import parse_sentinels
+    from persistent_memory.backends.redis.topology import parse_sentinels
 
     reasons = []
     for host, port in parse_sentinels(conf.REDIS_SENTINELS):

@@ -15,7 +15,7 @@ Records are JSON lines ``[seq, op, storage id, time, idempotency record or null,
 in segment files named by their first sequence number. A line that is not one (torn by
 a power cut, or anything else: a disk's corruption, an edit) is skipped, logged with its
 segment and line and counted (:attr:`Journal.skipped`); the backend checks each record's
-arguments before it applies any of them (``backends.memory_replay``). One process owns a
+arguments before it applies any of them (``backends.memory.replay``). One process owns a
 journal directory (an ``flock``); another process on the same directory can read it but
 writes no records of its own.
 
@@ -149,7 +149,7 @@ def _number(value: Any) -> bool:
 def _head_error(record: Any) -> str | None:
     """Why ``record`` does not start as :meth:`Journal.append` writes one (None: it does):
     ``[seq, op, storage id, time, idempotency record or null, *args]``. The arguments
-    are the backend's to check (see ``backends.memory_replay``)."""
+    are the backend's to check (see ``backends.memory.replay``)."""
     if not isinstance(record, list) or len(record) < 5:
         return "not a list of at least five items"
     seq, op, session_id, now, idempotency = record[:5]

@@ -1,7 +1,7 @@
 """The mirror's copy of the memory backend's checkpoints: what its restart loads.
 
 The memory backend's snapshot gives a session's checkpoint entries and their change
-counters (see :mod:`persistent_memory.backends.memory_checkpoints`); a row remembers the
+counters (see :mod:`persistent_memory.backends.memory.checkpoints`); a row remembers the
 epoch and the counter it was written at. A sync writes only the entries changed since,
 unless something was removed or the epoch is new (a new session, an import): then it
 writes them all. Redis holds its own checkpoints: its snapshots for the mirror have none.

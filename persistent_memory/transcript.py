@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.backends.memory.tree import StoredMessage, Tree
 from persistent_memory.mirror_conversations import row_summaries
 from persistent_memory.models import MemoryConversation, MemoryMessage
 
@@ -160,7 +160,7 @@ def build(
         depth[row.message_id] = depth.get(row.parent_id, 0) + 1
 
     # The thread as the store reads it: the current one begins with the system messages
-    # a trim kept before it (see memory_tree.Tree), which no parent link reaches.
+    # a trim kept before it (see backends.memory.tree.Tree), which no parent link reaches.
     shape = [
         StoredMessage(
             row.message_id, "", "", row.parent_id or None, row.seq, row.tokens, row.role, (), None, ""

@@ -11,7 +11,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from persistent_memory.backends.redis_functions import library_calls
+from persistent_memory.backends.redis.functions import library_calls
 
 API = "/api/memory/"
 #: The API's user has this primary key, so its sessions are this owner's.

@@ -18,7 +18,7 @@ from redis.crc import key_slot
 
 from persistent_memory import get_store
 from persistent_memory.backends.redis import RedisBackend
-from persistent_memory.backends.redis_layout import Layout, bucket_of
+from persistent_memory.backends.redis.layout import Layout, bucket_of
 from persistent_memory.conf import MemorySettings
 from persistent_memory.exceptions import BackendUnavailable
 from persistent_memory.history import operation_count

@@ -29,7 +29,7 @@ import pytest
 from redis.crc import key_slot
 
 from persistent_memory import get_store
-from persistent_memory.backends.redis_layout import Layout
+from persistent_memory.backends.redis.layout import Layout
 from persistent_memory.exceptions import BackendUnavailable, ReplicasBehind
 from persistent_memory.idempotency import HEADER, Idempotency
 from persistent_memory.owners import storage_id

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from persistent_memory.backends import memory_tree
-from persistent_memory.backends.redis_functions import CALL_STATS
+from persistent_memory.backends.memory import tree as memory_tree
+from persistent_memory.backends.redis.functions import CALL_STATS
 from persistent_memory.conversations.messages import chat_message
 from persistent_memory.exceptions import MessageNotFound, OrphanToolResult
 from persistent_memory.store import MemoryStore

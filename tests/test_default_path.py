@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from persistent_memory.backends.redis_functions import library_calls
+from persistent_memory.backends.redis.functions import library_calls
 from persistent_memory.conf import DEFAULTS, memory_settings
 from persistent_memory.memories import memories_for
 from persistent_memory.pipeline import MemoryFilter

@@ -183,7 +183,7 @@ def test_the_small_settings_example_overrides_its_profile(settings):
     taking the place of the profile's localhost, and nothing for `check` to report."""
     from django.core.checks import run_checks
 
-    from persistent_memory.backends.redis_topology import build_client
+    from persistent_memory.backends.redis.topology import build_client
     from persistent_memory.conf import MemorySettings
 
     namespace: dict = {}

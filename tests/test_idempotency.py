@@ -22,7 +22,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from persistent_memory import get_store
-from persistent_memory.backends.redis_functions import library_calls
+from persistent_memory.backends.redis.functions import library_calls
 from persistent_memory.exceptions import IdempotencyKeyReused, InvalidIdempotencyKey, InvalidValue
 from persistent_memory.idempotency import Idempotency, fingerprint, validate_idempotency_key
 from persistent_memory.store import MemoryStore

@@ -29,7 +29,11 @@ def imported_by(module: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    ["persistent_memory.backends.redis", "persistent_memory.backends.memory_tree", "persistent_memory.conf"],
+    [
+        "persistent_memory.backends.redis.backend",
+        "persistent_memory.backends.memory.tree",
+        "persistent_memory.conf",
+    ],
 )
 def test_a_backend_or_the_settings_import_no_service(module):
     loaded = imported_by(module)

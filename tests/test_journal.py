@@ -965,7 +965,7 @@ def everything(backend: MemoryBackend) -> dict[str, Any]:
 
 
 def test_every_write_replays_and_none_is_skipped(journaled):
-    from persistent_memory.backends.memory_replay import CHECKS
+    from persistent_memory.backends.memory.replay import CHECKS
 
     store = journaled()
     every_write(store)

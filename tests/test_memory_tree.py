@@ -1,4 +1,4 @@
-"""The memory backend's message tree (persistent_memory.backends.memory_tree): what its
+"""The memory backend's message tree (persistent_memory.backends.memory.tree): what its
 snapshot says of a conversation (the digest a mirror sync relies on, the counts), messages
 appended and the same ones restored from a snapshot, and a trim around a head that is a
 tool call (a case no store call reaches: an append always makes its newest message the head)."""
@@ -14,7 +14,7 @@ import pytest
 
 from persistent_memory import get_store
 from persistent_memory.backends.conversations import text_digest
-from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.backends.memory.tree import Tree
 from persistent_memory.conversations.messages import prepare_messages
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user

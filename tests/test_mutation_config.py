@@ -16,12 +16,12 @@ _spec.loader.exec_module(mutation)
 GUARDED = {
     "persistent_memory/integrations/langgraph_values.py",
     "persistent_memory/journal.py",
-    "persistent_memory/backends/redis_layout.py",
+    "persistent_memory/backends/redis/layout.py",
     "persistent_memory/idempotency.py",
     "persistent_memory/conversations/window.py",
-    "persistent_memory/backends/memory_tree.py",
-    "persistent_memory/backends/memory_checkpoints.py",
-    "persistent_memory/backends/memory_conversations.py",
+    "persistent_memory/backends/memory/tree.py",
+    "persistent_memory/backends/memory/checkpoints.py",
+    "persistent_memory/backends/memory/conversations.py",
     "persistent_memory/mirror.py",
     "persistent_memory/mirror_conversations.py",
     "persistent_memory/mirror_checkpoints.py",
@@ -30,7 +30,7 @@ GUARDED = {
 CI = {
     "persistent_memory/integrations/langgraph_values.py",
     "persistent_memory/journal.py",
-    "persistent_memory/backends/redis_layout.py",
+    "persistent_memory/backends/redis/layout.py",
     "persistent_memory/idempotency.py",
 }
 

@@ -177,8 +177,8 @@ def test_the_wheel_holds_the_app_and_its_data_only(wheel):
         names = set(archive.namelist())
     assert {
         "persistent_memory/py.typed",
-        "persistent_memory/backends/lua/redis.lua",
-        "persistent_memory/backends/lua/conversations.lua",
+        "persistent_memory/backends/redis/lua/redis.lua",
+        "persistent_memory/backends/redis/lua/conversations.lua",
         "persistent_memory/migrations/0001_mirror.py",
         "persistent_memory/templates/admin/persistent_memory/memorysession/change_list.html",
         "persistent_memory/templates/admin/persistent_memory/change_form_object_tools.html",
@@ -186,7 +186,7 @@ def test_the_wheel_holds_the_app_and_its_data_only(wheel):
         "persistent_memory/static/persistent_memory/admin.css",
     } <= names
     scripts = {p.name for p in (ROOT / "persistent_memory" / "backends" / "lua").glob("*.lua")}
-    assert {f"persistent_memory/backends/lua/{name}" for name in scripts} <= names
+    assert {f"persistent_memory/backends/redis/lua/{name}" for name in scripts} <= names
     migrations = {p.name for p in (ROOT / "persistent_memory" / "migrations").glob("0*.py")}
     assert {f"persistent_memory/migrations/{name}" for name in migrations} <= names
     tops = {name.split("/")[0] for name in names}

@@ -495,7 +495,7 @@ def test_the_script_is_split_by_concern_each_file_naming_its_keys():
     """Lua files of at most about 500 lines, each opening with the keys it expects."""
     from importlib import resources
 
-    files = list(resources.files("persistent_memory.backends").joinpath("lua").iterdir())
+    files = list(resources.files("persistent_memory.backends.redis").joinpath("lua").iterdir())
     assert len(files) >= 8
     for path in files:
         text = path.read_text()

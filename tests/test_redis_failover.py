@@ -32,7 +32,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from persistent_memory import get_store
-from persistent_memory.backends.redis_layout import Layout
+from persistent_memory.backends.redis.layout import Layout
 from persistent_memory.exceptions import BackendUnavailable, ReplicasBehind
 from persistent_memory.idempotency import HEADER, Idempotency
 from persistent_memory.owners import storage_id

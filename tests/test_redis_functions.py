@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from persistent_memory.backends.redis import RedisBackend
-from persistent_memory.backends.redis_functions import SOURCE, Library
+from persistent_memory.backends.redis.functions import SOURCE, Library
 from persistent_memory.exceptions import CapacityExceeded, SessionExpired, SessionNotFound
 from persistent_memory.integrations.redis_bridge import run_bridged
 from persistent_memory.store import MemoryStore
@@ -300,5 +300,34 @@ def test_a_new_primary_given_a_sessions_slot_gets_the_library(small_cluster):
         assert store.list_sessions() == ["s1"]
         with small_cluster.node(new) as node:
             assert len(node.function_list()) == 1
+    finally:
+        store.close()
+
+
+def _getkeys_calls(cluster: ClusterServers) -> int:
+    """``COMMAND GETKEYS`` run on every node of ``cluster``, as ``INFO commandstats`` counts."""
+    total = 0
+    for port in cluster.ports:
+        with cluster.node(port) as node:
+            total += node.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0)
+    return total
+
+
+def test_a_call_sent_again_after_moved_asks_no_node_for_its_keys(small_cluster):
+    """After a MOVED the call goes through the user's RedisCluster, which would ask a node
+    for an FCALL's keys (COMMAND GETKEYS) on every call: it reads the declared keys."""
+    store = cluster_memory(small_cluster.url)
+    try:
+        store.create_session("s1")
+        assert store.increment("s1", "n") == 1
+        key = store.backend.layout.keys("s1")[0]
+        source = _session_port(store, small_cluster, "s1")
+        target = next(port for _, port in small_cluster.primaries() if port != source)
+        before = _getkeys_calls(small_cluster)
+        small_cluster.migrate_slots([redis.cluster.key_slot(key.encode())], source, target)
+        assert store.increment("s1", "n") == 2  # MOVED: sent again through the cluster client
+        assert small_cluster.primary_for_key(key)[1] == target
+        assert store.get("s1", "n") == 2
+        assert _getkeys_calls(small_cluster) == before
     finally:
         store.close()

@@ -50,9 +50,9 @@ import redis
 
 from persistent_memory import get_store, maintenance
 from persistent_memory.backends.conversations import Summary
-from persistent_memory.backends.redis import RedisBackend, _glob_escape
-from persistent_memory.backends.redis_functions import SOURCE
-from persistent_memory.backends.redis_layout import Layout
+from persistent_memory.backends.redis.backend import RedisBackend, _glob_escape
+from persistent_memory.backends.redis.functions import SOURCE
+from persistent_memory.backends.redis.layout import Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.memories.forget import forget_owner

@@ -16,7 +16,7 @@ import redis
 from redis.crc import key_slot
 
 from persistent_memory import get_store
-from persistent_memory.backends.redis_layout import BUCKETS, TAGS, Layout, _tag, bucket_of, swept
+from persistent_memory.backends.redis.layout import BUCKETS, TAGS, Layout, _tag, bucket_of, swept
 from tests.conftest import memory_settings_for
 
 PREFIX = "rr:memory"

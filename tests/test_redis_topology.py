@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import SlotNotCoveredError
 from redis.retry import Retry
 
-from persistent_memory.backends.redis_topology import build_client, cluster_pool, describe, parse_sentinels
+from persistent_memory.backends.redis.topology import build_client, cluster_pool, describe, parse_sentinels
 from persistent_memory.conf import MemorySettings, redis_layout
 from tests.conftest import _free_port
 

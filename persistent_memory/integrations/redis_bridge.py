@@ -38,12 +38,12 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis import (
+from persistent_memory.backends.redis.backend import (
     _DROP,
     _RECOVERIES,
     _pack_all,
 )
-from persistent_memory.backends.redis_functions import missing, write_needed
+from persistent_memory.backends.redis.functions import missing, write_needed
 
 if TYPE_CHECKING:
     from persistent_memory.backends.redis import RedisBackend

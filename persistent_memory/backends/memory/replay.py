@@ -130,7 +130,7 @@ def _dict(value: Any, what: str) -> dict[str, Any]:
 
 
 def check_message(item: Any) -> None:
-    """A journaled message, ``[id, body, link]`` (see ``memory_conversations.journaled``):
+    """A journaled message, ``[id, body, link]`` (see ``memory.conversations.journaled``):
     the body a message the append's rules take, and the link the one it makes."""
     message_id, body, link = _list(item, "a message", 3)
     validate_message_id(message_id)

@@ -31,7 +31,7 @@ import redis
 
 def _source() -> str:
     """lua/redis.lua with the files it includes in their place."""
-    files = resources.files("persistent_memory.backends").joinpath("lua")
+    files = resources.files("persistent_memory.backends.redis").joinpath("lua")
     text = files.joinpath("redis.lua").read_text()
     return re.sub(r"^-- @include (\S+)$", lambda m: files.joinpath(m.group(1)).read_text(), text, flags=re.M)
 

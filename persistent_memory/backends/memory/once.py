@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from persistent_memory.backends.base import AnswerRecord, IdempotencyRecord
 from persistent_memory.backends.conversations import Appended, Enriched, WindowTexts
-
-if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend
 
 T = TypeVar("T")
 
@@ -25,6 +23,17 @@ class Recorded(NamedTuple):
     expires_at: float
 
 
+class Records(Protocol):
+    """What :func:`idempotent` needs of the backend: its lock and its records."""
+
+    _lock: threading.RLock
+    _idempotency: IdempotencyRecord | None
+
+    def _recorded(self, idempotency: IdempotencyRecord) -> Recorded | None: ...
+
+    def _remember(self, idempotency: IdempotencyRecord, result: Any, now: float) -> None: ...
+
+
 def idempotent(write: Callable[..., T]) -> Callable[..., T]:
     """``write`` with an ``idempotency=`` option: under the lock, a repeat of the key gets the
     recorded result back and writes nothing; otherwise the write runs and its result is
@@ -34,9 +43,7 @@ def idempotent(write: Callable[..., T]) -> Callable[..., T]:
     lasts its TTL across restarts once the journal's segments are gone."""
 
     @functools.wraps(write)
-    def once(
-        self: MemoryBackend, *args: Any, idempotency: IdempotencyRecord | None = None, **kwargs: Any
-    ) -> T:
+    def once(self: Records, *args: Any, idempotency: IdempotencyRecord | None = None, **kwargs: Any) -> T:
         if idempotency is None:
             return write(self, *args, **kwargs)
         with self._lock:  # reentrant: ``write`` takes it again

@@ -199,6 +199,27 @@ def replica_pool(client: Client, replicas: redis.Redis | None, key: str) -> redi
 _BUILDERS = {"single": _single, "cluster": _cluster, "sentinel": _sentinel}
 
 
+def declared_keys(client: RedisCluster) -> None:
+    """Let ``client`` read an FCALL's keys where the call declares them, as it reads an
+    EVALSHA's: redis-py asks a node (``COMMAND GETKEYS``) for them on every FCALL it routes
+    otherwise (one round trip more, and none answers while that node is down). Only the
+    calls the backend hands to the client go that way (after a MOVED); the async client
+    gets the same in :mod:`persistent_memory.integrations.redis_bridge`. Safe on a user's
+    client: the keys are those the server would name."""
+    parser = client.commands_parser
+    asked = parser.get_keys
+    if getattr(asked, "reads_declared_keys", False):
+        return  # another backend on this client did it
+
+    def get_keys(redis_conn: Any, *args: Any) -> Any:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return list(args[3 : 3 + int(args[2])])
+        return asked(redis_conn, *args)
+
+    get_keys.reads_declared_keys = True  # type: ignore[attr-defined]
+    parser.get_keys = get_keys
+
+
 def build_client(conf: MemorySettings) -> Client:
     """A client from REDIS_CACHE_ALIAS (a django-redis cache's own connection, whatever
     its kind) or else for REDIS_TOPOLOGY."""

@@ -11,7 +11,6 @@ import time
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
@@ -29,13 +28,16 @@ from persistent_memory.backends.base import (
     SessionSnapshot,
     session_info,
 )
-from persistent_memory.backends.conversations import Answer, Enriched
-from persistent_memory.backends.memory_checkpoints import Checkpoints, MemoryCheckpoints
-from persistent_memory.backends.memory_conversations import MemoryConversations, journaled, prepared
-from persistent_memory.backends.memory_once import Recorded, decoded, encoded, idempotent
-from persistent_memory.backends.memory_replay import MalformedRecord, check_record
-from persistent_memory.backends.memory_summaries import MemorySummaries
-from persistent_memory.backends.memory_tree import Tree
+from persistent_memory.backends.checkpoints import CheckpointBackend
+from persistent_memory.backends.conversations import Answer, ConversationBackend, Enriched, SummaryBackend
+from persistent_memory.backends.memory.checkpoints import Checkpoints, MemoryCheckpoints
+from persistent_memory.backends.memory.conversations import MemoryConversations, journaled, prepared
+from persistent_memory.backends.memory.once import Recorded, decoded, encoded, idempotent
+from persistent_memory.backends.memory.replay import MalformedRecord, check_record
+from persistent_memory.backends.memory.sessions import Session as _Session
+from persistent_memory.backends.memory.summaries import MemorySummaries
+from persistent_memory.backends.memory.tree import Tree
+from persistent_memory.backends.parts import delegate
 from persistent_memory.conf import (
     MemorySettings,
     memory_idle_ttl,
@@ -63,37 +65,17 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
-class _Session:
-    created_at: float
-    ttl_seconds: float | None
-    expires_at: float | None
-    values: dict[str, str] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    #: Bytes of keys plus JSON values (the texts are ASCII: one character, one byte), of its
-    #: conversations' messages and of its checkpoints' entries: what MAX_SESSION_BYTES caps.
-    size: int = 0
-    #: Run ids bound to this session (some may have been bound elsewhere since, or
-    #: expired: pruned when the set has doubled), dropped with it.
-    runs: set[str] = field(default_factory=set)
-    runs_prune_at: int = 16
-    #: Conversations by name (see persistent_memory.backends.memory_conversations).
-    conversations: dict[str, Tree] = field(default_factory=dict)
-    #: The enrich lane's question per bound run id: (conversation, message id).
-    questions: dict[str, tuple[str, str]] = field(default_factory=dict)
-    #: Idle expiry (None: none) and the fixed TTL's deadline it never passes.
-    idle_ttl_seconds: float | None = None
-    deadline: float | None = None
-    #: Graph checkpoints (see persistent_memory.backends.memory_checkpoints); None: none yet.
-    checkpoints: Checkpoints | None = None
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and now >= self.expires_at
-
-
-class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, BaseBackend):
+class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, BaseBackend):
     """Thread-safe dict of sessions under one lock, ``max_sessions`` live shared fairly by
-    the owners (see :meth:`_admit`)."""
+    the owners (see :meth:`_admit`).
+
+    Sessions and values are the backend's own; it holds its other parts, made in
+    ``__init__``, each given the backend as its session table (see
+    :class:`~persistent_memory.backends.memory.sessions.SessionTable`): ``conversations``,
+    ``summaries`` and ``checkpoints``. The contract's methods that a part serves are
+    delegated to it by name below; the writes' idempotency keys are the backend's (its
+    records), so :func:`idempotent` wraps the delegated writes here.
+    """
 
     name = "memory"
     #: A full process admits owners below their fair share until it holds this many times
@@ -102,6 +84,41 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
     #: Without ``max_sessions_per_owner``, a full process admits an owner below its fair
     #: share only while it holds less than ``max_sessions`` divided by this (a tenth).
     SHARE_PAST_FULL = 10
+
+    conversations: MemoryConversations
+    summaries: MemorySummaries
+    checkpoints: MemoryCheckpoints
+
+    # ConversationBackend, served by ``conversations``.
+    add_messages = idempotent(delegate("conversations", MemoryConversations.add_messages))
+    get_messages = delegate("conversations", MemoryConversations.get_messages)
+    get_context = delegate("conversations", MemoryConversations.get_context)
+    list_conversations = delegate("conversations", MemoryConversations.list_conversations)
+    set_head = idempotent(delegate("conversations", MemoryConversations.set_head))
+    clear_messages = idempotent(delegate("conversations", MemoryConversations.clear_messages))
+    pop_message = idempotent(delegate("conversations", MemoryConversations.pop_message))
+    write_thread = delegate("conversations", MemoryConversations.write_thread)
+    enrich_recording = idempotent(delegate("conversations", MemoryConversations.enrich_recording))
+
+    # SummaryBackend, served by ``summaries``.
+    pop_unsummarized = delegate("summaries", MemorySummaries.pop_unsummarized)
+    mark_unsummarized = delegate("summaries", MemorySummaries.mark_unsummarized)
+    unsummarized_count = delegate("summaries", MemorySummaries.unsummarized_count)
+    summary_source = delegate("summaries", MemorySummaries.summary_source)
+    commit_summary = delegate("summaries", MemorySummaries.commit_summary)
+    summarizer_health = delegate("summaries", MemorySummaries.summarizer_health)
+    set_summarizer_health = delegate("summaries", MemorySummaries.set_summarizer_health)
+
+    # CheckpointBackend, served by ``checkpoints``.
+    put_checkpoint = delegate("checkpoints", MemoryCheckpoints.put_checkpoint)
+    put_checkpoint_writes = delegate("checkpoints", MemoryCheckpoints.put_checkpoint_writes)
+    get_checkpoint = delegate("checkpoints", MemoryCheckpoints.get_checkpoint)
+    list_checkpoints = delegate("checkpoints", MemoryCheckpoints.list_checkpoints)
+    checkpoint_chain = delegate("checkpoints", MemoryCheckpoints.checkpoint_chain)
+    prune_checkpoints = delegate("checkpoints", MemoryCheckpoints.prune_checkpoints)
+    delete_checkpoint_runs = delegate("checkpoints", MemoryCheckpoints.delete_checkpoint_runs)
+    checkpoint_entries = delegate("checkpoints", MemoryCheckpoints.checkpoint_entries)
+    load_checkpoint_entries = delegate("checkpoints", MemoryCheckpoints.load_checkpoint_entries)
 
     def __init__(self, *, max_sessions: int, **options: Any) -> None:
         super().__init__(**options)
@@ -138,6 +155,9 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         # (created_at, session id), and session ids (for a prefix range).
         self._by_time: dict[str, list[tuple[float, str]]] = {}
         self._by_name: dict[str, list[str]] = {}
+        self.conversations = MemoryConversations(self)
+        self.summaries = MemorySummaries(self, self.conversations)
+        self.checkpoints = MemoryCheckpoints(self)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -663,7 +683,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         if asked is not None:  # checked before anything is written
             tree = (live.conversations.get(asked[0]) if live else None) or Tree()
             plan = tree.plan(None, [prepared(asked[1])])
-            self._check_room(live, plan)
+            self.conversations._check_room(live, plan)
         if live is None:
             self._admit(session_id, now)
         self._log("enrich", session_id, now, ttl_seconds, run_id, run_ttl, *([asked] if asked else []))
@@ -675,8 +695,8 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         values = self._values_json(session)
         if asked is None:
             return values
-        window = self._window(tree, *asked[2:])
-        self._commit(session_id, session, asked[0], tree, plan, now)
+        window = self.conversations._window(tree, *asked[2:])
+        self.conversations._commit(session_id, session, asked[0], tree, plan, now)
         if run_id is not None:
             session.questions[run_id] = (asked[0], plan[0][0].id)
         return Enriched(values, window, plan[0][0].id)
@@ -755,8 +775,10 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             count = self._added(session, ANSWER_COUNT, 1)  # first: a bad counter changes nothing
             changes = {ANSWER_COUNT: str(count), LAST_ANSWER: answer_json}
             if answered is not None:  # the values and the message fit together, or nothing is written
-                tree, plan = self._answer_plan(session, answered, run_id)
-                self._check_room(session, plan, self._size_after(session, changes) - session.size)
+                tree, plan = self.conversations._answer_plan(session, answered, run_id)
+                self.conversations._check_room(
+                    session, plan, self._size_after(session, changes) - session.size
+                )
             self._write(session, changes)
         except (QuotaExceeded, NotANumber):
             if created:  # nothing of this answer stays, not even its session
@@ -765,7 +787,7 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
         self._record(session_id, session, now, "put", LAST_ANSWER)
         self._record(session_id, session, now, "increment", ANSWER_COUNT)
         if answered is not None:
-            self._commit(session_id, session, answered[0], tree, plan, now)
+            self.conversations._commit(session_id, session, answered[0], tree, plan, now)
         return AnswerRecord(session_id, count)
 
     # Whole sessions -----------------------------------------------------------
@@ -850,17 +872,17 @@ class MemoryBackend(MemoryConversations, MemorySummaries, MemoryCheckpoints, Bas
             "answer": self._answer_op,
             "restore": self._restore_op,
             "bind": self._bind_op,
-            "messages": self._messages_op,
-            "head": self._head_op,
-            "clear_messages": self._clear_messages_op,
-            "pop": self._pop_op,
-            "thread": self._thread_op,
-            "summary": self._summary_op,
-            "cp_put": self._cp_put_op,
-            "cp_writes": self._cp_writes_op,
-            "cp_prune": self._cp_prune_op,
-            "cp_load": self._cp_load_op,
-            "cp_replace": self._cp_replace_op,
+            "messages": self.conversations._messages_op,
+            "head": self.conversations._head_op,
+            "clear_messages": self.conversations._clear_messages_op,
+            "pop": self.conversations._pop_op,
+            "thread": self.conversations._thread_op,
+            "summary": self.summaries._summary_op,
+            "cp_put": self.checkpoints._cp_put_op,
+            "cp_writes": self.checkpoints._cp_writes_op,
+            "cp_prune": self.checkpoints._cp_prune_op,
+            "cp_load": self.checkpoints._cp_load_op,
+            "cp_replace": self.checkpoints._cp_replace_op,
         }
         replayed: dict[str, None] = {}
         kept = dict(self._records)  # read back from the record files by open_journal

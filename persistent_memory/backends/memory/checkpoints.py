@@ -1,6 +1,7 @@
 """The memory backend's checkpoints (the contract in :mod:`.checkpoints`).
 
-Mixed into :class:`~persistent_memory.backends.memory.MemoryBackend`: each write takes the
+Held by :class:`~persistent_memory.backends.memory.MemoryBackend` as ``checkpoints``, which gives it
+its session table (:class:`~.sessions.SessionTable`): each write takes the
 backend's lock, journals itself, then changes the session and marks it for the mirror.
 The mirror holds what the journal lets go (see :mod:`persistent_memory.mirror_checkpoints`):
 each entry carries the session's change counter when it was last written, so a sync
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from persistent_memory.backends.checkpoints import (
     LINK_SEP,
     SEP,
-    CheckpointBackend,
     StoredCheckpoint,
     checkpoint_key,
     delta_base,
@@ -29,7 +29,7 @@ from persistent_memory.backends.checkpoints import (
 from persistent_memory.exceptions import CheckpointBaseMissing
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend, _Session
+    from persistent_memory.backends.memory.sessions import Session, SessionTable
 
 
 @dataclass
@@ -164,42 +164,45 @@ class Checkpoints:
         return restored
 
 
-class MemoryCheckpoints(CheckpointBackend):
+class MemoryCheckpoints:
     """Checkpoints held in each session's ``checkpoints``."""
 
-    def _checkpoints(self: MemoryBackend, session: _Session) -> Checkpoints:
+    def __init__(self, table: SessionTable) -> None:
+        self._table = table
+
+    def _checkpoints(self, session: Session) -> Checkpoints:
         if session.checkpoints is None:
             session.checkpoints = Checkpoints()
         return session.checkpoints
 
-    def _live_or_created(self: MemoryBackend, session_id: str, now: float, op: str, *args: Any) -> _Session:
+    def _live_or_created(self, session_id: str, now: float, op: str, *args: Any) -> Session:
         """The live session, else a new one (``args[-1]``: its TTL), once ``op`` is journaled."""
-        live = self._is_live(session_id, now)
+        live = self._table._is_live(session_id, now)
         if not live:
-            self._admit(session_id, now)
-        self._log(op, session_id, now, *args)
-        return self._sessions[session_id] if live else self._create(session_id, args[-1], now)
+            self._table._admit(session_id, now)
+        self._table._log(op, session_id, now, *args)
+        return self._table._sessions[session_id] if live else self._table._create(session_id, args[-1], now)
 
-    def _held_now(self: MemoryBackend, session_id: str, now: float) -> tuple[_Session | None, Checkpoints]:
+    def _held_now(self, session_id: str, now: float) -> tuple[Session | None, Checkpoints]:
         """The live session (None: none) and its checkpoints (empty ones: none), for a write
         to check before it writes."""
-        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        session = self._table._sessions[session_id] if self._table._is_live(session_id, now) else None
         held = session.checkpoints if session is not None else None
         return session, held if held is not None else Checkpoints()
 
-    def _cp_room(self: MemoryBackend, session: _Session | None, grown: int) -> None:
+    def _cp_room(self, session: Session | None, grown: int) -> None:
         """QuotaExceeded when ``grown`` more bytes would take the session (None: a new one)
         over ``max_session_bytes``: its checkpoints count with its values and messages."""
-        self._within_cap((session.size if session is not None else 0) + grown)
+        self._table._within_cap((session.size if session is not None else 0) + grown)
 
-    def _written(self: MemoryBackend, session_id: str, session: _Session, now: float, before: int) -> None:
+    def _written(self, session_id: str, session: Session, now: float, before: int) -> None:
         """After a write that took the session's checkpoints from ``before`` bytes."""
         session.size += self._checkpoints(session).size - before
-        self._touch(session, now)
-        self._mark(session_id)
+        self._table._touch(session, now)
+        self._table._mark(session_id)
 
     def put_checkpoint(
-        self: MemoryBackend,
+        self,
         session_id: str,
         ns: str,
         checkpoint_id: str,
@@ -208,11 +211,11 @@ class MemoryCheckpoints(CheckpointBackend):
         blobs: dict[str, str],
         ttl_seconds: float | None,
     ) -> None:
-        with self._lock:
+        with self._table._lock:
             self._cp_put_op(time.time(), session_id, ns, checkpoint_id, record, link_text, blobs, ttl_seconds)
 
     def _cp_put_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         ns: str,
@@ -238,18 +241,18 @@ class MemoryCheckpoints(CheckpointBackend):
         self._written(session_id, session, now, before)
 
     def put_checkpoint_writes(
-        self: MemoryBackend,
+        self,
         session_id: str,
         ns: str,
         checkpoint_id: str,
         writes: list[list[object]],
         ttl_seconds: float | None,
     ) -> None:
-        with self._lock:
+        with self._table._lock:
             self._cp_writes_op(time.time(), session_id, ns, checkpoint_id, writes, ttl_seconds)
 
     def _cp_writes_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         ns: str,
@@ -267,10 +270,8 @@ class MemoryCheckpoints(CheckpointBackend):
         checkpoints.set(name, merged)
         self._written(session_id, session, now, before)
 
-    def get_checkpoint(
-        self: MemoryBackend, session_id: str, ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        with self._lock:
+    def get_checkpoint(self, session_id: str, ns: str, checkpoint_id: str | None) -> StoredCheckpoint | None:
+        with self._table._lock:
             checkpoints = self._held(session_id)
             if checkpoints is None:
                 return None
@@ -280,17 +281,17 @@ class MemoryCheckpoints(CheckpointBackend):
             key = checkpoint_key(ns, checkpoint_id)
             return checkpoints.stored(key) if "c" + key in checkpoints.entries else None
 
-    def _held(self: MemoryBackend, session_id: str) -> Checkpoints | None:
+    def _held(self, session_id: str) -> Checkpoints | None:
         """The live session's checkpoints for a read (None: no session, or none)."""
         now = time.time()
-        if not self._is_live(session_id, now):
+        if not self._table._is_live(session_id, now):
             return None
-        return self._read(session_id, now).checkpoints
+        return self._table._read(session_id, now).checkpoints
 
     def list_checkpoints(
-        self: MemoryBackend, session_id: str, ns: str | None, before: str | None, offset: int, limit: int
+        self, session_id: str, ns: str | None, before: str | None, offset: int, limit: int
     ) -> list[StoredCheckpoint]:
-        with self._lock:
+        with self._table._lock:
             checkpoints = self._held(session_id)
             if checkpoints is None:
                 return []
@@ -307,26 +308,26 @@ class MemoryCheckpoints(CheckpointBackend):
                     page.append(checkpoints.stored(key))
             return page
 
-    def checkpoint_chain(self: MemoryBackend, session_id: str, ns: str, ref: str) -> list[str]:
-        with self._lock:
+    def checkpoint_chain(self, session_id: str, ns: str, ref: str) -> list[str]:
+        with self._table._lock:
             checkpoints = self._held(session_id)
             if checkpoints is None:
                 return []
             return [checkpoints.entries[name] for name in checkpoints.chain_names(ns, ref)]
 
-    def prune_checkpoints(self: MemoryBackend, session_id: str) -> int:
-        with self._lock:
+    def prune_checkpoints(self, session_id: str) -> int:
+        with self._table._lock:
             return self._cp_prune_op(time.time(), session_id, None)
 
-    def delete_checkpoint_runs(self: MemoryBackend, session_id: str, run_ids: list[str]) -> int:
-        with self._lock:
+    def delete_checkpoint_runs(self, session_id: str, run_ids: list[str]) -> int:
+        with self._table._lock:
             return self._cp_prune_op(time.time(), session_id, run_ids)
 
-    def _cp_prune_op(self: MemoryBackend, now: float, session_id: str, run_ids: list[str] | None) -> int:
+    def _cp_prune_op(self, now: float, session_id: str, run_ids: list[str] | None) -> int:
         """Without ``run_ids``: keep the newest of each namespace; with them: remove theirs."""
-        if not self._is_live(session_id, now):
+        if not self._table._is_live(session_id, now):
             return 0
-        session = self._sessions[session_id]
+        session = self._table._sessions[session_id]
         checkpoints = session.checkpoints
         if checkpoints is None:
             return 0
@@ -340,33 +341,33 @@ class MemoryCheckpoints(CheckpointBackend):
             ]
         if not doomed:
             return 0
-        self._log("cp_prune", session_id, now, run_ids)
+        self._table._log("cp_prune", session_id, now, run_ids)
         before = checkpoints.size
         removed = checkpoints.remove(doomed)
         self._written(session_id, session, now, before)
         return removed
 
-    def checkpoint_entries(self: MemoryBackend, session_id: str) -> dict[str, str]:
-        with self._lock:
+    def checkpoint_entries(self, session_id: str) -> dict[str, str]:
+        with self._table._lock:
             checkpoints = self._held(session_id)
             return dict(checkpoints.entries) if checkpoints is not None else {}
 
     def load_checkpoint_entries(
-        self: MemoryBackend,
+        self,
         session_id: str,
         entries: dict[str, str],
         ttl_seconds: float | None,
         *,
         replace: bool = False,
     ) -> None:
-        with self._lock:
+        with self._table._lock:
             if replace:
                 self._cp_replace_op(time.time(), session_id, entries, ttl_seconds)
             else:
                 self._cp_load_op(time.time(), session_id, entries, ttl_seconds)
 
     def _cp_load_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         entries: dict[str, str],
@@ -396,6 +397,6 @@ class MemoryCheckpoints(CheckpointBackend):
         self._written(session_id, session, now, before)
 
     def _cp_replace_op(
-        self: MemoryBackend, now: float, session_id: str, entries: dict[str, str], ttl_seconds: float | None
+        self, now: float, session_id: str, entries: dict[str, str], ttl_seconds: float | None
     ) -> None:
         self._cp_load_op(now, session_id, entries, ttl_seconds, replace=True)

@@ -1,6 +1,7 @@
 """The memory backend's conversations (the contract in :mod:`.conversations`).
 
-Mixed into :class:`~persistent_memory.backends.memory.MemoryBackend`: each write takes the
+Held by :class:`~persistent_memory.backends.memory.MemoryBackend` as ``conversations``, which gives it
+its session table (:class:`~.sessions.SessionTable`): each write takes the
 backend's lock, checks everything, journals itself, then changes the session and marks
 it for the mirror, as the backend's other writes do. Journal records carry each
 message as ``[id, body, link]`` (what :class:`PreparedMessage` is built from).
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from persistent_memory.backends.conversations import (
     Appended,
-    ConversationBackend,
     ConversationInfo,
     Enriched,
     Popped,
@@ -22,8 +22,7 @@ from persistent_memory.backends.conversations import (
     RecordWrite,
     WindowTexts,
 )
-from persistent_memory.backends.memory_once import idempotent
-from persistent_memory.backends.memory_tree import StoredMessage, Tree
+from persistent_memory.backends.memory.tree import StoredMessage, Tree
 from persistent_memory.conversations.messages import PreparedMessage
 from persistent_memory.exceptions import (
     HeadMoved,
@@ -34,7 +33,7 @@ from persistent_memory.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.memory import MemoryBackend, _Session
+    from persistent_memory.backends.memory.sessions import Session, SessionTable
 
 Plan = list[tuple[StoredMessage, bool]]
 
@@ -61,22 +60,25 @@ def _revision(value_json: str) -> Any:
     return value.get("revision") if isinstance(value, dict) else None
 
 
-class MemoryConversations(ConversationBackend):
+class MemoryConversations:
     """Conversations held in each session's ``conversations`` dict."""
+
+    def __init__(self, table: SessionTable) -> None:
+        self._table = table
 
     # Helpers, called with the lock held ------------------------------------------
 
-    def _check_room(self: MemoryBackend, session: _Session | None, plan: Plan, values: int = 0) -> None:
+    def _check_room(self, session: Session | None, plan: Plan, values: int = 0) -> None:
         """QuotaExceeded when the new messages (and ``values`` more bytes of values) would
         take the session over MAX_SESSION_BYTES."""
-        if self.max_session_bytes is not None:
+        if self._table.max_session_bytes is not None:
             size = (session.size if session is not None else 0) + values
-            self._within_cap(size + sum(len(message.text) for message, new in plan if new))
+            self._table._within_cap(size + sum(len(message.text) for message, new in plan if new))
 
     def _commit(
-        self: MemoryBackend,
+        self,
         session_id: str,
-        session: _Session,
+        session: Session,
         conversation: str,
         tree: Tree,
         plan: Plan,
@@ -96,9 +98,9 @@ class MemoryConversations(ConversationBackend):
         return Appended(tree.head or "", [message.text for message, _ in plan])
 
     def _settle(
-        self: MemoryBackend,
+        self,
         session_id: str,
-        session: _Session,
+        session: Session,
         conversation: str,
         tree: Tree,
         now: float,
@@ -110,30 +112,32 @@ class MemoryConversations(ConversationBackend):
         with a summarizer), record what was trimmed, mark it for a summarizer when its
         pending tokens pass the threshold (unmark it otherwise), touch and mark the session."""
         size = tree.size - plan_bytes
-        removed = tree.trim(self.max_messages, covered_only=self.summarize_after_tokens is not None)
+        removed = tree.trim(
+            self._table.max_messages, covered_only=self._table.summarize_after_tokens is not None
+        )
         session.size += tree.size - size
         if touch:
-            self._touch(session, now)
+            self._table._touch(session, now)
         if removed:
-            self._record(
+            self._table._record(
                 session_id, session, now, "trim_messages", None, conversation=conversation, removed=removed
             )
-        if self.summarize_after_tokens is not None:
-            if tree.tokens - tree.covered > self.summarize_after_tokens:
-                self._unsummarized.add((session_id, conversation))
+        if self._table.summarize_after_tokens is not None:
+            if tree.tokens - tree.covered > self._table.summarize_after_tokens:
+                self._table._unsummarized.add((session_id, conversation))
             else:
-                self._unsummarized.discard((session_id, conversation))
-        self._mark(session_id)
+                self._table._unsummarized.discard((session_id, conversation))
+        self._table._mark(session_id)
 
     def _window(
-        self: MemoryBackend,
+        self,
         tree: Tree | None,
         max_tokens: int | None,
         max_messages: int | None,
         rolling: bool = False,
         reserve_summary: bool = True,
     ) -> WindowTexts:
-        state = self._health.get("state", "healthy") if rolling else None
+        state = self._table._health.get("state", "healthy") if rolling else None
         if tree is None or not tree.messages:
             return WindowTexts([], 0, False, [], summary_state=state)
         anchor = tree.anchor_position() if rolling else None
@@ -152,28 +156,25 @@ class MemoryConversations(ConversationBackend):
         chats = [message.chat_copy() for message in messages]
         return WindowTexts(texts, window.tokens, window.truncated, chats, summary, summary_tokens, state)
 
-    def _tree(
-        self: MemoryBackend, session_id: str, conversation: str, now: float, *, read: bool = False
-    ) -> Tree | None:
-        session = self._read(session_id, now) if read else self._live(session_id, now)
+    def _tree(self, session_id: str, conversation: str, now: float, *, read: bool = False) -> Tree | None:
+        session = self._table._read(session_id, now) if read else self._table._live(session_id, now)
         return session.conversations.get(conversation)
 
     # Writes ----------------------------------------------------------------------------
 
-    @idempotent
     def add_messages(
-        self: MemoryBackend,
+        self,
         session_id: str,
         conversation: str,
         parent_id: str | None,
         messages: list[PreparedMessage],
         ttl_seconds: float | None,
     ) -> Appended:
-        with self._lock:
+        with self._table._lock:
             return self._messages_op(time.time(), session_id, conversation, parent_id, messages, ttl_seconds)
 
     def _messages_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         conversation: str,
@@ -183,67 +184,64 @@ class MemoryConversations(ConversationBackend):
     ) -> Appended:
         """``items``: prepared messages, or as the journal holds them (when replayed)."""
         batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
-        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        session = self._table._sessions[session_id] if self._table._is_live(session_id, now) else None
         tree = (session.conversations.get(conversation) if session else None) or Tree()
         plan = tree.plan(parent_id, batch)
         self._check_room(session, plan)
         if session is None:
-            self._admit(session_id, now)
-        if self.journal is not None:
+            self._table._admit(session_id, now)
+        if self._table.journal is not None:
             journal_items = [journaled(message) for message in batch]
-            self._log("messages", session_id, now, conversation, parent_id, journal_items, ttl_seconds)
+            self._table._log("messages", session_id, now, conversation, parent_id, journal_items, ttl_seconds)
         if session is None:
-            session = self._create(session_id, ttl_seconds, now)
+            session = self._table._create(session_id, ttl_seconds, now)
         return self._commit(session_id, session, conversation, tree, plan, now)
 
-    @idempotent
-    def set_head(self: MemoryBackend, session_id: str, conversation: str, message_id: str) -> str:
-        with self._lock:
+    def set_head(self, session_id: str, conversation: str, message_id: str) -> str:
+        with self._table._lock:
             return self._head_op(time.time(), session_id, conversation, message_id)
 
-    def _head_op(self: MemoryBackend, now: float, session_id: str, conversation: str, message_id: str) -> str:
-        session = self._live(session_id, now)
+    def _head_op(self, now: float, session_id: str, conversation: str, message_id: str) -> str:
+        session = self._table._live(session_id, now)
         tree = session.conversations.get(conversation)
         if tree is None or message_id not in tree.messages:
             raise MessageNotFound(f"Conversation {conversation!r} has no message {message_id!r}.")
-        self._log("head", session_id, now, conversation, message_id)
+        self._table._log("head", session_id, now, conversation, message_id)
         tree.set_head(message_id)
-        self._touch(session, now)
-        self._mark(session_id)
+        self._table._touch(session, now)
+        self._table._mark(session_id)
         return message_id
 
-    @idempotent
-    def clear_messages(self: MemoryBackend, session_id: str, conversation: str) -> int:
-        with self._lock:
+    def clear_messages(self, session_id: str, conversation: str) -> int:
+        with self._table._lock:
             return self._clear_messages_op(time.time(), session_id, conversation)
 
-    def _clear_messages_op(self: MemoryBackend, now: float, session_id: str, conversation: str) -> int:
-        session = self._live(session_id, now)
+    def _clear_messages_op(self, now: float, session_id: str, conversation: str) -> int:
+        session = self._table._live(session_id, now)
         tree = session.conversations.get(conversation)
         if tree is None:
             return 0
-        self._log("clear_messages", session_id, now, conversation)
+        self._table._log("clear_messages", session_id, now, conversation)
         del session.conversations[conversation]
         session.size -= tree.size
         removed = len(tree.messages)
-        self._record(
+        self._table._record(
             session_id, session, now, "clear_messages", None, conversation=conversation, removed=removed
         )
         return removed
 
-    @idempotent
     def pop_message(
-        self: MemoryBackend,
+        self,
         session_id: str,
         conversation: str,
         head_id: str,
         messages: list[PreparedMessage],
     ) -> Popped:
-        with self._lock:
+        with self._table._lock:
             return self._pop_op(time.time(), session_id, conversation, head_id, messages)
 
     def _pop_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         conversation: str,
@@ -251,7 +249,7 @@ class MemoryConversations(ConversationBackend):
         items: list[PreparedMessage] | list[list[str]],
     ) -> Popped:
         batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
-        session = self._live(session_id, now)
+        session = self._table._live(session_id, now)
         tree = session.conversations.get(conversation)
         if tree is None or tree.head is None:
             raise MessageNotFound(f"Conversation {conversation!r} has no messages.")
@@ -272,31 +270,33 @@ class MemoryConversations(ConversationBackend):
         except PersistentMemoryError:
             tree.set_head(head_id)
             raise
-        self._log("pop", session_id, now, conversation, head_id, [journaled(message) for message in batch])
+        self._table._log(
+            "pop", session_id, now, conversation, head_id, [journaled(message) for message in batch]
+        )
         size = tree.size
         tree.drop(removed)
         session.size += tree.size - size
         if not tree.messages:  # as a clear leaves it (its keys go, on Redis)
             del session.conversations[conversation]
-        self._record(
+        self._table._record(
             session_id, session, now, "pop_message", None, conversation=conversation, removed=head_id
         )
         texts = self._commit(session_id, session, conversation, tree, plan, now).messages if plan else []
         return Popped(removed.text, tree.head, texts)
 
     def write_thread(
-        self: MemoryBackend,
+        self,
         session_id: str,
         conversation: str,
         write: RecordWrite,
         messages: list[PreparedMessage],
         ttl_seconds: float | None,
     ) -> list[str]:
-        with self._lock:
+        with self._table._lock:
             return self._thread_op(time.time(), session_id, conversation, write, messages, ttl_seconds)
 
     def _thread_op(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
         conversation: str,
@@ -306,7 +306,7 @@ class MemoryConversations(ConversationBackend):
     ) -> list[str]:
         write = RecordWrite(*write)
         batch = [item if isinstance(item, PreparedMessage) else prepared(item) for item in items]
-        session = self._sessions[session_id] if self._is_live(session_id, now) else None
+        session = self._table._sessions[session_id] if self._table._is_live(session_id, now) else None
         stored = session.values.get(write.key) if session else None
         tree = session.conversations.get(conversation) if session else None
         if write.expected is None:
@@ -316,7 +316,7 @@ class MemoryConversations(ConversationBackend):
         if not matches:
             raise RevisionConflict(f"The record of conversation {conversation!r} has another revision.")
         if write.value is None:  # a record was there: the session is live
-            return self._unrecord(now, session_id, cast("_Session", session), conversation, write)
+            return self._unrecord(now, session_id, cast("Session", session), conversation, write)
         tree = tree or Tree()
         head_before = tree.head
         # Checked as an append after the parent: the head moves there first, and back if
@@ -339,12 +339,12 @@ class MemoryConversations(ConversationBackend):
                 tree.set_head(head_before)
             raise
         if session is None:
-            self._admit(session_id, now)
-        if self.journal is not None:
+            self._table._admit(session_id, now)
+        if self._table.journal is not None:
             journal_items = [journaled(message) for message in batch]
-            self._log("thread", session_id, now, conversation, list(write), journal_items, ttl_seconds)
+            self._table._log("thread", session_id, now, conversation, list(write), journal_items, ttl_seconds)
         if session is None:
-            session = self._create(session_id, ttl_seconds, now)
+            session = self._table._create(session_id, ttl_seconds, now)
         texts = [message.text for message, _ in plan]
         if plan:
             self._commit(session_id, session, conversation, tree, plan, now)
@@ -354,31 +354,31 @@ class MemoryConversations(ConversationBackend):
             tree.set_head(write.head)
         if tree.messages:
             session.conversations[conversation] = tree
-        self._write(session, {write.key: write.value})
-        self._record(session_id, session, now, "put", write.key)
+        self._table._write(session, {write.key: write.value})
+        self._table._record(session_id, session, now, "put", write.key)
         return texts
 
     def _unrecord(
-        self: MemoryBackend,
+        self,
         now: float,
         session_id: str,
-        session: _Session,
+        session: Session,
         conversation: str,
         write: RecordWrite,
     ) -> list[str]:
         """Remove a record and its conversation, and the session when nothing is left in it."""
-        self._log("thread", session_id, now, conversation, list(write), [], None)
+        self._table._log("thread", session_id, now, conversation, list(write), [], None)
         tree = session.conversations.pop(conversation, None)
         if tree is not None:
             session.size -= tree.size
-        self._remove_value(session, write.key)
+        self._table._remove_value(session, write.key)
         checkpoints = session.checkpoints.entries if session.checkpoints else None
         if not (session.values or session.conversations or checkpoints):
-            self._drop(session_id)
+            self._table._drop(session_id)
         else:
-            self._record(session_id, session, now, "clear", write.key)
+            self._table._record(session_id, session, now, "clear", write.key)
             if tree is not None:
-                self._record(
+                self._table._record(
                     session_id,
                     session,
                     now,
@@ -387,15 +387,15 @@ class MemoryConversations(ConversationBackend):
                     conversation=conversation,
                     removed=len(tree.messages),
                 )
-        self._mark(session_id)
+        self._table._mark(session_id)
         return []
 
     # Reads -----------------------------------------------------------------------------
 
     def get_messages(
-        self: MemoryBackend, session_id: str, conversation: str, leaf: str | None, limit: int
+        self, session_id: str, conversation: str, leaf: str | None, limit: int
     ) -> tuple[str | None, list[str]]:
-        with self._lock:
+        with self._table._lock:
             tree = self._tree(session_id, conversation, time.time(), read=True)
             if tree is None:
                 if leaf is not None:
@@ -404,7 +404,7 @@ class MemoryConversations(ConversationBackend):
             return tree.head, tree.read(leaf, limit)
 
     def get_context(
-        self: MemoryBackend,
+        self,
         session_id: str,
         conversation: str,
         max_tokens: int | None,
@@ -413,13 +413,13 @@ class MemoryConversations(ConversationBackend):
         rolling: bool = False,
         reserve_summary: bool = True,
     ) -> WindowTexts:
-        with self._lock:
+        with self._table._lock:
             tree = self._tree(session_id, conversation, time.time(), read=True)
             return self._window(tree, max_tokens, max_messages, rolling, reserve_summary)
 
-    def list_conversations(self: MemoryBackend, session_id: str) -> list[ConversationInfo]:
-        with self._lock:
-            session = self._live(session_id, time.time())
+    def list_conversations(self, session_id: str) -> list[ConversationInfo]:
+        with self._table._lock:
+            session = self._table._live(session_id, time.time())
             return [
                 {
                     "conversation": name,
@@ -434,11 +434,10 @@ class MemoryConversations(ConversationBackend):
 
     # The lanes ---------------------------------------------------------------------------
 
-    @idempotent
     def enrich_recording(
-        self: MemoryBackend, session_id: str, ttl_seconds: float | None, run: Any, question: Question
+        self, session_id: str, ttl_seconds: float | None, run: Any, question: Question
     ) -> Enriched:
-        with self._lock:
+        with self._table._lock:
             run_args = (run.run_id, run.ttl_seconds) if run else (None, None)
             asked = [
                 question.conversation,
@@ -448,11 +447,9 @@ class MemoryConversations(ConversationBackend):
                 question.rolling,
                 question.reserve_summary,
             ]
-            return self._enrich_op(time.time(), session_id, ttl_seconds, *run_args, asked)
+            return self._table._enrich_op(time.time(), session_id, ttl_seconds, *run_args, asked)
 
-    def _answer_plan(
-        self: MemoryBackend, session: _Session, answered: list[Any], run_id: str | None
-    ) -> tuple[Tree, Plan]:
+    def _answer_plan(self, session: Session, answered: list[Any], run_id: str | None) -> tuple[Tree, Plan]:
         """Where the store lane's answer goes: after its run's question, else after the
         parent given, else after the head."""
         conversation, item, parent_id = answered

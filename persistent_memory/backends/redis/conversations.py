@@ -1,19 +1,19 @@
 """The Redis backend's conversations (the contract in :mod:`.conversations`).
 
-Mixed into :class:`~persistent_memory.backends.redis.RedisBackend`: each method is one
-FCALL of the backend's library, whose conversation part is ``conversations.lua`` (the
-key layout is described there).
+Held by :class:`~persistent_memory.backends.redis.RedisBackend` as ``conversations`` and
+``summaries``: each method is one FCALL of the backend's library, whose conversation part
+is ``conversations.lua`` (the key layout is described there).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from persistent_memory.backends.conversations import (
     Appended,
-    ConversationBackend,
     ConversationInfo,
     ConversationSnapshot,
     Enriched,
@@ -21,17 +21,18 @@ from persistent_memory.backends.conversations import (
     Question,
     RecordWrite,
     Summary,
-    SummaryBackend,
     SummarySource,
     WindowTexts,
 )
-from persistent_memory.backends.memory_tree import Tree
-from persistent_memory.backends.redis_layout import SUMMARIZE, SUMMARIZER
+from persistent_memory.backends.memory.tree import Tree
+from persistent_memory.backends.redis.layout import SUMMARIZE, SUMMARIZER
+from persistent_memory.backends.redis.queues import BucketQueues
+from persistent_memory.backends.redis.ttl import ttl_ms as _ttl_ms
+from persistent_memory.backends.redis.ttl import ttl_text as _ttl_text
 from persistent_memory.conversations.messages import PreparedMessage
 
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, RunBinding
-    from persistent_memory.backends.redis import RedisBackend
 
 
 def _limit(value: int | None) -> str:
@@ -130,11 +131,25 @@ def restore_blob(conversations: dict[str, ConversationSnapshot]) -> str:
     return json.dumps(items)
 
 
-class RedisConversations(ConversationBackend):
-    """Conversations in Redis, one script call per operation."""
+class RedisConversations:
+    """Conversations in Redis, one script call per operation (the contract:
+    :class:`~persistent_memory.backends.conversations.ConversationBackend`).
+
+    ``run`` calls the backend's library (``run(op, session_id, *args, **keys)``);
+    ``run_pointer`` gives the command that binds a run to a session, sent beside an enrich.
+    """
+
+    def __init__(
+        self,
+        *,
+        run: Callable[..., Any],
+        run_pointer: Callable[[str, RunBinding | None], tuple[Any, ...] | None],
+    ) -> None:
+        self._run = run
+        self._run_pointer = run_pointer
 
     def add_messages(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         parent_id: str | None,
@@ -143,8 +158,6 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> Appended:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
-
         reply = self._run(
             "messages",
             session_id,
@@ -159,7 +172,7 @@ class RedisConversations(ConversationBackend):
         return Appended(reply[0].decode(), [text.decode() for text in reply[1:]])
 
     def get_messages(
-        self: RedisBackend, session_id: str, conversation: str, leaf: str | None, limit: int
+        self, session_id: str, conversation: str, leaf: str | None, limit: int
     ) -> tuple[str | None, list[bytes]]:
         reply = self._run(
             "read_messages",
@@ -172,7 +185,7 @@ class RedisConversations(ConversationBackend):
         return reply[0].decode() or None, stored_texts(reply[1:])  # bytes: parsed in one call by the store
 
     def get_context(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         max_tokens: int | None,
@@ -193,7 +206,7 @@ class RedisConversations(ConversationBackend):
         )
         return window_texts(reply)
 
-    def list_conversations(self: RedisBackend, session_id: str) -> list[ConversationInfo]:
+    def list_conversations(self, session_id: str) -> list[ConversationInfo]:
         flat = self._run("conversations", session_id)
         return [
             {
@@ -208,7 +221,7 @@ class RedisConversations(ConversationBackend):
         ]
 
     def set_head(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         message_id: str,
@@ -221,7 +234,7 @@ class RedisConversations(ConversationBackend):
         return reply.decode()
 
     def clear_messages(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         *,
@@ -232,7 +245,7 @@ class RedisConversations(ConversationBackend):
         )
 
     def pop_message(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         head_id: str,
@@ -252,15 +265,13 @@ class RedisConversations(ConversationBackend):
         return Popped(reply[0].decode(), reply[1].decode() or None, [text.decode() for text in reply[2:]])
 
     def write_thread(
-        self: RedisBackend,
+        self,
         session_id: str,
         conversation: str,
         write: RecordWrite,
         messages: list[PreparedMessage],
         ttl_seconds: float | None,
     ) -> list[str]:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
-
         reply = self._run(
             "thread",
             session_id,
@@ -279,7 +290,7 @@ class RedisConversations(ConversationBackend):
         return [text.decode() for text in reply]
 
     def enrich_recording(
-        self: RedisBackend,
+        self,
         session_id: str,
         ttl_seconds: float | None,
         run: RunBinding | None,
@@ -287,8 +298,6 @@ class RedisConversations(ConversationBackend):
         *,
         idempotency: IdempotencyRecord | None = None,
     ) -> Enriched:
-        from persistent_memory.backends.redis import _ttl_ms, _ttl_text
-
         run_args = (run.run_id, _ttl_ms(run.ttl_seconds)) if run else ("", "0")
         reply = self._run(
             "enrich",
@@ -310,28 +319,47 @@ class RedisConversations(ConversationBackend):
         return Enriched(reply[0].decode(), window_texts(reply[2:]), reply[1].decode())
 
 
-class RedisSummaries(SummaryBackend):
+class RedisSummaries:
     """Rolling summaries in each conversation's ``:y`` hash (by anchor); marked conversations in
     each bucket's ``~summarize`` set ("{storage id} {conversation}"), the summarizers' health in
     ``~summarizer`` (``state``, and the whole record as JSON), a copy in every bucket so that a
-    window's one script call reads it beside the conversation."""
+    window's one script call reads it beside the conversation (the contract:
+    :class:`~persistent_memory.backends.conversations.SummaryBackend`).
 
-    def pop_unsummarized(self: RedisBackend, count: int) -> list[tuple[str, str]]:
-        items = self._queue_pop(SUMMARIZE, count)
+    ``run`` calls the backend's library; ``queues`` are the backend's bucket queues (the
+    marked conversations are one); ``batch`` pipelines plain commands to their keys'
+    primaries, ``checked`` raises the first error of its replies as the store's.
+    """
+
+    def __init__(
+        self,
+        *,
+        run: Callable[..., Any],
+        queues: BucketQueues,
+        batch: Callable[[list[tuple[Any, ...]]], list[Any]],
+        checked: Callable[[list[Any]], list[Any]],
+    ) -> None:
+        self._run = run
+        self._queues = queues
+        self._batch = batch
+        self._checked = checked
+
+    def pop_unsummarized(self, count: int) -> list[tuple[str, str]]:
+        items = self._queues.pop(SUMMARIZE, count)
         return [tuple(item.decode().split(" ", 1)) for item in items]  # type: ignore[misc]
 
-    def mark_unsummarized(self: RedisBackend, items: list[tuple[str, str]]) -> None:
-        self._queue_add(SUMMARIZE, [(sid, f"{sid} {name}") for sid, name in items])
+    def mark_unsummarized(self, items: list[tuple[str, str]]) -> None:
+        self._queues.add(SUMMARIZE, [(sid, f"{sid} {name}") for sid, name in items])
 
-    def unsummarized_count(self: RedisBackend) -> int:
-        return self._queue_count(SUMMARIZE)
+    def unsummarized_count(self) -> int:
+        return self._queues.count(SUMMARIZE)
 
-    def summary_source(self: RedisBackend, session_id: str, conversation: str) -> SummarySource:
+    def summary_source(self, session_id: str, conversation: str) -> SummarySource:
         reply = self._run("summary_source", session_id, conversation, conversation=conversation)
         return SummarySource(_summary(reply[:5]), [text.decode() for text in reply[5]])
 
     def commit_summary(
-        self: RedisBackend, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
+        self, session_id: str, conversation: str, expected_anchor: str | None, summary: Summary
     ) -> bool:
         reply = self._run(
             "commit_summary",
@@ -347,12 +375,11 @@ class RedisSummaries(SummaryBackend):
         )
         return reply == 1
 
-    def summarizer_health(self: RedisBackend) -> dict[str, Any]:
-        with self._errors():
-            record = self.client.hget(self._queue_keys(SUMMARIZER)[0], "record")
+    def summarizer_health(self) -> dict[str, Any]:
+        record = self._checked(self._batch([("HGET", self._queues.keys(SUMMARIZER)[0], "record")]))[0]
         return json.loads(record) if record else {}
 
-    def set_summarizer_health(self: RedisBackend, health: dict[str, Any]) -> None:
+    def set_summarizer_health(self, health: dict[str, Any]) -> None:
         mapping = {"state": health.get("state", "healthy"), "record": json.dumps(health)}
         fields = [part for pair in mapping.items() for part in pair]
-        self._checked(self._batch([("HSET", key, *fields) for key in self._queue_keys(SUMMARIZER)]))
+        self._checked(self._batch([("HSET", key, *fields) for key in self._queues.keys(SUMMARIZER)]))

@@ -1,9 +1,9 @@
 """The Redis backend: one round trip per operation, on one server, Sentinel or a cluster.
 
 Every operation is one FCALL of the function library ``lua/redis.lua`` (with the files it
-includes; :mod:`.redis_functions` loads it, and falls back to EVALSHA of the same code on
+includes; :mod:`.functions` loads it, and falls back to EVALSHA of the same code on
 Redis < 7), which keeps each write atomic with its history entry, TTL alignment and
-summarization, and declares its keys (:mod:`.redis_layout` names them). The node layout,
+summarization, and declares its keys (:mod:`.layout` names them). The node layout,
 byte for byte the original node's (so either can read the other's data)::
 
     {prefix}:{session_id}:{key}         value as JSON text (counters: Redis integers)
@@ -22,7 +22,7 @@ Idempotency records (:mod:`persistent_memory.idempotency`) are ``{prefix}:~idem:
 and ``{prefix}:~o:{owner}~:idem:{key}``, each expiring after its TTL.
 
 The cluster layout is the same below a bucket's root, ``{prefix}:{<bucket tag>}``, in
-place of the prefix (see :mod:`.redis_layout`): what walks every session (listing, the
+place of the prefix (see :mod:`.layout`): what walks every session (listing, the
 sweep, the mirror's and the summarizers' queues) reads every bucket.
 """
 
@@ -60,26 +60,32 @@ from persistent_memory.backends.base import (
     remaining_seconds,
     session_info,
 )
-from persistent_memory.backends.conversations import Answer
-from persistent_memory.backends.redis_checkpoints import RedisCheckpoints, _entries
-from persistent_memory.backends.redis_conversations import (
+from persistent_memory.backends.checkpoints import CheckpointBackend
+from persistent_memory.backends.conversations import Answer, ConversationBackend, SummaryBackend
+from persistent_memory.backends.parts import delegate
+from persistent_memory.backends.redis.checkpoints import RedisCheckpoints, _entries
+from persistent_memory.backends.redis.conversations import (
     RedisConversations,
     RedisSummaries,
     message_args,
     restore_blob,
     snapshot_conversations,
 )
-from persistent_memory.backends.redis_functions import READ_ONLY as _READ_ONLY
-from persistent_memory.backends.redis_functions import READS as _READS
-from persistent_memory.backends.redis_functions import SOURCE, Library, missing, write_needed
-from persistent_memory.backends.redis_layout import DIRTY, Layout, swept
-from persistent_memory.backends.redis_topology import (
+from persistent_memory.backends.redis.functions import READ_ONLY as _READ_ONLY
+from persistent_memory.backends.redis.functions import READS as _READS
+from persistent_memory.backends.redis.functions import SOURCE, Library, missing, write_needed
+from persistent_memory.backends.redis.layout import DIRTY, Layout, swept
+from persistent_memory.backends.redis.queues import BucketQueues
+from persistent_memory.backends.redis.topology import (
     build_client,
     build_replicas,
     cluster_pool,
+    declared_keys,
     describe,
     replica_pool,
 )
+from persistent_memory.backends.redis.ttl import ttl_ms as _ttl_ms
+from persistent_memory.backends.redis.ttl import ttl_text as _ttl_text
 from persistent_memory.conf import (
     MemorySettings,
     mirror_mode,
@@ -241,11 +247,6 @@ def _online(role: list[Any]) -> int | None:
     return len(role[2]) if kind == "master" else None
 
 
-def _ttl_text(ttl_seconds: float | None) -> str:
-    # The node writes "None" for no TTL and a number otherwise.
-    return "None" if ttl_seconds is None else repr(ttl_seconds)
-
-
 def _parse_ttl(raw: bytes | None) -> float | None:
     if raw is None or raw == b"None":
         return None
@@ -259,10 +260,6 @@ def _seconds(ms: str) -> float | int | None:
         return None
     seconds = int(ms) / 1000
     return int(seconds) if seconds.is_integer() else seconds
-
-
-def _ttl_ms(ttl_seconds: float | None) -> str:
-    return "0" if ttl_seconds is None else str(max(1, round(ttl_seconds * 1000)))
 
 
 def _glob_escape(text: str) -> str:
@@ -290,10 +287,53 @@ def _idle_args(info: SessionInfo, remaining: float | None) -> str:
 
 
 @instrument
-class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBackend):
-    """Sessions in Redis, shared by every process that points at the same server or cluster."""
+class RedisBackend(ConversationBackend, SummaryBackend, CheckpointBackend, BaseBackend):
+    """Sessions in Redis, shared by every process that points at the same server or cluster.
+
+    Sessions and values are the backend's own; it holds its other parts, each made in
+    ``__init__`` with the calls it needs: ``conversations``, ``summaries``, ``checkpoints``
+    (every method one call of the library, through :meth:`_run`) and ``queues`` (the
+    bucket queues). The contract's methods that a part serves are delegated to it by name
+    below.
+    """
 
     name = "redis"
+
+    conversations: RedisConversations
+    summaries: RedisSummaries
+    checkpoints: RedisCheckpoints
+    queues: BucketQueues
+
+    # ConversationBackend, served by ``conversations``.
+    add_messages = delegate("conversations", RedisConversations.add_messages)
+    get_messages = delegate("conversations", RedisConversations.get_messages)
+    get_context = delegate("conversations", RedisConversations.get_context)
+    list_conversations = delegate("conversations", RedisConversations.list_conversations)
+    set_head = delegate("conversations", RedisConversations.set_head)
+    clear_messages = delegate("conversations", RedisConversations.clear_messages)
+    pop_message = delegate("conversations", RedisConversations.pop_message)
+    write_thread = delegate("conversations", RedisConversations.write_thread)
+    enrich_recording = delegate("conversations", RedisConversations.enrich_recording)
+
+    # SummaryBackend, served by ``summaries``.
+    pop_unsummarized = delegate("summaries", RedisSummaries.pop_unsummarized)
+    mark_unsummarized = delegate("summaries", RedisSummaries.mark_unsummarized)
+    unsummarized_count = delegate("summaries", RedisSummaries.unsummarized_count)
+    summary_source = delegate("summaries", RedisSummaries.summary_source)
+    commit_summary = delegate("summaries", RedisSummaries.commit_summary)
+    summarizer_health = delegate("summaries", RedisSummaries.summarizer_health)
+    set_summarizer_health = delegate("summaries", RedisSummaries.set_summarizer_health)
+
+    # CheckpointBackend, served by ``checkpoints``.
+    put_checkpoint = delegate("checkpoints", RedisCheckpoints.put_checkpoint)
+    put_checkpoint_writes = delegate("checkpoints", RedisCheckpoints.put_checkpoint_writes)
+    get_checkpoint = delegate("checkpoints", RedisCheckpoints.get_checkpoint)
+    list_checkpoints = delegate("checkpoints", RedisCheckpoints.list_checkpoints)
+    checkpoint_chain = delegate("checkpoints", RedisCheckpoints.checkpoint_chain)
+    prune_checkpoints = delegate("checkpoints", RedisCheckpoints.prune_checkpoints)
+    delete_checkpoint_runs = delegate("checkpoints", RedisCheckpoints.delete_checkpoint_runs)
+    checkpoint_entries = delegate("checkpoints", RedisCheckpoints.checkpoint_entries)
+    load_checkpoint_entries = delegate("checkpoints", RedisCheckpoints.load_checkpoint_entries)
 
     #: The sweep leaves a run pointer younger than this alone (see _sweep_pointers).
     POINTER_GRACE_SECONDS = 60.0
@@ -318,6 +358,8 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         self.key_prefix = key_prefix
         self.layout = Layout(key_prefix, cluster=layout == "cluster")
         self.on_cluster = isinstance(client, RedisCluster)
+        if self.on_cluster:
+            declared_keys(client)  # the calls it sends for us after a MOVED
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         # ARGV 5-13 of every call (see redis.lua); 14-16 are the idempotency key's.
@@ -338,6 +380,14 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         self._replica_reads = (
             replicas is not None or getattr(client, "load_balancing_strategy", None) is not None
         )
+        self.queues = BucketQueues(
+            layout=self.layout, client=client, batch=self._batch, checked=self._checked, errors=self._errors
+        )
+        self.conversations = RedisConversations(run=self._run, run_pointer=self._run_pointer)
+        self.summaries = RedisSummaries(
+            run=self._run, queues=self.queues, batch=self._batch, checked=self._checked
+        )
+        self.checkpoints = RedisCheckpoints(run=self._run)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> RedisBackend:
@@ -1188,7 +1238,7 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
         return reply.decode()
 
     def _run_pointer(self, session_id: str, run: RunBinding | None) -> tuple[Any, ...] | None:
-        """The cluster layout's pointer from a run to its session (see :mod:`.redis_layout`),
+        """The cluster layout's pointer from a run to its session (see :mod:`.layout`),
         set beside the script that binds the run in the session's bucket. The binding there
         is what counts: a pointer whose session failed to bind, or was deleted, leads nowhere
         (and the sweep removes it). Its value ends with when it was set, so that the sweep
@@ -1484,44 +1534,14 @@ class RedisBackend(RedisConversations, RedisSummaries, RedisCheckpoints, BaseBac
 
     # The bucket queues: the mirror's dirty set, the summarizers' marks ----------------
 
-    def _queue_keys(self, place: int) -> list[str]:
-        """KEYS[place] (1-based, see redis.lua) of every bucket."""
-        return [self.layout.bucket_keys(root, "")[place - 1] for root in self.layout.roots()]
-
-    def _queue_pop(self, place: int, count: int) -> list[bytes]:
-        """Take up to ``count`` members of a queue kept in every bucket: the sizes first
-        (one pipelined step), then from the buckets that hold some."""
-        keys = self._queue_keys(place)
-        if len(keys) == 1:
-            with self._errors():
-                return self.client.spop(keys[0], count) or []
-        sizes = self._checked(self._batch([("SCARD", key) for key in keys]))
-        pops, left = [], count
-        for key, size in zip(keys, sizes, strict=True):
-            if size and left > 0:
-                pops.append(("SPOP", key, min(size, left)))
-                left -= size
-        return [item for items in self._checked(self._batch(pops)) for item in items or ()]
-
-    def _queue_count(self, place: int) -> int:
-        return sum(self._checked(self._batch([("SCARD", key) for key in self._queue_keys(place)])))
-
-    def _queue_add(self, place: int, members: list[tuple[str, str]]) -> None:
-        """Add ``(storage id, member)`` pairs, each to its session's bucket."""
-        if not members:
-            return
-        self._checked(
-            self._batch([("SADD", self.layout.session_keys(sid)[place - 1], m) for sid, m in members])
-        )
-
     def pop_dirty(self, count: int) -> list[str]:
-        return [item.decode() for item in self._queue_pop(DIRTY, count)]
+        return [item.decode() for item in self.queues.pop(DIRTY, count)]
 
     def dirty_count(self) -> int:
-        return self._queue_count(DIRTY)
+        return self.queues.count(DIRTY)
 
     def mark_dirty(self, session_ids: list[str]) -> None:
-        self._queue_add(DIRTY, [(sid, sid) for sid in session_ids])
+        self.queues.add(DIRTY, [(sid, sid) for sid in session_ids])
 
     # Health -----------------------------------------------------------------
 
