@@ -60,7 +60,7 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.idempotency import Idempotency, validate_idempotency
 from persistent_memory.journal import journal_directory
-from persistent_memory.mirror import Mirror
+from persistent_memory.mirror.sessions import Mirror
 from persistent_memory.owners import (
     UNOWNED,
     idempotency_ref,

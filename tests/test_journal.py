@@ -377,7 +377,7 @@ def test_a_failed_sync_keeps_the_journal(journaled, monkeypatch):
     segments = len(store.backend.journal.segments())
     from django.db import DatabaseError
 
-    from persistent_memory import mirror as mirror_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise DatabaseError("database is locked")
@@ -392,7 +392,7 @@ def test_a_failed_sync_keeps_the_journal(journaled, monkeypatch):
 
 
 def test_the_store_refuses_calls_until_its_sessions_are_restored(journaled, monkeypatch):
-    from persistent_memory import mirror as mirror_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     store = journaled()
     write_everything(store, 0)
@@ -558,8 +558,8 @@ def test_health_shows_staff_the_mirror_lag_last_error_and_journal(journaled, mon
     from django.db import DatabaseError
     from rest_framework.test import APIClient
 
-    from persistent_memory import mirror as mirror_module
     from persistent_memory import store as store_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     store = journaled()
     monkeypatch.setattr(store_module, "_store", store)  # the API's store is this one

@@ -22,9 +22,9 @@ GUARDED = {
     "persistent_memory/backends/memory_tree.py",
     "persistent_memory/backends/memory_checkpoints.py",
     "persistent_memory/backends/memory_conversations.py",
-    "persistent_memory/mirror.py",
-    "persistent_memory/mirror_conversations.py",
-    "persistent_memory/mirror_checkpoints.py",
+    "persistent_memory/mirror/sessions.py",
+    "persistent_memory/mirror/conversations.py",
+    "persistent_memory/mirror/checkpoints.py",
     "persistent_memory/memories/search.py",
 }
 CI = {

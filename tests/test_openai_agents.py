@@ -448,7 +448,7 @@ def test_forgetting_the_owner_forgets_the_session(store):
 
 
 def test_export_and_import_carry_the_items(store):
-    from persistent_memory.maintenance import export_sessions, import_sessions
+    from persistent_memory.operations.maintenance import export_sessions, import_sessions
 
     session = PersistentMemorySession("chat", owner="alice")
     items = [user("q"), function_call("a"), output("a"), {"type": "compaction", "encrypted_content": "x"}]

@@ -2,7 +2,7 @@
 as memories, without any extraction.
 
 The index is the mirror's message rows (:class:`~persistent_memory.models.MemoryMessage`,
-written by :mod:`persistent_memory.mirror_conversations`): PostgreSQL's ``search_tsv``
+written by :mod:`persistent_memory.mirror.conversations`): PostgreSQL's ``search_tsv``
 with a GIN index, SQLite's FTS5 table ``pm_message_fts`` (migration 0016), ``icontains``
 elsewhere; the speaker's name is searched at half the weight of the text. A message is
 searched through its session's row, so it is the owner's alone (``MemorySession.owner``,

@@ -12,6 +12,10 @@ after ``~o:`` ends the owner, a storage id names exactly one (owner, session id)
 and no owned key can equal or prefix a key of another owner or of the node's layout
 (node keys never start with ``~``). Per-owner keys that are not a session's start
 with ``~o:{owner}~:``, which no session's can (a session id never starts with ``:``).
+
+The package holds the owners' names here and the resolvers that decide a request's owner
+(:mod:`persistent_memory.owners.resolvers`). May import: ``exceptions`` and ``conf``
+(the resolvers read the settings); everything else may import it.
 """
 
 from __future__ import annotations

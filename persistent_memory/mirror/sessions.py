@@ -36,7 +36,7 @@ from persistent_memory.exceptions import (
     QuotaExceeded,
     SessionExists,
 )
-from persistent_memory.mirror_checkpoints import checkpoint_columns
+from persistent_memory.mirror.checkpoints import checkpoint_columns
 from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
@@ -253,8 +253,8 @@ class Mirror:
         It takes the marks of the sessions it syncs, so the next :meth:`sync_dirty` does
         not redo them; a write made meanwhile marks its session again.
         """
-        from persistent_memory.maintenance import session_batches
         from persistent_memory.models import MemorySession
+        from persistent_memory.operations.maintenance import session_batches
 
         # Held from taking the marks to writing the rows: a checkpoint must not find the
         # sessions unmarked before their rows are written (it would let the journal go).
@@ -285,8 +285,8 @@ class Mirror:
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
         """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a
         row another process synced from a later read is left alone."""
-        from persistent_memory.mirror_checkpoints import write_checkpoints
-        from persistent_memory.mirror_conversations import write_conversations
+        from persistent_memory.mirror.checkpoints import write_checkpoints
+        from persistent_memory.mirror.conversations import write_conversations
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
         with transaction.atomic():
@@ -462,7 +462,7 @@ class Mirror:
 
     def restore(self) -> int:
         """Load the mirror's live sessions into an empty memory store; return how many."""
-        from persistent_memory.mirror_conversations import with_conversations
+        from persistent_memory.mirror.conversations import with_conversations
         from persistent_memory.models import MemorySession
 
         now = timezone.now()
@@ -513,8 +513,8 @@ class Mirror:
         return restored
 
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
-        from persistent_memory.mirror_checkpoints import snapshot_checkpoints
-        from persistent_memory.mirror_conversations import snapshot_conversations
+        from persistent_memory.mirror.checkpoints import snapshot_checkpoints
+        from persistent_memory.mirror.conversations import snapshot_conversations
 
         history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
         info = session_info(

@@ -20,12 +20,12 @@ from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
-from persistent_memory import maintenance
-from persistent_memory.admin_checkpoints import checkpoints_html, is_thread, messages_html
-from persistent_memory.admin_forget import ForgetOwnersMixin
+from persistent_memory.admin.checkpoints import checkpoints_html, is_thread, messages_html
+from persistent_memory.admin.forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+from persistent_memory.operations import maintenance
 from persistent_memory.store import get_store
 
 
@@ -536,9 +536,9 @@ class HistoryEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 # Conversations (their own module): transcripts lead the session page.
-from persistent_memory.admin_conversations import ConversationInline  # noqa: E402
+from persistent_memory.admin.conversations import ConversationInline  # noqa: E402
 
 MemorySessionAdmin.inlines = (ConversationInline, *MemorySessionAdmin.inlines)
 
 # Long-term memories (their own module).
-from persistent_memory.admin_memories import LongTermMemoryAdmin  # noqa: E402, F401
+from persistent_memory.admin.memories import LongTermMemoryAdmin  # noqa: E402, F401
