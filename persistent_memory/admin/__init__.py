@@ -12,6 +12,13 @@ May import: the store and the services (``store``, ``conversations``, ``memories
 imports the admin.
 """
 
+from persistent_memory.admin.conversations import (
+    ConversationInline,
+    MemoryConversationAdmin,
+    MemoryMessageAdmin,
+)
+from persistent_memory.admin.forget import ForgetOwnersMixin
+from persistent_memory.admin.memories import LongTermMemoryAdmin
 from persistent_memory.admin.sessions import (
     HistoryEntryAdmin,
     HistoryInline,
@@ -31,8 +38,13 @@ from persistent_memory.admin.sessions import (
 )
 
 __all__ = [
+    "ConversationInline",
+    "ForgetOwnersMixin",
     "HistoryEntryAdmin",
     "HistoryInline",
+    "LongTermMemoryAdmin",
+    "MemoryConversationAdmin",
+    "MemoryMessageAdmin",
     "MemorySessionAdmin",
     "OwnerFilter",
     "ReadOnlyMixin",

@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import Truncator
 
-from persistent_memory.admin.sessions import ReadOnlyMixin, pretty_json
+from persistent_memory.admin.base import ReadOnlyMixin, pretty_json
 from persistent_memory.admin.transcript import SESSION_PAGE_MESSAGES, UnknownLeaf, build
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.messages import ROLES
