@@ -141,7 +141,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
         self.idempotency_ttl_seconds = validate_ttl(idempotency_ttl_seconds) or 86400
         #: The ORM mirror of this store (see persistent_memory.mirror).
-        self.mirror = Mirror(self, mirror_mode)
+        self.mirror = Mirror(backend, mirror_mode)
         #: What makes the conversations' rolling summaries (see persistent_memory.conversations.worker).
         self.summarizer_worker = SummarizerWorker(self)
 

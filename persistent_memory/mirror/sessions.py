@@ -29,7 +29,8 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet, TextField
 from django.utils import timezone
 
-from persistent_memory.backends.base import SessionSnapshot, session_info
+from persistent_memory.backends.base import BaseBackend, SessionSnapshot, session_info
+from persistent_memory.backends.batches import session_batches
 from persistent_memory.exceptions import (
     CapacityExceeded,
     PersistentMemoryError,
@@ -41,7 +42,6 @@ from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
-    from persistent_memory.store import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -158,10 +158,10 @@ def _error_text(exc: BaseException) -> str:
 
 
 class Mirror:
-    """The mirror of one store."""
+    """The mirror of one store, given the store's backend."""
 
-    def __init__(self, store: MemoryStore, mode: str) -> None:
-        self.store = store
+    def __init__(self, backend: BaseBackend, mode: str) -> None:
+        self.backend = backend
         self.mode = mode
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
@@ -189,7 +189,7 @@ class Mirror:
                 # never overwritten by an earlier one (across processes, see _apply).
                 with _write_lock:
                     read_at = timezone.now()
-                    snapshots = self.store.backend.snapshots(batch)
+                    snapshots = self.backend.snapshots(batch)
                     try:
                         result += self._apply(snapshots, read_at)
                         self.last_sync_at = timezone.now()
@@ -219,7 +219,7 @@ class Mirror:
 
     def _retry_later(self, session_ids: list[str]) -> None:
         try:
-            self.store.backend.mark_dirty(session_ids)
+            self.backend.mark_dirty(session_ids)
         except PersistentMemoryError:
             # The backend is down too; `memory_mirror --all` reconciles everything later.
             logger.warning("persistent_memory: could not mark %d sessions for a later sync", len(session_ids))
@@ -232,7 +232,7 @@ class Mirror:
         while limit is None or taken < limit:
             count = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - taken)
             with _write_lock:  # taken and synced under the lock: a checkpoint waits for both
-                popped = self.store.backend.pop_dirty(count)
+                popped = self.backend.pop_dirty(count)
                 # Synced (or failed) earlier in this pass and marked again since: the next pass's.
                 ids = [sid for sid in popped if sid not in seen]
                 self._retry_later([sid for sid in popped if sid in seen])
@@ -254,7 +254,6 @@ class Mirror:
         not redo them; a write made meanwhile marks its session again.
         """
         from persistent_memory.models import MemorySession
-        from persistent_memory.operations.maintenance import session_batches
 
         # Held from taking the marks to writing the rows: a checkpoint must not find the
         # sessions unmarked before their rows are written (it would let the journal go).
@@ -265,7 +264,9 @@ class Mirror:
                 marked = [sid for sid in marked if split_storage_id(sid)[0] == owner]
             try:
                 live = list(
-                    dict.fromkeys(sid for batch in session_batches(self.store, owner=owner) for sid in batch)
+                    dict.fromkeys(
+                        sid for batch in session_batches(self.backend, owner=owner) for sid in batch
+                    )
                 )
                 rows = MemorySession.objects.filter(state=MemorySession.State.LIVE)
                 if owner is not None:
@@ -479,7 +480,7 @@ class Mirror:
         earlier = self._drain_marks()
         restored = 0
         try:
-            with self.store.backend.restoring():
+            with self.backend.restoring():
                 restored = self._load(sessions)
             self._drain_marks()
             # Then the writes the mirror had not caught up with (their marks stay).
@@ -487,11 +488,11 @@ class Mirror:
                 storage_id(owner, sid): seq
                 for owner, sid, seq in MemorySession.objects.values_list("owner", "session_id", "journal_seq")
             }
-            replayed = self.store.backend.replay(mirrored)
+            replayed = self.backend.replay(mirrored)
             if replayed:
                 logger.info("persistent_memory: replayed the journal's writes to %d sessions", len(replayed))
         finally:
-            self.store.backend.mark_dirty(earlier)
+            self.backend.mark_dirty(earlier)
         return restored
 
     def _load(self, sessions: QuerySet[MemorySession]) -> int:
@@ -501,7 +502,7 @@ class Mirror:
         restored = 0
         for row in sessions.iterator(chunk_size=500):
             try:
-                self.store.backend.restore_session(self._snapshot_of(row), replace=False)
+                self.backend.restore_session(self._snapshot_of(row), replace=False)
             except SessionExists:
                 continue
             except (QuotaExceeded, CapacityExceeded) as exc:
@@ -537,7 +538,7 @@ class Mirror:
 
     def _drain_marks(self) -> list[str]:
         taken: list[str] = []
-        while batch := self.store.backend.pop_dirty(BATCH_SIZE):
+        while batch := self.backend.pop_dirty(BATCH_SIZE):
             taken.extend(batch)
         return taken
 
@@ -595,7 +596,7 @@ class Mirror:
     def checkpoint(self) -> bool:
         """Mirror every session written before now, then let the backend's journal forget
         what it kept for them; whether it could (False: a sync failed, the journal keeps all)."""
-        backend = self.store.backend
+        backend = self.backend
         with _write_lock:  # no sync of ids taken before the checkpoint is still running
             point = backend.checkpoint()
             if point is None:

@@ -81,3 +81,13 @@ def idempotency_ref(owner: str, key: str) -> str:
     """Where an idempotency record lives below the key prefix: per owner, so one owner's
     key never answers another's request."""
     return f"{OWNED_MARK}{owner}~:idem:{key}" if owner else f"~idem:{key}"
+
+
+def owner_prefix(owner: str | None) -> str:
+    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None);
+    ``InvalidOwner`` for ``""`` or an invalid owner."""
+    if owner is None:
+        return ""
+    if not owner:
+        raise InvalidOwner("Name an owner, such as user:42 (the unowned sessions have none).")
+    return owner_namespace(validate_owner(owner))
