@@ -44,6 +44,7 @@ MOVED_MODULES = {
     "persistent_memory.mirror_conversations": "persistent_memory.mirror.conversations",
     "persistent_memory.maintenance": "persistent_memory.operations.maintenance",
     "persistent_memory.relayout": "persistent_memory.operations.relayout",
+    "persistent_memory.memories.forget": "persistent_memory.operations.forget",
     "persistent_memory.resolvers": "persistent_memory.owners.resolvers",
     "persistent_memory.debug": "persistent_memory.errors.debug",
     "persistent_memory.reporting": "persistent_memory.errors.reporting",

@@ -337,7 +337,7 @@ def test_expired_idempotency_records_go_with_their_files(journaled, monkeypatch)
 
 def test_forgetting_an_owner_removes_their_idempotency_records_from_disk(journaled):
     from persistent_memory.idempotency import Idempotency
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = journaled()
     alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
@@ -854,7 +854,7 @@ def test_a_replay_keeps_the_answer_read_back_from_the_record_files(tmp_path):
 
 def test_forgetting_an_owner_whose_records_cannot_be_rewritten_is_retryable(journaled, monkeypatch):
     from persistent_memory.idempotency import Idempotency
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = journaled()
     alice, bob = store.for_owner("user:1"), store.for_owner("user:2")

@@ -207,7 +207,7 @@ class TestLifetime:
 
     @pytest.mark.django_db
     def test_forgetting_the_owner_forgets_its_threads(self, store):
-        from persistent_memory.memories.forget import forget_owner
+        from persistent_memory.operations.forget import forget_owner
 
         alice, bob = PersistentMemorySaver.for_owner("alice"), PersistentMemorySaver.for_owner("bob")
         run_turn(build(alice), "t", "hi", "yes")
@@ -253,7 +253,7 @@ class TestRedisKeys:
 
     @pytest.mark.django_db
     def test_forget_and_sweep_leave_no_checkpoint_key(self, store, redis_client):
-        from persistent_memory.memories.forget import forget_owner
+        from persistent_memory.operations.forget import forget_owner
         from persistent_memory.operations.maintenance import sweep
 
         run_turn(build(PersistentMemorySaver.for_owner("alice")), "t", "hi", "yes")

@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.forget import forget_owner
 from persistent_memory.models import LongTermMemory, MemorySession
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.store import MemoryStore
 
 GONE, KEPT = "user:gone", "user:kept"

@@ -436,7 +436,7 @@ def test_a_run_paused_for_approval_resumes_on_the_session(store):
 
 @pytest.mark.django_db
 def test_forgetting_the_owner_forgets_the_session(store):
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     alice = PersistentMemorySession("chat", owner="alice")
     bob = PersistentMemorySession("chat", owner="bob")

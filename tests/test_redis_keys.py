@@ -55,7 +55,7 @@ from persistent_memory.backends.redis_functions import SOURCE
 from persistent_memory.backends.redis_layout import Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
-from persistent_memory.memories.forget import forget_owner
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
