@@ -23,6 +23,7 @@ GUARDED = {
     "persistent_memory/backends/memory_checkpoints.py",
     "persistent_memory/backends/memory_conversations.py",
     "persistent_memory/mirror/sessions.py",
+    "persistent_memory/mirror/rows.py",
     "persistent_memory/mirror/conversations.py",
     "persistent_memory/mirror/checkpoints.py",
     "persistent_memory/memories/search.py",

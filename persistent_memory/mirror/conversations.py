@@ -35,7 +35,7 @@ from django.db.models import Prefetch, QuerySet
 from persistent_memory.backends.base import SessionSnapshot
 from persistent_memory.backends.conversations import ConversationSnapshot, text_digest
 from persistent_memory.backends.memory_tree import StoredMessage, Tree
-from persistent_memory.mirror.sessions import _datetime, _insert
+from persistent_memory.mirror.rows import _datetime, _insert
 from persistent_memory.mirror.signals import messages_mirrored
 from persistent_memory.models import MemoryConversation, MemoryMessage
 

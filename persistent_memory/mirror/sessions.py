@@ -22,11 +22,11 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, router, transaction
-from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet, TextField
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from persistent_memory.backends.base import BaseBackend, SessionSnapshot, session_info
@@ -38,6 +38,7 @@ from persistent_memory.exceptions import (
     SessionExists,
 )
 from persistent_memory.mirror.checkpoints import checkpoint_columns
+from persistent_memory.mirror.rows import _datetime, _insert
 from persistent_memory.owners import split_storage_id, storage_id
 
 if TYPE_CHECKING:
@@ -76,37 +77,6 @@ class SyncResult:
         return self
 
 
-def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> None:
-    """INSERT rows of column values with one ``executemany``.
-
-    ``bulk_create`` builds a model instance per row, which was most of a sync's time
-    after a busy second (tens of thousands of history rows); each value still goes
-    through its field's own conversion for the database.
-    """
-    connection = connections[router.db_for_write(model)]
-    columns = [model._meta.get_field(name) for name in fields]
-    quote = connection.ops.quote_name
-    # Only quoted table and column names from the model go into the text; values are parameters.
-    sql = "INSERT INTO {} ({}) VALUES ({})".format(  # noqa: S608
-        quote(model._meta.db_table),
-        ", ".join(quote(field.column) for field in columns),
-        ", ".join(["%s"] * len(columns)),
-    )
-    # Integers and strings go to the driver as they are; dates and JSON need the field.
-    plain = (IntegerField, CharField, TextField, ForeignKey)
-    convert = [None if isinstance(field, plain) else field.get_db_prep_save for field in columns]
-    params = [
-        [
-            value if to_db is None else to_db(value, connection)
-            for to_db, value in zip(convert, row, strict=True)
-        ]
-        for row in rows
-    ]
-    if params:
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
-
-
 def _history_digests(history: list[dict[str, Any]], length: int) -> tuple[str, str | None]:
     """Digests of the whole history and of its first ``length`` entries (None: it has fewer).
 
@@ -133,13 +103,6 @@ def _rows(storage_ids: Iterable[str]) -> QuerySet[MemorySession]:
     if not pairs:
         return MemorySession.objects.none()
     return MemorySession.objects.filter(Q(*pairs, _connector=Q.OR))
-
-
-def _datetime(epoch: Any, default: datetime) -> datetime:
-    try:
-        return datetime.fromtimestamp(float(epoch), tz=UTC)
-    except (TypeError, ValueError, OverflowError, OSError):
-        return default
 
 
 def _epoch(moment: datetime | None) -> float | None:
