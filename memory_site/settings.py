@@ -40,7 +40,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # JSON errors on the API's paths with DEBUG on too (see docs/install.md).
-    "persistent_memory.error_views.APIErrorsMiddleware",
+    "persistent_memory.api.error_views.APIErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the API docs' static files, with DEBUG off too.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -146,7 +146,7 @@ if os.environ.get("MEMORY_JOURNAL_DIR"):
     PERSISTENT_MEMORY["JOURNAL_DIR"] = False if journal_dir.lower() in ("off", "false", "0") else journal_dir
 
 # The debug page (DJANGO_DEBUG=1) and error reports mask the Redis password (REDIS_URL).
-DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.debug.SafeExceptionReporterFilter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.errors.debug.SafeExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,

@@ -14,7 +14,7 @@ urlpatterns = [
 
 # JSON errors on the API's paths even when Django answers before a view (a bad Host, a
 # body too big, the database down in a middleware); a 503 page for a database outage.
-handler400 = "persistent_memory.error_views.bad_request"
-handler403 = "persistent_memory.error_views.permission_denied"
-handler404 = "persistent_memory.error_views.page_not_found"
-handler500 = "persistent_memory.error_views.server_error"
+handler400 = "persistent_memory.api.error_views.bad_request"
+handler403 = "persistent_memory.api.error_views.permission_denied"
+handler404 = "persistent_memory.api.error_views.page_not_found"
+handler500 = "persistent_memory.api.error_views.server_error"

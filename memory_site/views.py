@@ -8,10 +8,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from persistent_memory import get_store
+from persistent_memory.errors.reporting import caller_detail
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.health import backend_health
-from persistent_memory.reporting import caller_detail
-from persistent_memory.resolvers import resolve_owner
+from persistent_memory.owners.resolvers import resolve_owner
 
 #: The README's commands (step 5 of "Add it to your project" and "REST API").
 CREATE_USER = (

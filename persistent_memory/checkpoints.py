@@ -110,16 +110,9 @@ class CheckpointMethods:
         sent = entry_bytes("c" + key, record) + entry_bytes("l" + key, link_text)
         sent += sum(entry_bytes(f"b{ns}{SEP}{ref}", text) for ref, text in (blobs or {}).items())
         self._under_cap(sent)
-        self._call(
-            self.backend.put_checkpoint,
-            session_id,
-            ns,
-            checkpoint_id,
-            record,
-            link_text,
-            dict(blobs or {}),
-            self._ttl(ttl_seconds),
-        )
+        ttl = self._ttl(ttl_seconds)
+        with self._session(session_id) as sid:
+            self.backend.put_checkpoint(sid, ns, checkpoint_id, record, link_text, dict(blobs or {}), ttl)
 
     def put_checkpoint_writes(
         self: MemoryStore,
@@ -150,14 +143,9 @@ class CheckpointMethods:
             )
         self._under_cap(sum(text_bytes(item[3]) for item in items))
         if items:
-            self._call(
-                self.backend.put_checkpoint_writes,
-                session_id,
-                ns,
-                checkpoint_id,
-                items,
-                self._ttl(ttl_seconds),
-            )
+            ttl = self._ttl(ttl_seconds)
+            with self._session(session_id) as sid:
+                self.backend.put_checkpoint_writes(sid, ns, checkpoint_id, items, ttl)
 
     def get_checkpoint(
         self: MemoryStore, session_id: str, ns: str, checkpoint_id: str | None = None
@@ -166,7 +154,8 @@ class CheckpointMethods:
         _name(ns, "checkpoint_ns", empty=True)
         if checkpoint_id is not None:
             _name(checkpoint_id, "checkpoint_id")
-        return self._call(self.backend.get_checkpoint, session_id, ns, checkpoint_id)
+        with self._session(session_id) as sid:
+            return self.backend.get_checkpoint(sid, ns, checkpoint_id)
 
     def list_checkpoints(
         self: MemoryStore,
@@ -183,26 +172,34 @@ class CheckpointMethods:
             _name(ns, "checkpoint_ns", empty=True)
         if before is not None:
             _name(before, "before")
-        return self._call(self.backend.list_checkpoints, session_id, ns, before, offset, limit)
+        with self._session(session_id) as sid:
+            return self.backend.list_checkpoints(sid, ns, before, offset, limit)
 
     def checkpoint_chain(self: MemoryStore, session_id: str, ns: str, ref: str) -> list[str]:
         """The value stored under ``ref`` (``{channel}\\x1f{version}``) and, while it is a
         delta, the value it extends, and so on: one call."""
         _name(ns, "checkpoint_ns", empty=True)
-        return self._call(self.backend.checkpoint_chain, session_id, ns, _text(ref, "ref"))
+        ref = _text(ref, "ref")
+        with self._session(session_id) as sid:
+            return self.backend.checkpoint_chain(sid, ns, ref)
 
     def prune_checkpoints(self: MemoryStore, session_id: str) -> int:
         """Keep only the newest checkpoint of each namespace; how many were removed."""
-        return self._call(self.backend.prune_checkpoints, session_id)
+        with self._session(session_id) as sid:
+            return self.backend.prune_checkpoints(sid)
 
     def delete_checkpoint_runs(self: MemoryStore, session_id: str, run_ids: list[str]) -> int:
         """Remove the checkpoints these runs made; how many were removed."""
         runs = [_name(run_id, "run_id") for run_id in run_ids]
-        return self._call(self.backend.delete_checkpoint_runs, session_id, runs) if runs else 0
+        if not runs:
+            return 0
+        with self._session(session_id) as sid:
+            return self.backend.delete_checkpoint_runs(sid, runs)
 
     def checkpoint_entries(self: MemoryStore, session_id: str) -> dict[str, str]:
         """Every stored entry of the session's checkpoints ({}: none, or no session)."""
-        return self._call(self.backend.checkpoint_entries, session_id)
+        with self._session(session_id) as sid:
+            return self.backend.checkpoint_entries(sid)
 
     def load_checkpoint_entries(
         self: MemoryStore,
@@ -218,13 +215,9 @@ class CheckpointMethods:
         default) when it does not exist."""
         validate_entries(entries)
         self._under_cap(sum(entry_bytes(name, text) for name, text in entries.items()))
-        self._call(
-            self.backend.load_checkpoint_entries,
-            session_id,
-            entries,
-            self._ttl(ttl_seconds),
-            replace=replace,
-        )
+        ttl = self._ttl(ttl_seconds)
+        with self._session(session_id) as sid:
+            self.backend.load_checkpoint_entries(sid, entries, ttl, replace=replace)
 
     def delete_checkpoints(self: MemoryStore, session_id: str) -> bool:
         """Delete the session and its checkpoints; whether there was one."""

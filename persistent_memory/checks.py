@@ -23,7 +23,7 @@ from persistent_memory.conf import (
 )
 from persistent_memory.conversations.summaries import OVERFLOWS, STRATEGIES
 from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
-from persistent_memory.debug import SafeExceptionReporterFilter, secret_passwords
+from persistent_memory.errors.debug import SafeExceptionReporterFilter, secret_passwords
 from persistent_memory.memories.embedders import OPENAI_OPTIONS
 
 
@@ -211,7 +211,7 @@ RULES: list[tuple[str, Callable[[Any], bool], str, str]] = [
         "OWNER_RESOLVER",
         _import_string,
         "Use the import string of a callable (request) -> owner or None, such as "
-        "'persistent_memory.resolvers.user_owner'.",
+        "'persistent_memory.owners.resolvers.user_owner'.",
         "E009",
     ),
     (
@@ -683,12 +683,18 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 id="persistent_memory.W002",
             )
         )
-    if conf.OWNER_RESOLVER == "persistent_memory.resolvers.shared_owner":
+    if conf.OWNER_RESOLVER in (
+        "persistent_memory.owners.resolvers.shared_owner",
+        "persistent_memory.resolvers.shared_owner",  # its path before 0.1 (deprecated)
+    ):
         warnings.append(
             Warning(
                 "OWNER_RESOLVER puts every API caller in one shared namespace: each can read, change "
                 "and delete every other caller's sessions.",
-                hint="Use the default, 'persistent_memory.resolvers.user_owner', or one per user or tenant.",
+                hint=(
+                    "Use the default, 'persistent_memory.owners.resolvers.user_owner', "
+                    "or one per user or tenant."
+                ),
                 id="persistent_memory.W003",
             )
         )
@@ -779,7 +785,8 @@ def check_debug_reports(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             "variables of the Redis client or the database driver).",
             hint=(
                 "Set DEFAULT_EXCEPTION_REPORTER_FILTER = "
-                "'persistent_memory.debug.SafeExceptionReporterFilter' (or a subclass), or turn DEBUG off."
+                "'persistent_memory.errors.debug.SafeExceptionReporterFilter' (or a subclass), "
+                "or turn DEBUG off."
             ),
             id="persistent_memory.W005",
         )

@@ -145,7 +145,7 @@ DEFAULTS: dict[str, Any] = {
     "API_THROTTLE_RATES": None,
     # Import string of a callable (request) -> owner string, which decides whose sessions a REST
     # API or MCP request reaches; None from it refuses the request (403 owner_required).
-    "OWNER_RESOLVER": "persistent_memory.resolvers.user_owner",
+    "OWNER_RESOLVER": "persistent_memory.owners.resolvers.user_owner",
     # At most this many entries per process/ call (400 invalid, the reason under
     # errors.entries), and messages per append (400 invalid_message).
     "MAX_BATCH": 100,

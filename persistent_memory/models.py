@@ -70,7 +70,7 @@ class MemorySession(models.Model):
     #: the journal's later writes to it (see persistent_memory.journal).
     journal_seq = models.BigIntegerField(default=0, editable=False)
     #: The memory backend's checkpoint counters this row's entries were written at (see
-    #: persistent_memory.mirror_checkpoints); empty and 0: none.
+    #: persistent_memory.mirror.checkpoints); empty and 0: none.
     checkpoint_epoch = models.CharField(max_length=32, blank=True, default="", editable=False)
     checkpoint_seq = models.BigIntegerField(default=0, editable=False)
 

@@ -60,7 +60,7 @@ from persistent_memory.exceptions import (
 )
 from persistent_memory.idempotency import Idempotency, validate_idempotency
 from persistent_memory.journal import journal_directory
-from persistent_memory.mirror import Mirror
+from persistent_memory.mirror.sessions import Mirror
 from persistent_memory.owners import (
     UNOWNED,
     idempotency_ref,
@@ -143,7 +143,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         self.run_binding_ttl_seconds = validate_ttl(run_binding_ttl_seconds) or 3600
         self.idempotency_ttl_seconds = validate_ttl(idempotency_ttl_seconds) or 86400
         #: The ORM mirror of this store (see persistent_memory.mirror).
-        self.mirror = Mirror(self, mirror_mode)
+        self.mirror = Mirror(backend, mirror_mode)
         #: What makes the conversations' rolling summaries (see persistent_memory.conversations.worker).
         self.summarizer_worker = SummarizerWorker(self)
 
@@ -234,22 +234,12 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         scoped.owner = owner
         return scoped
 
-    def _call(self, method: Callable[..., T], session_id: str, *args: Any, **options: Any) -> T:
-        """``method(storage id, *args, **options)`` for ``session_id`` of this store's owner."""
-        return self._call_valid(method, validate_session_id(session_id), *args, **options)
-
-    def _call_valid(self, method: Callable[..., T], session_id: str, *args: Any, **options: Any) -> T:
-        """:meth:`_call` for a ``session_id`` already validated."""
-        if self.mirror.restore_pending:
-            self._not_restored()
-        if not self.owner:  # the unowned namespace: the storage id is the session id
-            return method(session_id, *args, **options)
-        sid = storage_id(self.owner, session_id)
-        try:
-            return method(sid, *args, **options)
-        except PersistentMemoryError as exc:  # the caller's id in the message, not the storage id
-            exc.args = (str(exc).replace(repr(sid), repr(session_id)),)
-            raise
+    def _session(self, session_id: str) -> _Session:
+        """``with self._session(session_id) as sid:``, around the backend calls for
+        ``session_id`` of this store's owner: ``sid`` is its storage id (checked first, and
+        none while a restore is pending), and an error of those calls names the session by
+        ``session_id``, not by the storage id."""
+        return _Session(self, session_id)
 
     def _not_restored(self) -> None:
         # Writes made before the sessions are back would be overwritten or lost by the
@@ -296,17 +286,18 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         else:
             idle = validate_ttl(idle_ttl_seconds, name="idle_ttl_seconds")
         once = self._once(idempotency)
-        return self._info(
-            self._call(self.backend.create_session, session_id, ttl, idle_ttl_seconds=idle, **once)
-        )
+        with self._session(session_id) as sid:
+            return self._info(self.backend.create_session(sid, ttl, idle_ttl_seconds=idle, **once))
 
     def resume_session(self, session_id: str) -> SessionInfo:
         """A live session's info; ``SessionNotFound`` or ``SessionExpired`` otherwise."""
-        return self._info(self._call(self.backend.resume_session, session_id))
+        with self._session(session_id) as sid:
+            return self._info(self.backend.resume_session(sid))
 
     def session_info(self, session_id: str) -> SessionInfo:
         """Same dict as :meth:`resume_session`."""
-        return self._info(self._call(self.backend.session_info, session_id))
+        with self._session(session_id) as sid:
+            return self._info(self.backend.session_info(sid))
 
     def list_sessions(self) -> list[str]:
         """Sorted ids of this owner's live sessions."""
@@ -390,7 +381,9 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
 
     def delete_session(self, session_id: str, *, idempotency: Idempotency | None = None) -> list[str]:
         """Delete a session and everything in it; return the keys cleared, sorted."""
-        return self._call(self.backend.delete_session, session_id, **self._once(idempotency))
+        once = self._once(idempotency)
+        with self._session(session_id) as sid:
+            return self.backend.delete_session(sid, **once)
 
     # Values -----------------------------------------------------------------
 
@@ -398,15 +391,20 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         """Store any JSON-serialisable ``value`` (a copy) under ``key``."""
         key = validate_key(key)
         value_json = encode_value(value, max_bytes=self.max_value_bytes, max_depth=self.max_json_depth)
-        self._call(self.backend.put, session_id, key, value_json, **self._once(idempotency))
+        once = self._once(idempotency)
+        with self._session(session_id) as sid:
+            self.backend.put(sid, key, value_json, **once)
 
     def get(self, session_id: str, key: str) -> Any:
         """A fresh copy of the value under ``key``; ``KeyNotFound`` when absent."""
-        return decode_value(self._call(self.backend.get, session_id, validate_key(key)))
+        key = validate_key(key)
+        with self._session(session_id) as sid:
+            return decode_value(self.backend.get(sid, key))
 
     def get_all(self, session_id: str) -> dict[str, Any]:
         """Every key and value of the session, in one backend call."""
-        return _sorted(decode_value(self._call(self.backend.get_all, session_id)))
+        with self._session(session_id) as sid:
+            return _sorted(decode_value(self.backend.get_all(sid)))
 
     def get_many(self, session_ids: list[str], key: str) -> dict[str, Any]:
         """A fresh copy of the value under ``key`` of each of ``session_ids`` (this owner's)
@@ -424,28 +422,34 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
 
     def list_keys(self, session_id: str) -> list[str]:
         """The session's keys, sorted."""
-        return self._call(self.backend.list_keys, session_id)
+        with self._session(session_id) as sid:
+            return self.backend.list_keys(sid)
 
     def increment(
         self, session_id: str, key: str, amount: int = 1, *, idempotency: Idempotency | None = None
     ) -> int:
         """Atomically add ``amount`` to an integer value (missing counts as 0); return the result."""
         key, amount = validate_key(key), validate_int(amount, name="amount")
-        return self._call(self.backend.increment, session_id, key, amount, **self._once(idempotency))
+        once = self._once(idempotency)
+        with self._session(session_id) as sid:
+            return self.backend.increment(sid, key, amount, **once)
 
     def clear(
         self, session_id: str, key: str | None = None, *, idempotency: Idempotency | None = None
     ) -> list[str]:
         """Remove ``key``, or every key when None; return the keys removed, sorted."""
         key = None if key is None else validate_key(key)
-        return self._call(self.backend.clear, session_id, key, **self._once(idempotency))
+        once = self._once(idempotency)
+        with self._session(session_id) as sid:
+            return self.backend.clear(sid, key, **once)
 
     # History ----------------------------------------------------------------
 
     def get_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The newest ``limit`` history entries, oldest first; ``limit=0`` for all."""
         limit = validate_int(limit, name="limit", minimum=0)
-        return self._call(self.backend.get_history, session_id, limit)
+        with self._session(session_id) as sid:
+            return self.backend.get_history(sid, limit)
 
     def summarize(
         self, session_id: str, max_entries: int | None = None, *, idempotency: Idempotency | None = None
@@ -459,7 +463,9 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         """:meth:`summarize`, returning how many entries were folded into the summary."""
         limit = self.backend.max_history if max_entries is None else max_entries
         limit = validate_int(limit, name="max_entries", minimum=1)
-        return self._call(self.backend.summarize, session_id, limit, **self._once(idempotency))
+        once = self._once(idempotency)
+        with self._session(session_id) as sid:
+            return self.backend.summarize(sid, limit, **once)
 
     # The pipeline lanes -----------------------------------------------------
 
@@ -476,7 +482,8 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if run_id is not None:
             run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
         once = self._once(idempotency)
-        values = self._call_valid(self.backend.enrich, session_id, self.default_ttl_seconds, run, **once)
+        with self._session(session_id) as sid:
+            values = self.backend.enrich(sid, self.default_ttl_seconds, run, **once)
         return _sorted(decode_value(values))
 
     def enrich_recording(
@@ -502,9 +509,8 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if run_id is not None:
             run = RunBinding(run_ref(self.owner, validate_run_id(run_id)), self.run_binding_ttl_seconds)
         once = self._once(idempotency)
-        enriched = self._call_valid(
-            self.backend.enrich_recording, session_id, self.default_ttl_seconds, run, question, **once
-        )
+        with self._session(session_id) as sid:
+            enriched = self.backend.enrich_recording(sid, self.default_ttl_seconds, run, question, **once)
         values = _sorted(decode_value(enriched.values))
         if messages_added.receivers:
             question_message = {"id": enriched.question_id, "role": "user", "content": text}
@@ -551,9 +557,8 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         ttl = self.default_ttl_seconds
         once = self._once(idempotency)
         if session_id is not None:
-            record = self._call_valid(
-                self.backend.record_answer, session_id, answer_json, ttl, ref, message, **once
-            )
+            with self._session(session_id) as sid:
+                record = self.backend.record_answer(sid, answer_json, ttl, ref, message, **once)
         else:
             if self.mirror.restore_pending:
                 self._not_restored()
@@ -584,6 +589,27 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         disconnect(self)  # what enqueued tasks for its writes (TASK_BACKEND)
         self.mirror.stop()
         self.backend.close()
+
+
+class _Session:
+    """What :meth:`MemoryStore._session` returns (a class: it runs on every call)."""
+
+    __slots__ = ("session_id", "storage_id")
+
+    def __init__(self, store: MemoryStore, session_id: str) -> None:
+        self.session_id = validate_session_id(session_id)
+        if store.mirror.restore_pending:
+            store._not_restored()
+        # The unowned namespace: the storage id is the session id.
+        self.storage_id = storage_id(store.owner, self.session_id) if store.owner else self.session_id
+
+    def __enter__(self) -> str:
+        return self.storage_id
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, PersistentMemoryError) and self.storage_id != self.session_id:
+            # The caller's id in the message, not the storage id.
+            exc.args = (str(exc).replace(repr(self.storage_id), repr(self.session_id)),)
 
 
 def _off_the_event_loop(call: Callable[[], T]) -> T:

@@ -96,7 +96,7 @@ class TestAuth:
         configure(
             API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
             API_AUTHENTICATION_CLASSES=[],
-            OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+            OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
         )
         assert APIClient().get(API + "sessions/").status_code == 200
         configure(API_PERMISSION_CLASSES=["rest_framework.permissions.IsAdminUser"])

@@ -568,7 +568,7 @@ def test_calls_on_seeded_ids_never_5xx(configure, fresh_state, backend_name):
     configure(
         API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
         API_AUTHENTICATION_CLASSES=[],
-        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
         MAX_HISTORY=6,
     )
     started = time.perf_counter()
@@ -631,7 +631,7 @@ def test_conversation_calls_never_5xx(configure, fresh_state, backend_name):
     configure(
         API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
         API_AUTHENTICATION_CLASSES=[],
-        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
         MAX_MESSAGES=8,
     )
     started = time.perf_counter()
@@ -713,7 +713,7 @@ def test_poisoned_bodies_never_5xx_and_write_nothing_when_refused(configure, fre
     configure(
         API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
         API_AUTHENTICATION_CLASSES=[],
-        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
     )
     started = time.perf_counter()
     fuzzer = Fuzzer(Client(raise_request_exception=False), "", fresh_state)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from persistent_memory import get_store, maintenance
+from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conversations.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
@@ -31,6 +31,7 @@ from persistent_memory.exceptions import (
     RevisionConflict,
     SessionNotFound,
 )
+from persistent_memory.operations import maintenance
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, ids, result, system, tool_call, user

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from persistent_memory import get_store
-from persistent_memory.maintenance import InvalidRecord, parse_record
+from persistent_memory.operations.maintenance import InvalidRecord, parse_record
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
 from tests.test_conversations_mirror import WEATHER_CALL, chat, fill, reads

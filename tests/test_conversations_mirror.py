@@ -15,8 +15,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from persistent_memory import get_store, mirror_conversations, reset_store
+from persistent_memory import get_store, reset_store
 from persistent_memory.backends.conversations import text_digest
+from persistent_memory.mirror import conversations as mirror_conversations
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore

@@ -404,7 +404,7 @@ def test_no_credentials_and_no_owner(settings, two_users):
     assert (wrong.status_code, wrong.json()["code"]) == (401, "authentication_failed")
     assert "`authentication_failed`" in table["No credentials, or wrong ones"]
     settings.PERSISTENT_MEMORY = memory_settings_for(
-        "memory", OWNER_RESOLVER="persistent_memory.resolvers.tenant_user_owner"
+        "memory", OWNER_RESOLVER="persistent_memory.owners.resolvers.tenant_user_owner"
     )
     ada = client_for(two_users[0])
     refused = ada.post("/api/memory/sessions/", {"session_id": "chat-1"}, format="json")

@@ -25,7 +25,7 @@ from rest_framework.test import APIClient
 
 from persistent_memory import get_store
 from persistent_memory.conf import DEFAULTS
-from persistent_memory.debug import SafeExceptionReporterFilter
+from persistent_memory.errors.debug import SafeExceptionReporterFilter
 from persistent_memory.mcp.server import build_server
 from tests.conftest import RedisServer, _free_port, memory_settings_for
 from tests.servers import demo_env, prepare_database, serve
@@ -116,7 +116,7 @@ def test_errors_before_a_view_are_json_on_every_server(kind, tmp_path):
 
 
 def test_handlers_answer_json_on_api_paths_and_django_pages_elsewhere(db):
-    from persistent_memory.error_views import bad_request
+    from persistent_memory.api.error_views import bad_request
 
     factory = RequestFactory()
     too_big = bad_request(factory.post(API + "store/"), RequestDataTooBig("too big"))
@@ -131,7 +131,7 @@ def test_handlers_answer_json_on_api_paths_and_django_pages_elsewhere(db):
 
 
 def test_a_500_outside_a_view_on_the_api_is_json_with_a_request_id(db, caplog):
-    from persistent_memory.error_views import server_error
+    from persistent_memory.api.error_views import server_error
 
     request = RequestFactory().get(API + "sessions/")
     with caplog.at_level(logging.ERROR, logger="persistent_memory"):

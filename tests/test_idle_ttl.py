@@ -7,7 +7,7 @@ import time
 import pytest
 
 from persistent_memory.exceptions import SessionNotFound
-from persistent_memory.maintenance import sweep
+from persistent_memory.operations.maintenance import sweep
 from persistent_memory.pipeline import MemoryFilter
 from tests.conftest import CountingConnection, pttls
 from tests.timing import wait_past

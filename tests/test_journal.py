@@ -337,7 +337,7 @@ def test_expired_idempotency_records_go_with_their_files(journaled, monkeypatch)
 
 def test_forgetting_an_owner_removes_their_idempotency_records_from_disk(journaled):
     from persistent_memory.idempotency import Idempotency
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = journaled()
     alice, bob = store.for_owner("user:1"), store.for_owner("user:2")
@@ -377,7 +377,7 @@ def test_a_failed_sync_keeps_the_journal(journaled, monkeypatch):
     segments = len(store.backend.journal.segments())
     from django.db import DatabaseError
 
-    from persistent_memory import mirror as mirror_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise DatabaseError("database is locked")
@@ -392,7 +392,7 @@ def test_a_failed_sync_keeps_the_journal(journaled, monkeypatch):
 
 
 def test_the_store_refuses_calls_until_its_sessions_are_restored(journaled, monkeypatch):
-    from persistent_memory import mirror as mirror_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     store = journaled()
     write_everything(store, 0)
@@ -558,8 +558,8 @@ def test_health_shows_staff_the_mirror_lag_last_error_and_journal(journaled, mon
     from django.db import DatabaseError
     from rest_framework.test import APIClient
 
-    from persistent_memory import mirror as mirror_module
     from persistent_memory import store as store_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     store = journaled()
     monkeypatch.setattr(store_module, "_store", store)  # the API's store is this one
@@ -854,7 +854,7 @@ def test_a_replay_keeps_the_answer_read_back_from_the_record_files(tmp_path):
 
 def test_forgetting_an_owner_whose_records_cannot_be_rewritten_is_retryable(journaled, monkeypatch):
     from persistent_memory.idempotency import Idempotency
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = journaled()
     alice, bob = store.for_owner("user:1"), store.for_owner("user:2")

@@ -207,7 +207,7 @@ class TestLifetime:
 
     @pytest.mark.django_db
     def test_forgetting_the_owner_forgets_its_threads(self, store):
-        from persistent_memory.memories.forget import forget_owner
+        from persistent_memory.operations.forget import forget_owner
 
         alice, bob = PersistentMemorySaver.for_owner("alice"), PersistentMemorySaver.for_owner("bob")
         run_turn(build(alice), "t", "hi", "yes")
@@ -223,7 +223,7 @@ class TestLifetime:
         assert store.for_owner("alice").list_sessions() == []
 
     def test_export_and_import_carry_checkpoints(self, store):
-        from persistent_memory.maintenance import export_sessions, import_sessions
+        from persistent_memory.operations.maintenance import export_sessions, import_sessions
 
         saver = PersistentMemorySaver.for_owner("alice")
         run_turn(build(saver), "kept", "hi", "yes")
@@ -253,8 +253,8 @@ class TestRedisKeys:
 
     @pytest.mark.django_db
     def test_forget_and_sweep_leave_no_checkpoint_key(self, store, redis_client):
-        from persistent_memory.maintenance import sweep
-        from persistent_memory.memories.forget import forget_owner
+        from persistent_memory.operations.forget import forget_owner
+        from persistent_memory.operations.maintenance import sweep
 
         run_turn(build(PersistentMemorySaver.for_owner("alice")), "t", "hi", "yes")
         run_turn(build(PersistentMemorySaver.for_owner("bob")), "t", "hi", "yes")
@@ -383,8 +383,8 @@ def test_the_mirror_gives_a_restart_its_checkpoints(settings, tmp_path):
 def test_the_mirror_keeps_an_imported_thread_as_it_grows(settings):
     """An import starts the thread's checkpoints afresh (no mirror counters): the next syncs
     write it whole, then what changed, and a restart from the mirror has every checkpoint."""
-    from persistent_memory.maintenance import export_sessions, import_sessions
     from persistent_memory.models import CheckpointEntry
+    from persistent_memory.operations.maintenance import export_sessions, import_sessions
     from persistent_memory.store import get_store, reset_store
     from tests.conftest import memory_settings_for
 

@@ -42,8 +42,8 @@ from rest_framework.test import APIClient
 from persistent_memory.exceptions import InvalidMemory
 from persistent_memory.integrations.langgraph import PersistentMemoryStore, memory_key
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.forget import forget_owner
 from persistent_memory.models import LongTermMemory
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.store import get_store
 from tests.conftest import memory_settings_for
 from tests.storable_json import JSON

@@ -282,7 +282,7 @@ def test_off_by_setting_or_without_extractors(configure):
 
 
 def test_forgetting_an_owner_skips_what_the_worker_holds_of_theirs(worker):
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = worker(MEMORY_EXTRACTORS=[GATED, ECHO])
     alice, bob = store.for_owner("user:alice"), store.for_owner("user:bob")
@@ -311,7 +311,7 @@ def test_a_batch_of_a_session_deleted_since_is_skipped(worker):
 
 
 def test_forgetting_waits_for_an_extraction_of_theirs_in_progress(worker, monkeypatch):
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = worker(MEMORY_EXTRACTORS=[GATED, ECHO])
     alice, extraction = store.for_owner("user:alice"), store.extraction_worker

@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.forget import forget_owner
 from persistent_memory.models import LongTermMemory, MemorySession
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.store import MemoryStore
 
 GONE, KEPT = "user:gone", "user:kept"
@@ -318,7 +318,7 @@ def test_api_refuses_callers_without_an_owner_of_their_own(configure: Any) -> No
     for resolver, owner_left in (
         ("tests.test_memories_forget.resolve_no_owner", gone),
         # One namespace for every caller: it is no one's to forget.
-        ("persistent_memory.resolvers.shared_owner", ""),
+        ("persistent_memory.owners.resolvers.shared_owner", ""),
     ):
         configure(OWNER_RESOLVER=resolver)
         for method in ("get", "delete"):

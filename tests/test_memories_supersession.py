@@ -21,12 +21,12 @@ from rest_framework.test import APIClient
 
 from persistent_memory.exceptions import InvalidMemory, MemoryNotFound
 from persistent_memory.integrations.langgraph import PersistentMemoryStore
-from persistent_memory.maintenance import sweep_memories
 from persistent_memory.memories import memories_for
-from persistent_memory.memories.forget import forget_owner, owner_holdings
 from persistent_memory.memories.injection import relevant_memories
 from persistent_memory.memories.upkeep import forget_by_policy
 from persistent_memory.models import LongTermMemory
+from persistent_memory.operations.forget import forget_owner, owner_holdings
+from persistent_memory.operations.maintenance import sweep_memories
 from persistent_memory.store import get_store
 from tests import readme_blocks
 from tests.conftest import memory_settings_for

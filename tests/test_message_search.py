@@ -28,9 +28,9 @@ from schemathesis.core.transport import Response
 from persistent_memory.exceptions import InvalidMemory, SessionNotFound
 from persistent_memory.mcp.server import build_server
 from persistent_memory.memories import embedders, embedding_worker, memories_for, message_search
-from persistent_memory.memories.forget import forget_owner
 from persistent_memory.memories.injection import HEADER, render_memories
 from persistent_memory.models import LongTermMemory, MemoryMessage, MemorySession
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.pipeline import MemoryFilter
 from persistent_memory.store import MemoryStore
 from tests.servers import manage

@@ -17,10 +17,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from persistent_memory.maintenance import sweep
 from persistent_memory.memories import embedders, memories_for, message_search, vectors
-from persistent_memory.memories.forget import forget_owner
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
+from persistent_memory.operations.forget import forget_owner
+from persistent_memory.operations.maintenance import sweep
 from tests.embeddings_server import embed_text, embeddings_server
 
 pytestmark = pytest.mark.django_db

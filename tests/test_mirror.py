@@ -12,7 +12,7 @@ from persistent_memory import get_store, reset_store
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import BackendUnavailable, CapacityExceeded, QuotaExceeded
 from persistent_memory.health import mirror_health
-from persistent_memory.mirror import ERROR_TEXT_LIMIT, _error_text
+from persistent_memory.mirror.sessions import ERROR_TEXT_LIMIT, _error_text
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
@@ -370,7 +370,7 @@ def test_two_processes_syncing_at_once_leave_the_rows_whole(configure):
     from django.db import connections
     from django.utils import timezone
 
-    from persistent_memory import mirror as mirror_module
+    from persistent_memory.mirror import sessions as mirror_module
 
     if connection.vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's; SQLite lets one writer in at a time")
@@ -853,7 +853,7 @@ def test_a_flush_that_fails_says_so_and_the_worker_goes_on(db, settings, caplog,
 
 def test_a_sync_with_a_limit_over_a_batch_takes_that_many(mirrored):
     """A limit past BATCH_SIZE is taken over several batches, and no more than it."""
-    from persistent_memory.mirror import BATCH_SIZE
+    from persistent_memory.mirror.sessions import BATCH_SIZE
 
     store = mirrored
     for n in range(BATCH_SIZE + 3):
@@ -970,7 +970,7 @@ def test_checkpoint_rows_follow_removals_and_each_session_of_a_batch(db, setting
 def test_the_figures_of_a_sync_add_up_over_its_batches(mirrored):
     """Three batches: one gone and one refused in the first, all written in the second,
     one refused in the third."""
-    from persistent_memory.mirror import BATCH_SIZE
+    from persistent_memory.mirror.sessions import BATCH_SIZE
 
     store = mirrored
     store.create_session("gone")
@@ -989,7 +989,7 @@ def test_the_figures_of_a_sync_add_up_over_its_batches(mirrored):
 def test_a_sync_goes_on_past_a_batch_where_some_sessions_were_refused(mirrored):
     """Only a batch that wrote nothing stops sync_dirty: with two of BATCH_SIZE + 1 sessions
     refused, the first batch holds one at least, and the one left for the next is written."""
-    from persistent_memory.mirror import BATCH_SIZE
+    from persistent_memory.mirror.sessions import BATCH_SIZE
 
     store = mirrored
     for n in range(BATCH_SIZE + 1):
@@ -1002,7 +1002,7 @@ def test_a_sync_goes_on_past_a_batch_where_some_sessions_were_refused(mirrored):
 
 
 def test_a_batch_that_fails_whole_adds_to_the_failures_before_it(mirrored, monkeypatch):
-    from persistent_memory.mirror import BATCH_SIZE
+    from persistent_memory.mirror.sessions import BATCH_SIZE
 
     store = mirrored
     ids = [f"s{n}" for n in range(BATCH_SIZE + 3)]

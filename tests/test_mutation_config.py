@@ -22,9 +22,10 @@ GUARDED = {
     "persistent_memory/backends/memory/tree.py",
     "persistent_memory/backends/memory/checkpoints.py",
     "persistent_memory/backends/memory/conversations.py",
-    "persistent_memory/mirror.py",
-    "persistent_memory/mirror_conversations.py",
-    "persistent_memory/mirror_checkpoints.py",
+    "persistent_memory/mirror/sessions.py",
+    "persistent_memory/mirror/rows.py",
+    "persistent_memory/mirror/conversations.py",
+    "persistent_memory/mirror/checkpoints.py",
     "persistent_memory/memories/search.py",
 }
 CI = {

@@ -436,7 +436,7 @@ def test_a_run_paused_for_approval_resumes_on_the_session(store):
 
 @pytest.mark.django_db
 def test_forgetting_the_owner_forgets_the_session(store):
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     alice = PersistentMemorySession("chat", owner="alice")
     bob = PersistentMemorySession("chat", owner="bob")
@@ -448,7 +448,7 @@ def test_forgetting_the_owner_forgets_the_session(store):
 
 
 def test_export_and_import_carry_the_items(store):
-    from persistent_memory.maintenance import export_sessions, import_sessions
+    from persistent_memory.operations.maintenance import export_sessions, import_sessions
 
     session = PersistentMemorySession("chat", owner="alice")
     items = [user("q"), function_call("a"), output("a"), {"type": "compaction", "encrypted_content": "x"}]

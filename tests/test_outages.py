@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 
 from persistent_memory import get_store
 from persistent_memory.checks import check_debug_reports
-from persistent_memory.debug import SafeExceptionReporterFilter, redis_passwords
+from persistent_memory.errors.debug import SafeExceptionReporterFilter, redis_passwords
 from tests.conftest import _free_port
 from tests.servers import TcpProxy, demo_env, manage, prepare_database, serve
 
@@ -306,7 +306,7 @@ def test_error_reports_hide_the_locals_below_building_the_redis_client(settings)
 def test_the_demo_site_uses_the_filter():
     assert (
         django_settings.DEFAULT_EXCEPTION_REPORTER_FILTER
-        == "persistent_memory.debug.SafeExceptionReporterFilter"
+        == "persistent_memory.errors.debug.SafeExceptionReporterFilter"
     )
 
 

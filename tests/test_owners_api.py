@@ -482,7 +482,7 @@ class TestClosedByDefault:
         assert "persistent_memory.W002" in warning_ids()
         configure(API_PERMISSION_CLASSES=["rest_framework.permissions.IsAuthenticated"])
         assert "persistent_memory.W002" not in warning_ids()
-        configure(OWNER_RESOLVER="persistent_memory.resolvers.shared_owner")
+        configure(OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner")
         ids = warning_ids()
         assert "persistent_memory.W003" in ids and "persistent_memory.W002" not in ids
 
@@ -492,7 +492,7 @@ class TestClosedByDefault:
 
 def test_tenant_resolver_gives_each_tenant_its_own_namespace(db, configure, settings):
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_owners_api.TenantFromHeader"]
-    configure(OWNER_RESOLVER="persistent_memory.resolvers.tenant_user_owner")
+    configure(OWNER_RESOLVER="persistent_memory.owners.resolvers.tenant_user_owner")
     user, plain = make_user("alice")
     token = f"Token {Token.objects.get(user=user).key}"
     clients = {}
@@ -540,7 +540,7 @@ def test_tenant_resolver_gives_each_tenant_its_own_namespace(db, configure, sett
 
 def test_shared_resolver_puts_everyone_in_the_unowned_namespace(people, configure):
     """The old behaviour, kept as an opt-in: every caller sees every session, unowned."""
-    operator = configure(OWNER_RESOLVER="persistent_memory.resolvers.shared_owner")
+    operator = configure(OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner")
     operator.create_session("node-1")  # a session the original node wrote (unowned)
     operator.put("node-1", "from", "node")
     alice, bob = people.alice_api, people.bob_api
@@ -723,7 +723,7 @@ def test_owner_throttle_in_the_shared_namespace_is_per_user(people, configure, e
     configure(
         API_THROTTLE_CLASSES=["persistent_memory.api.throttling.OwnerRateThrottle"],
         API_THROTTLE_RATES={"persistent_memory": "2/min"},
-        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
     )
     for _ in range(2):
         assert call(people.alice_api, "get", "sessions/").status_code == 200

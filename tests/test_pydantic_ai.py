@@ -577,7 +577,7 @@ def test_windows_and_pinned_system_prompts(store):
 
 @pytest.mark.django_db
 def test_forgetting_the_owner_forgets_the_conversations(store):
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     alice, bob = (
         PersistentMemoryConversationStore(owner="alice"),
@@ -591,7 +591,7 @@ def test_forgetting_the_owner_forgets_the_conversations(store):
 
 
 def test_export_and_import_carry_the_conversation(store):
-    from persistent_memory.maintenance import export_sessions, import_sessions
+    from persistent_memory.operations.maintenance import export_sessions, import_sessions
 
     memory = PersistentMemoryConversationStore(owner="alice")
     run(memory.save(Conversation(conversation_id="c", messages=list(MESSAGES))))

@@ -48,14 +48,15 @@ from typing import Any
 import pytest
 import redis
 
-from persistent_memory import get_store, maintenance
+from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis.backend import RedisBackend, _glob_escape
 from persistent_memory.backends.redis.functions import SOURCE
 from persistent_memory.backends.redis.layout import Layout
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
-from persistent_memory.memories.forget import forget_owner
+from persistent_memory.operations import maintenance
+from persistent_memory.operations.forget import forget_owner
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for

@@ -21,8 +21,8 @@ from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conf import MemorySettings
+from persistent_memory.operations.relayout import relayout, relayout_backends
 from persistent_memory.owners import storage_id
-from persistent_memory.relayout import relayout, relayout_backends
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for
 from tests.redis_topologies import poll

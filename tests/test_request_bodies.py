@@ -85,7 +85,7 @@ def test_asgi_reads_chunked_bodies(configure):
     configure(
         API_AUTHENTICATION_CLASSES=[],
         API_PERMISSION_CLASSES=["rest_framework.permissions.AllowAny"],
-        OWNER_RESOLVER="persistent_memory.resolvers.shared_owner",
+        OWNER_RESOLVER="persistent_memory.owners.resolvers.shared_owner",
     )
     scope = {
         "type": "http",

@@ -10,8 +10,8 @@ import pytest
 from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.conversations.summaries import summary_tokens
-from persistent_memory.maintenance import export_sessions, import_sessions
 from persistent_memory.models import MemoryConversation
+from persistent_memory.operations.maintenance import export_sessions, import_sessions
 from persistent_memory.store import MemoryStore, reset_store
 from tests.test_conversations_mirror import portable
 

@@ -158,7 +158,7 @@ class TestImmediate:
         assert not BackgroundWork.objects.filter(kind="extract", session_id="s").exists()
         alice.add_messages("t", [user("I live in Lyon.", id="m2")])
         assert BackgroundWork.objects.filter(owner="user:alice").exists()
-        from persistent_memory.memories.forget import forget_owner
+        from persistent_memory.operations.forget import forget_owner
 
         forget_owner("user:alice", store=store)
         assert not BackgroundWork.objects.filter(owner="user:alice").exists()

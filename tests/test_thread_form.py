@@ -320,7 +320,7 @@ def test_an_enrich_sent_again_answers_the_window_it_answered(configure):
 def test_the_form_goes_with_its_session(configure):
     """It expires with its session (an idle TTL moves it with the rest), and a delete and
     forgetting the owner take it."""
-    from persistent_memory.memories.forget import forget_owner
+    from persistent_memory.operations.forget import forget_owner
 
     store = configure()
     store.create_session("s1", 600, idle_ttl_seconds=300)

@@ -8,7 +8,7 @@ handled is logged with its traceback and answered as a JSON 500, never an HTML p
 A server-side error (5xx, 507 included) also carries a ``request_id`` (and the
 ``X-Request-ID`` header) and a plain message: its details (a backend's address, a
 script hash, a traceback) go to the ``persistent_memory.api`` logger under that id,
-never to the caller (see :mod:`persistent_memory.reporting`).
+never to the caller (see :mod:`persistent_memory.errors.reporting`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rest_framework.settings import api_settings
 
 from persistent_memory import exceptions as memory_errors
 from persistent_memory.conf import memory_settings
-from persistent_memory.reporting import REQUEST_ID_HEADER, caller_detail, new_request_id
+from persistent_memory.errors.reporting import REQUEST_ID_HEADER, caller_detail, new_request_id
 
 logger = logging.getLogger("persistent_memory.api")
 

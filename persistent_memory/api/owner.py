@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from persistent_memory.api.views import MemoryAPIView, OwnerRequired, errors
-from persistent_memory.memories.forget import forget_owner, owner_holdings
+from persistent_memory.operations.forget import forget_owner, owner_holdings
 
 TAG = "owner"
 CONFIRM_HEADER = "Confirm-Forget"

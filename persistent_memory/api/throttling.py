@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.throttling import SimpleRateThrottle
 
 from persistent_memory.exceptions import InvalidOwner
-from persistent_memory.resolvers import resolve_owner
+from persistent_memory.owners.resolvers import resolve_owner
 
 
 class OwnerRateThrottle(SimpleRateThrottle):

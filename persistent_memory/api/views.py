@@ -40,14 +40,14 @@ from persistent_memory.api.parsers import MemoryJSONParser
 from persistent_memory.api.rendering import parsed, render_json
 from persistent_memory.backends.base import SessionInfo, remaining_seconds
 from persistent_memory.conf import memory_settings
-from persistent_memory.database import drop_dead_connections
+from persistent_memory.errors.database import drop_dead_connections
 from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError
 from persistent_memory.health import OK, health_report
 from persistent_memory.idempotency import HEADER as IDEMPOTENCY_HEADER
 from persistent_memory.idempotency import KEY_PATTERN as IDEMPOTENCY_KEY_PATTERN
 from persistent_memory.idempotency import Idempotency
+from persistent_memory.owners.resolvers import resolve_owner
 from persistent_memory.pipeline import MemoryFilter
-from persistent_memory.resolvers import resolve_owner
 from persistent_memory.store import MAX_PAGE_OFFSET, MemoryStore, get_store
 from persistent_memory.validation import validate_run_id
 

@@ -362,7 +362,7 @@ class BaseBackend(ABC):
     def forget_namespace(self, namespace: str) -> int:
         """Delete the records of an owner namespace (``~o:{owner}~``) that are no session's:
         idempotency records and run bindings; how many. Its sessions are deleted first, one
-        by one, by the caller (see :mod:`persistent_memory.memories.forget`)."""
+        by one, by the caller (see :mod:`persistent_memory.operations.forget`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot forget an owner's records.")
 
     @abstractmethod

@@ -221,15 +221,10 @@ class ConversationMethods:
             validate_message_id(parent_id, what="parent_id")
         batch = self._prepare(messages)
         once = self._once(idempotency)
-        appended = self._call(
-            self.backend.add_messages,
-            session_id,
-            conversation,
-            parent_id,
-            batch,
-            self.default_ttl_seconds,
-            **once,
-        )
+        with self._session(session_id) as sid:
+            appended = self.backend.add_messages(
+                sid, conversation, parent_id, batch, self.default_ttl_seconds, **once
+            )
         stored = self._stored(session_id, conversation, batch, appended.messages, "add_messages")
         return {"conversation": conversation, "head": appended.head, "messages": stored}
 
@@ -283,7 +278,8 @@ class ConversationMethods:
         if leaf is not None:
             validate_message_id(leaf, what="leaf")
         count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
-        head, texts = self._call(self.backend.get_messages, session_id, conversation, leaf, count)
+        with self._session(session_id) as sid:
+            head, texts = self.backend.get_messages(sid, conversation, leaf, count)
         return {"conversation": conversation, "head": head, "messages": _parsed(texts)}
 
     def get_chat_messages(
@@ -323,15 +319,10 @@ class ConversationMethods:
         rolling = _choice(strategy or options.strategy, STRATEGIES, "strategy") == ROLLING
         overflow = _choice(overflow or options.overflow, OVERFLOWS, "overflow")
         reserve = overflow != "truncate_summary"
-        window = self._call(
-            self.backend.get_context,
-            session_id,
-            conversation,
-            tokens,
-            count,
-            rolling=rolling,
-            reserve_summary=reserve,
-        )
+        with self._session(session_id) as sid:
+            window = self.backend.get_context(
+                sid, conversation, tokens, count, rolling=rolling, reserve_summary=reserve
+            )
         return window_context(
             conversation, window, max_tokens=tokens, overflow=overflow, tokenizer=options.tokenizer
         )
@@ -339,7 +330,8 @@ class ConversationMethods:
     def list_conversations(self: MemoryStore, session_id: str) -> list[ConversationInfo]:
         """Each conversation's name, head, message count, token total, branch count and how
         many messages were trimmed, by name."""
-        infos = self._call(self.backend.list_conversations, session_id)
+        with self._session(session_id) as sid:
+            infos = self.backend.list_conversations(sid)
         return sorted(infos, key=lambda info: info["conversation"])
 
     def set_head(
@@ -354,7 +346,8 @@ class ConversationMethods:
         conversation = validate_conversation(conversation)
         validate_message_id(message_id)
         once = self._once(idempotency)
-        return self._call(self.backend.set_head, session_id, conversation, message_id, **once)
+        with self._session(session_id) as sid:
+            return self.backend.set_head(sid, conversation, message_id, **once)
 
     def clear_messages(
         self: MemoryStore,
@@ -366,7 +359,8 @@ class ConversationMethods:
         """Remove a conversation with all its messages; return how many it held."""
         conversation = validate_conversation(conversation)
         once = self._once(idempotency)
-        return self._call(self.backend.clear_messages, session_id, conversation, **once)
+        with self._session(session_id) as sid:
+            return self.backend.clear_messages(sid, conversation, **once)
 
     def pop_message(
         self: MemoryStore,
@@ -385,7 +379,8 @@ class ConversationMethods:
         validate_message_id(head_id, what="head_id")
         batch = self._prepare(replacement) if replacement else []
         once = self._once(idempotency)
-        popped = self._call(self.backend.pop_message, session_id, conversation, head_id, batch, **once)
+        with self._session(session_id) as sid:
+            popped = self.backend.pop_message(sid, conversation, head_id, batch, **once)
         stored = [json.loads(text) for text in popped.messages]
         if stored and messages_added.receivers:
             self.messages_added(session_id, conversation, stored, "pop_message")
@@ -436,9 +431,8 @@ class ConversationMethods:
             else []
         )
         write = RecordWrite(key, _revision(expected), value, parent_id, head_id)
-        texts = self._call(
-            self.backend.write_thread, session_id, conversation, write, batch, self.default_ttl_seconds
-        )
+        with self._session(session_id) as sid:
+            texts = self.backend.write_thread(sid, conversation, write, batch, self.default_ttl_seconds)
         return self._stored(session_id, conversation, batch, texts, "write_thread")
 
     def remove_thread(
@@ -456,7 +450,8 @@ class ConversationMethods:
         if _revision(expected) is None:
             raise InvalidValue("A revision is a non-empty string.")
         write = RecordWrite(validate_key(key), expected, None, None, None)
-        self._call(self.backend.write_thread, session_id, conversation, write, [], None)
+        with self._session(session_id) as sid:
+            self.backend.write_thread(sid, conversation, write, [], None)
 
     # The lanes -------------------------------------------------------------------
 

@@ -1,5 +1,8 @@
 """Adapters for agent frameworks, one module each, behind an extra of its own
-(``persistent_memory.integrations.langgraph``: ``pip install ...[langgraph]``)."""
+(``persistent_memory.integrations.langgraph``: ``pip install ...[langgraph]``).
+
+May import: the store, the operations, the services and the layers below them; the
+admin imports the LangGraph checkpointer to show a thread's checkpoints."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from persistent_memory.exceptions import PersistentMemoryError
-from persistent_memory.maintenance import named_sessions, owner_prefix
+from persistent_memory.operations.maintenance import named_sessions
+from persistent_memory.owners import owner_prefix
 from persistent_memory.store import MemoryStore, get_store
 
 #: Runs over this many sessions show progress on a terminal.

@@ -4,4 +4,7 @@
 read and write only that owner's conversations and memories); ``manage.py memory_mcp``
 serves it over stdio, and :mod:`persistent_memory.mcp.http` over streamable HTTP with
 the API's tokens.
+
+May import: the REST API (its errors and tokens), the store, the services and the
+layers below them.
 """

@@ -76,7 +76,7 @@ def _authenticate(scope: Scope) -> str:
     from rest_framework.authentication import TokenAuthentication
     from rest_framework.exceptions import AuthenticationFailed
 
-    from persistent_memory.resolvers import resolve_owner
+    from persistent_memory.owners.resolvers import resolve_owner
 
     close_old_connections()
     try:

@@ -7,7 +7,7 @@ in Django's sync thread; a store exception becomes a tool error whose text start
 its code (``session_not_found: ...``), never a crashed server. A server-side error (a
 backend down or full, the database unreachable, a bug) is told as its code, a plain
 message and a request id; its details go to the ``persistent_memory.mcp`` logger under
-that id (see :mod:`persistent_memory.reporting`).
+that id (see :mod:`persistent_memory.errors.reporting`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from persistent_memory import get_store
+from persistent_memory.errors.reporting import new_request_id, plain_detail
 from persistent_memory.exceptions import InvalidMemory, PersistentMemoryError
 from persistent_memory.memories.service import MemoryService, memories_for
 from persistent_memory.owners import validate_owner
-from persistent_memory.reporting import new_request_id, plain_detail
 from persistent_memory.store import MemoryStore
 
 T = TypeVar("T")

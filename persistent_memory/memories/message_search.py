@@ -2,7 +2,7 @@
 as memories, without any extraction.
 
 The index is the mirror's message rows (:class:`~persistent_memory.models.MemoryMessage`,
-written by :mod:`persistent_memory.mirror_conversations`): PostgreSQL's ``search_tsv``
+written by :mod:`persistent_memory.mirror.conversations`): PostgreSQL's ``search_tsv``
 with a GIN index, SQLite's FTS5 table ``pm_message_fts`` (migration 0016), ``icontains``
 elsewhere; the speaker's name is searched at half the weight of the text. A message is
 searched through its session's row, so it is the owner's alone (``MemorySession.owner``,
@@ -42,11 +42,13 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.dispatch import receiver
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings, mirror_mode
 from persistent_memory.memories import embedders
 from persistent_memory.memories import vectors as _vectors
+from persistent_memory.mirror.signals import messages_mirrored
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 from persistent_memory.owners import storage_id
 
@@ -311,6 +313,12 @@ def embed_later(conversation_messages: list[tuple[int, str]]) -> None:
         ).values_list("pk", "conversation_id", "message_id")
         ids += [pk for pk, conversation, message in found if (conversation, message) in wanted]
     embed_messages_later(ids)
+
+
+@receiver(messages_mirrored)
+def _embed_mirrored(sender: Any, *, messages: list[tuple[int, str]], **kwargs: Any) -> None:
+    # The mirror's new message rows (connected when the app is ready: see apps.py).
+    embed_later(messages)
 
 
 def embed_batch(

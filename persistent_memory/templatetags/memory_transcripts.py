@@ -1,4 +1,4 @@
-"""The admin's conversation transcripts as a template tag (see persistent_memory.transcript)."""
+"""The admin's conversation transcripts as a template tag (see persistent_memory.admin.transcript)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 from django import template
 
+from persistent_memory.admin.transcript import build
 from persistent_memory.models import MemoryConversation
-from persistent_memory.transcript import build
 
 register = template.Library()
 

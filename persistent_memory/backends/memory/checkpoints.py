@@ -3,7 +3,7 @@
 Held by :class:`~persistent_memory.backends.memory.MemoryBackend` as ``checkpoints``, which gives it
 its session table (:class:`~.sessions.SessionTable`): each write takes the
 backend's lock, journals itself, then changes the session and marks it for the mirror.
-The mirror holds what the journal lets go (see :mod:`persistent_memory.mirror_checkpoints`):
+The mirror holds what the journal lets go (see :mod:`persistent_memory.mirror.checkpoints`):
 each entry carries the session's change counter when it was last written, so a sync
 writes only the entries changed since the one before.
 """

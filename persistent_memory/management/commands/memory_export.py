@@ -9,8 +9,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from persistent_memory.maintenance import export_sessions
 from persistent_memory.management.base import MemoryCommand
+from persistent_memory.operations.maintenance import export_sessions
 
 
 class Command(MemoryCommand):

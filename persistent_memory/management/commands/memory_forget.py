@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from persistent_memory.management.base import MemoryCommand
-from persistent_memory.memories.forget import forget_owner
+from persistent_memory.operations.forget import forget_owner
 
 
 class Command(MemoryCommand):

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from persistent_memory.management.base import MemoryCommand
-from persistent_memory.mirror import SyncResult
+from persistent_memory.mirror.sessions import SyncResult
 from persistent_memory.models import MemorySession
 from persistent_memory.owners import split_storage_id
 

@@ -8,9 +8,14 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from persistent_memory.conf import REDIS_LAYOUTS
-from persistent_memory.maintenance import BATCH_SIZE, as_counts
 from persistent_memory.management.base import MemoryCommand
-from persistent_memory.relayout import TARGET_TOPOLOGIES, RelayoutReport, relayout, relayout_backends
+from persistent_memory.operations.maintenance import BATCH_SIZE, as_counts
+from persistent_memory.operations.relayout import (
+    TARGET_TOPOLOGIES,
+    RelayoutReport,
+    relayout,
+    relayout_backends,
+)
 
 
 class Command(MemoryCommand):

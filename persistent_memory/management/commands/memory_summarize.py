@@ -11,8 +11,8 @@ from django.core.management.base import CommandError
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.summarizing import SummarizeReport
-from persistent_memory.maintenance import as_counts, summarize_sessions
 from persistent_memory.management.base import MemoryCommand
+from persistent_memory.operations.maintenance import as_counts, summarize_sessions
 
 
 class Command(MemoryCommand):

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from persistent_memory.maintenance import as_counts, sweep, sweep_memories
 from persistent_memory.management.base import MemoryCommand
 from persistent_memory.memories.upkeep import forget_by_policy
+from persistent_memory.operations.maintenance import as_counts, sweep, sweep_memories
 
 
 class Command(MemoryCommand):

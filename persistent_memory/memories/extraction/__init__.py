@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -29,7 +29,9 @@ from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories.extraction.candidates import Candidate, ExtractionFailed
 from persistent_memory.memories.injection import is_injected
 from persistent_memory.memories.service import memories_for
-from persistent_memory.store import MemoryStore
+
+if TYPE_CHECKING:  # the store holds the extraction worker: only its type from here
+    from persistent_memory.store import MemoryStore
 
 Extractor = Callable[[list[dict[str, Any]]], list[Candidate]]
 

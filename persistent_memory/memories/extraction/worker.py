@@ -11,7 +11,7 @@ the batch is dropped with a logged warning (``memory_extract`` catches up). The 
 takes what is queued, groups it by owner and runs the extractors over each owner's
 messages (:func:`~persistent_memory.memories.extraction.find_candidates`); an extractor
 or a database that fails is logged and counted, and the thread goes on. It stops at
-``store.close()``. Forgetting an owner (:func:`~persistent_memory.memories.forget.forget_owner`)
+``store.close()``. Forgetting an owner (:func:`~persistent_memory.operations.forget.forget_owner`)
 first tells the worker to skip what that owner wrote and waits for an extraction of
 theirs in progress, and what was found in a session that no longer exists is not
 written, so nothing queued brings a forgotten owner's memories back. The worker asks the

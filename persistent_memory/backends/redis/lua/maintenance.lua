@@ -45,7 +45,7 @@ end)
 -- Keys found by a SCAN, KEYS[28] to KEYS[27 + n], each with its kind (arg(2 + i): 'b' a
 -- run binding, 'i' a session's run index, 'k' another key of a session, '' none of a
 -- session's, such as an idempotency record) and its session's meta at KEYS[27 + n + i]
--- (the client parses the names: persistent_memory.backends.redis_layout.swept). Keys of
+-- (the client parses the names: persistent_memory.backends.redis.layout.swept). Keys of
 -- sessions whose meta is gone are removed; a binding's session is the one it names.
 -- arg(1) '1' for a dry run, 2 n. Replies the leftover keys and run bindings.
 on({'sweep_keys'}, function()

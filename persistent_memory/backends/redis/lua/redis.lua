@@ -1,5 +1,5 @@
 -- Every store operation on Redis, as one function library (FUNCTION LOAD; on Redis < 7
--- the same chunk as a script, see persistent_memory.backends.redis_functions): one FCALL
+-- the same chunk as a script, see persistent_memory.backends.redis.functions): one FCALL
 -- is one round trip, and a write, its history entry, its TTL alignment, its summarization
 -- and its mark for the ORM mirror happen atomically. This file holds the call's arguments,
 -- idempotency, expiry alignment, run bindings, the fast path of the commonest reads and,
@@ -7,7 +7,7 @@
 -- in that order. The chunk runs once, when Redis loads the library: what depends on the
 -- call is in entry() and in the handlers the included files register with on().
 --
--- KEYS, in this order on every call (persistent_memory.backends.redis_layout builds
+-- KEYS, in this order on every call (persistent_memory.backends.redis.layout builds
 -- them; a key the operation does not use is given as KEYS[8], so that every key of a
 -- call is in one hash slot in the cluster layout):
 --   1 the session's meta, 2 its key set, 3 its history, 4 its run index, 5 the set of its

@@ -35,7 +35,8 @@ from django.db.models import Prefetch, QuerySet
 from persistent_memory.backends.base import SessionSnapshot
 from persistent_memory.backends.conversations import ConversationSnapshot, text_digest
 from persistent_memory.backends.memory.tree import StoredMessage, Tree
-from persistent_memory.mirror import _datetime, _insert
+from persistent_memory.mirror.rows import _datetime, _insert
+from persistent_memory.mirror.signals import messages_mirrored
 from persistent_memory.models import MemoryConversation, MemoryMessage
 
 #: The columns a sync writes, in the order :func:`_message_row` gives them.
@@ -251,9 +252,8 @@ def write_conversations(pks: dict[str, int], snapshots: dict[str, SessionSnapsho
     if compared:
         new.extend(_differences(compared, now))
     _insert(MemoryMessage, MESSAGE_COLUMNS, new)
-    from persistent_memory.memories import message_search  # the search's, which needs the models
-
-    message_search.embed_later([(row[0], row[1]) for row in new])
+    if new:
+        messages_mirrored.send(write_conversations, messages=[(row[0], row[1]) for row in new])
 
 
 def _differences(compared: dict[int, _Parsed], now: datetime) -> list[tuple[Any, ...]]:

@@ -12,6 +12,10 @@ after ``~o:`` ends the owner, a storage id names exactly one (owner, session id)
 and no owned key can equal or prefix a key of another owner or of the node's layout
 (node keys never start with ``~``). Per-owner keys that are not a session's start
 with ``~o:{owner}~:``, which no session's can (a session id never starts with ``:``).
+
+The package holds the owners' names here and the resolvers that decide a request's owner
+(:mod:`persistent_memory.owners.resolvers`). May import: ``exceptions`` and ``conf``
+(the resolvers read the settings); everything else may import it.
 """
 
 from __future__ import annotations
@@ -77,3 +81,13 @@ def idempotency_ref(owner: str, key: str) -> str:
     """Where an idempotency record lives below the key prefix: per owner, so one owner's
     key never answers another's request."""
     return f"{OWNED_MARK}{owner}~:idem:{key}" if owner else f"~idem:{key}"
+
+
+def owner_prefix(owner: str | None) -> str:
+    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None);
+    ``InvalidOwner`` for ``""`` or an invalid owner."""
+    if owner is None:
+        return ""
+    if not owner:
+        raise InvalidOwner("Name an owner, such as user:42 (the unowned sessions have none).")
+    return owner_namespace(validate_owner(owner))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistent_memory.backends.memory.tree import StoredMessage, Tree
-from persistent_memory.mirror_conversations import row_summaries
+from persistent_memory.mirror.conversations import row_summaries
 from persistent_memory.models import MemoryConversation, MemoryMessage
 
 #: Messages of a thread shown on the session page; the conversation's page shows all.
@@ -72,7 +72,7 @@ class Thread:
 @dataclass
 class Transcript:
     #: None: messages that are no conversation's rows (a graph thread's, see
-    #: :mod:`persistent_memory.admin_checkpoints`), shown without links to their rows.
+    #: :mod:`persistent_memory.admin.checkpoints`), shown without links to their rows.
     conversation: MemoryConversation | None
     leaf: str | None
     entries: list[Entry]

@@ -10,10 +10,10 @@ they answer as Django's defaults do, except that a database that cannot be reach
 is a 503 page that says so, not a bare "Server Error (500)". In the project's root
 URLconf::
 
-    handler400 = "persistent_memory.error_views.bad_request"
-    handler403 = "persistent_memory.error_views.permission_denied"
-    handler404 = "persistent_memory.error_views.page_not_found"
-    handler500 = "persistent_memory.error_views.server_error"
+    handler400 = "persistent_memory.api.error_views.bad_request"
+    handler403 = "persistent_memory.api.error_views.permission_denied"
+    handler404 = "persistent_memory.api.error_views.page_not_found"
+    handler500 = "persistent_memory.api.error_views.server_error"
 
 (DRF's ``rest_framework.exceptions.bad_request``/``server_error`` answer JSON on every
 path, with no code and no request id: the admin would then answer JSON too.)

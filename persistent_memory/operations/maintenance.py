@@ -21,12 +21,13 @@ from typing import Any
 from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
+from persistent_memory.backends.batches import BATCH_SIZE, session_batches
 from persistent_memory.checkpoints import validate_entries
 from persistent_memory.conf import DEFAULTS
 from persistent_memory.conversations.records import export_conversations, import_conversations
-from persistent_memory.exceptions import InvalidOwner, PersistentMemoryError, SessionExists, SessionNotFound
+from persistent_memory.exceptions import PersistentMemoryError, SessionExists, SessionNotFound
 from persistent_memory.owners import (
-    owner_namespace,
+    owner_prefix,
     split_storage_id,
     storage_id,
     validate_owner,
@@ -40,8 +41,6 @@ from persistent_memory.validation import (
     validate_session_id,
 )
 
-BATCH_SIZE = 500
-
 #: Called with (sessions done, sessions in all or None when not known).
 Progress = Callable[[int, int | None], None]
 
@@ -54,43 +53,6 @@ def named_sessions(session_ids: Iterable[str], owner: str | None = None) -> list
     """Storage ids of sessions named by id in ``owner``'s namespace (None: the unowned one)."""
     owner = validate_owner(owner or "")
     return [storage_id(owner, validate_session_id(sid)) for sid in dict.fromkeys(session_ids)]
-
-
-def owner_prefix(owner: str | None) -> str:
-    """The storage id prefix of ``owner``'s sessions ("" for every owner's, with None);
-    ``InvalidOwner`` for ``""`` or an invalid owner."""
-    if owner is None:
-        return ""
-    if not owner:
-        raise InvalidOwner("Name an owner, such as user:42 (the unowned sessions have none).")
-    return owner_namespace(validate_owner(owner))
-
-
-def _chunks(ids: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]
-
-
-def session_batches(
-    store: MemoryStore,
-    storage_ids: Iterable[str] | None = None,
-    *,
-    owner: str | None = None,
-    batch_size: int = BATCH_SIZE,
-) -> Iterator[list[str]]:
-    """The given sessions, or every session (of ``owner`` when given) read with a cursor,
-    ``batch_size`` at a time."""
-    if storage_ids is not None:
-        yield from _chunks(list(dict.fromkeys(storage_ids)), batch_size)
-        return
-    prefix = owner_prefix(owner)
-    cursor = 0
-    while True:
-        cursor, ids = store.backend.scan_sessions(cursor, batch_size, prefix)
-        if ids:
-            yield ids
-        if cursor == 0:
-            return
 
 
 # Export and import ------------------------------------------------------------
@@ -123,7 +85,7 @@ def export_sessions(
     """Export records of these live sessions (all, or all of ``owner``, when None), in batches."""
     store = store or get_store()
     done = 0
-    for batch in session_batches(store, storage_ids, owner=owner):
+    for batch in session_batches(store.backend, storage_ids, owner=owner):
         for snapshot in store.backend.snapshots(batch, checkpoints=True).values():
             if snapshot is not None:
                 yield export_record(snapshot)
@@ -272,7 +234,7 @@ def import_sessions(
     ids = [s["info"]["session_id"] for s in snapshots]
     if len(set(ids)) != len(ids):
         raise InvalidRecord("the file holds a session id of one owner more than once")
-    existing = set().union(*(store.backend.existing(batch) for batch in session_batches(store, ids)))
+    existing = set().union(*(store.backend.existing(batch) for batch in session_batches(store.backend, ids)))
     if existing and not replace:
         named = listing([_label(sid) for sid in sorted(existing)])
         raise SessionExists(f"{len(existing):,} sessions exist already (pass --replace): {named}")
@@ -287,7 +249,7 @@ def import_sessions(
     previous = {
         sid: snap
         for batch in session_batches(
-            store, [s["info"]["session_id"] for s in wanted if s["info"]["session_id"] in existing]
+            store.backend, [s["info"]["session_id"] for s in wanted if s["info"]["session_id"] in existing]
         )
         for sid, snap in store.backend.snapshots(batch, checkpoints=True).items()
     }
@@ -389,7 +351,7 @@ def summarize_sessions(
     store = store or get_store()
     limit = store.backend.max_history if max_history is None else max_history
     report = SummarizeReport()
-    for batch in session_batches(store, storage_ids, owner=owner):
+    for batch in session_batches(store.backend, storage_ids, owner=owner):
         if dry_run:
             infos = store.backend.infos(batch)
             report.scanned += len(infos)

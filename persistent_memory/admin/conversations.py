@@ -3,7 +3,7 @@ per conversation with every thread (``?leaf=<message id>`` shows the thread endi
 there), and a read-only list of messages searchable by content.
 
 Like the rest of the admin, it reads the mirror rows only (see
-:mod:`persistent_memory.transcript`); opening a conversation first syncs the sessions
+:mod:`persistent_memory.admin.transcript`); opening a conversation first syncs the sessions
 written since the last sync.
 """
 
@@ -20,13 +20,13 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import Truncator
 
-from persistent_memory.admin import ReadOnlyMixin, pretty_json
+from persistent_memory.admin.base import ReadOnlyMixin, pretty_json
+from persistent_memory.admin.transcript import SESSION_PAGE_MESSAGES, UnknownLeaf, build
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.messages import ROLES
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 from persistent_memory.store import get_store
-from persistent_memory.transcript import SESSION_PAGE_MESSAGES, UnknownLeaf, build
 
 
 def _sync(model_admin: admin.ModelAdmin, request: HttpRequest) -> None:

@@ -20,26 +20,15 @@ from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
-from persistent_memory import maintenance
-from persistent_memory.admin_checkpoints import checkpoints_html, is_thread, messages_html
-from persistent_memory.admin_forget import ForgetOwnersMixin
+from persistent_memory.admin.base import ReadOnlyMixin, pretty_json, short_when, when
+from persistent_memory.admin.checkpoints import checkpoints_html, is_thread, messages_html
+from persistent_memory.admin.conversations import ConversationInline
+from persistent_memory.admin.forget import ForgetOwnersMixin
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
+from persistent_memory.operations import maintenance
 from persistent_memory.store import get_store
-
-
-class ReadOnlyMixin:
-    """The mirror only changes through the store."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -120,18 +109,6 @@ class SyncFilter(admin.SimpleListFilter):
         return queryset
 
 
-def pretty_json(text: str) -> str:
-    """Stored JSON text indented for reading; control characters such as U+0000 stay
-    visible as escapes. Text that is not JSON (written to Redis by another program) is
-    shown as it is."""
-    try:
-        pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        pretty = text
-    # A lone surrogate (only another program's data could hold one) as its escape.
-    return pretty.encode("utf-8", "backslashreplace").decode()
-
-
 class ValueInline(ReadOnlyMixin, admin.TabularInline):
     model = MemoryValue
     fields = ("key", "pretty_value")
@@ -186,17 +163,6 @@ def state_label(session: MemorySession, now: datetime | None = None) -> str:
         return "gone"
     expired = session.expires_at is not None and session.expires_at <= (now or timezone.now())
     return "expired" if session.state == MemorySession.State.EXPIRED or expired else "live"
-
-
-def when(moment: datetime | None) -> str:
-    """A local time to the minute: "2026-11-22 18:43"."""
-    return "—" if moment is None else format_date(timezone.localtime(moment), "Y-m-d H:i")
-
-
-def short_when(moment: datetime) -> str:
-    """A list column's time: "Nov 22, 18:43" this year, "2025-11-22" before."""
-    local = timezone.localtime(moment)
-    return format_date(local, "M j, H:i" if local.year == timezone.localtime().year else "Y-m-d")
 
 
 def duration(seconds: float) -> str:
@@ -260,7 +226,8 @@ class MemorySessionAdmin(ForgetOwnersMixin, ReadOnlyMixin, admin.ModelAdmin):
         "checkpoints",
         "mirror_sync",
     )
-    inlines = (ValueInline, HistoryInline)
+    # Conversations first: transcripts lead the session page.
+    inlines = (ConversationInline, ValueInline, HistoryInline)
     actions = (
         "summarize_now",
         "summarize_conversations_now",
@@ -533,12 +500,3 @@ class HistoryEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         return {}
-
-
-# Conversations (their own module): transcripts lead the session page.
-from persistent_memory.admin_conversations import ConversationInline  # noqa: E402
-
-MemorySessionAdmin.inlines = (ConversationInline, *MemorySessionAdmin.inlines)
-
-# Long-term memories (their own module).
-from persistent_memory.admin_memories import LongTermMemoryAdmin  # noqa: E402, F401

@@ -12,7 +12,7 @@ of ``DATABASES``) wherever the report shows a value (settings, request META and
 cookies, every frame's local variables), and the password of any URL
 (``scheme://user:password@``) or ``password=...`` pair it shows, with DEBUG on or off::
 
-    DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.debug.SafeExceptionReporterFilter"
+    DEFAULT_EXCEPTION_REPORTER_FILTER = "persistent_memory.errors.debug.SafeExceptionReporterFilter"
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 from persistent_memory.exceptions import InvalidOwner
-from persistent_memory.maintenance import sweep
 from persistent_memory.memories.service import memories_for
+from persistent_memory.operations.maintenance import sweep
 from persistent_memory.owners import owner_namespace, storage_id, validate_owner
 from persistent_memory.store import MemoryStore, get_store
 

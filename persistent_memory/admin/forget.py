@@ -1,6 +1,6 @@
 """The admin action "Forget everything about the owners of the selected ...", on the
 sessions and the memories lists: a confirmation page listing each owner with what will
-be deleted, then :func:`~persistent_memory.memories.forget.forget_owner` for each, and
+be deleted, then :func:`~persistent_memory.operations.forget.forget_owner` for each, and
 the counts in a message.
 
 It deletes sessions and memories alike, so it takes both delete permissions.
@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from persistent_memory.exceptions import PersistentMemoryError
-from persistent_memory.memories.forget import forget_owner, owner_holdings
+from persistent_memory.operations.forget import forget_owner, owner_holdings
 from persistent_memory.owners import UNOWNED
 
 #: Forgetting an owner deletes their sessions and their memories.

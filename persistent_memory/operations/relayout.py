@@ -30,10 +30,11 @@ from typing import Any
 
 from persistent_memory.backends import backend_class
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds
+from persistent_memory.backends.batches import BATCH_SIZE
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.conf import REDIS_LAYOUTS, MemorySettings, memory_settings, redis_layout
 from persistent_memory.exceptions import PersistentMemoryError, SessionNotFound
-from persistent_memory.maintenance import BATCH_SIZE, owner_prefix
+from persistent_memory.owners import owner_prefix
 
 #: Expiries within this many seconds are the same: a restore sets the time left when it
 #: runs, so the copy's absolute expiry differs from the source's by that call's latency.

@@ -22,27 +22,28 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, router, transaction
-from django.db.models import CharField, ForeignKey, IntegerField, Model, Q, QuerySet, TextField
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from persistent_memory.backends.base import SessionSnapshot, session_info
+from persistent_memory.backends.base import BaseBackend, SessionSnapshot, session_info
+from persistent_memory.backends.batches import session_batches
 from persistent_memory.exceptions import (
     CapacityExceeded,
     PersistentMemoryError,
     QuotaExceeded,
     SessionExists,
 )
-from persistent_memory.mirror_checkpoints import checkpoint_columns
+from persistent_memory.mirror.checkpoints import checkpoint_columns
+from persistent_memory.mirror.rows import _datetime, _insert
 from persistent_memory.owners import split_storage_id, storage_id
 from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession
-    from persistent_memory.store import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -77,37 +78,6 @@ class SyncResult:
         return self
 
 
-def _insert(model: type[Model], fields: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> None:
-    """INSERT rows of column values with one ``executemany``.
-
-    ``bulk_create`` builds a model instance per row, which was most of a sync's time
-    after a busy second (tens of thousands of history rows); each value still goes
-    through its field's own conversion for the database.
-    """
-    connection = connections[router.db_for_write(model)]
-    columns = [model._meta.get_field(name) for name in fields]
-    quote = connection.ops.quote_name
-    # Only quoted table and column names from the model go into the text; values are parameters.
-    sql = "INSERT INTO {} ({}) VALUES ({})".format(  # noqa: S608
-        quote(model._meta.db_table),
-        ", ".join(quote(field.column) for field in columns),
-        ", ".join(["%s"] * len(columns)),
-    )
-    # Integers and strings go to the driver as they are; dates and JSON need the field.
-    plain = (IntegerField, CharField, TextField, ForeignKey)
-    convert = [None if isinstance(field, plain) else field.get_db_prep_save for field in columns]
-    params = [
-        [
-            value if to_db is None else to_db(value, connection)
-            for to_db, value in zip(convert, row, strict=True)
-        ]
-        for row in rows
-    ]
-    if params:
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
-
-
 def _history_digests(history: list[dict[str, Any]], length: int) -> tuple[str, str | None]:
     """Digests of the whole history and of its first ``length`` entries (None: it has fewer).
 
@@ -136,13 +106,6 @@ def _rows(storage_ids: Iterable[str]) -> QuerySet[MemorySession]:
     return MemorySession.objects.filter(Q(*pairs, _connector=Q.OR))
 
 
-def _datetime(epoch: Any, default: datetime) -> datetime:
-    try:
-        return datetime.fromtimestamp(float(epoch), tz=UTC)
-    except (TypeError, ValueError, OverflowError, OSError):
-        return default
-
-
 def _epoch(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
@@ -160,10 +123,10 @@ def _error_text(exc: BaseException) -> str:
 
 @instrument
 class Mirror:
-    """The mirror of one store."""
+    """The mirror of one store, given the store's backend."""
 
-    def __init__(self, store: MemoryStore, mode: str) -> None:
-        self.store = store
+    def __init__(self, backend: BaseBackend, mode: str) -> None:
+        self.backend = backend
         self.mode = mode
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
@@ -191,7 +154,7 @@ class Mirror:
                 # never overwritten by an earlier one (across processes, see _apply).
                 with _write_lock:
                     read_at = timezone.now()
-                    snapshots = self.store.backend.snapshots(batch)
+                    snapshots = self.backend.snapshots(batch)
                     try:
                         result += self._apply(snapshots, read_at)
                         self.last_sync_at = timezone.now()
@@ -221,7 +184,7 @@ class Mirror:
 
     def _retry_later(self, session_ids: list[str]) -> None:
         try:
-            self.store.backend.mark_dirty(session_ids)
+            self.backend.mark_dirty(session_ids)
         except PersistentMemoryError:
             # The backend is down too; `memory_mirror --all` reconciles everything later.
             logger.warning("persistent_memory: could not mark %d sessions for a later sync", len(session_ids))
@@ -234,7 +197,7 @@ class Mirror:
         while limit is None or taken < limit:
             count = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - taken)
             with _write_lock:  # taken and synced under the lock: a checkpoint waits for both
-                popped = self.store.backend.pop_dirty(count)
+                popped = self.backend.pop_dirty(count)
                 # Synced (or failed) earlier in this pass and marked again since: the next pass's.
                 ids = [sid for sid in popped if sid not in seen]
                 self._retry_later([sid for sid in popped if sid in seen])
@@ -255,7 +218,6 @@ class Mirror:
         It takes the marks of the sessions it syncs, so the next :meth:`sync_dirty` does
         not redo them; a write made meanwhile marks its session again.
         """
-        from persistent_memory.maintenance import session_batches
         from persistent_memory.models import MemorySession
 
         # Held from taking the marks to writing the rows: a checkpoint must not find the
@@ -267,7 +229,9 @@ class Mirror:
                 marked = [sid for sid in marked if split_storage_id(sid)[0] == owner]
             try:
                 live = list(
-                    dict.fromkeys(sid for batch in session_batches(self.store, owner=owner) for sid in batch)
+                    dict.fromkeys(
+                        sid for batch in session_batches(self.backend, owner=owner) for sid in batch
+                    )
                 )
                 rows = MemorySession.objects.filter(state=MemorySession.State.LIVE)
                 if owner is not None:
@@ -287,8 +251,8 @@ class Mirror:
     def _apply(self, snapshots: dict[str, SessionSnapshot | None], read_at: datetime) -> SyncResult:
         """Write snapshots read at ``read_at``. ``synced_at`` says how current a row is: a
         row another process synced from a later read is left alone."""
-        from persistent_memory.mirror_checkpoints import write_checkpoints
-        from persistent_memory.mirror_conversations import write_conversations
+        from persistent_memory.mirror.checkpoints import write_checkpoints
+        from persistent_memory.mirror.conversations import write_conversations
         from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
         with transaction.atomic():
@@ -464,7 +428,7 @@ class Mirror:
 
     def restore(self) -> int:
         """Load the mirror's live sessions into an empty memory store; return how many."""
-        from persistent_memory.mirror_conversations import with_conversations
+        from persistent_memory.mirror.conversations import with_conversations
         from persistent_memory.models import MemorySession
 
         now = timezone.now()
@@ -481,7 +445,7 @@ class Mirror:
         earlier = self._drain_marks()
         restored = 0
         try:
-            with self.store.backend.restoring():
+            with self.backend.restoring():
                 restored = self._load(sessions)
             self._drain_marks()
             # Then the writes the mirror had not caught up with (their marks stay).
@@ -489,11 +453,11 @@ class Mirror:
                 storage_id(owner, sid): seq
                 for owner, sid, seq in MemorySession.objects.values_list("owner", "session_id", "journal_seq")
             }
-            replayed = self.store.backend.replay(mirrored)
+            replayed = self.backend.replay(mirrored)
             if replayed:
                 logger.info("persistent_memory: replayed the journal's writes to %d sessions", len(replayed))
         finally:
-            self.store.backend.mark_dirty(earlier)
+            self.backend.mark_dirty(earlier)
         return restored
 
     def _load(self, sessions: QuerySet[MemorySession]) -> int:
@@ -503,7 +467,7 @@ class Mirror:
         restored = 0
         for row in sessions.iterator(chunk_size=500):
             try:
-                self.store.backend.restore_session(self._snapshot_of(row), replace=False)
+                self.backend.restore_session(self._snapshot_of(row), replace=False)
             except SessionExists:
                 continue
             except (QuotaExceeded, CapacityExceeded) as exc:
@@ -515,8 +479,8 @@ class Mirror:
         return restored
 
     def _snapshot_of(self, row: MemorySession) -> SessionSnapshot:
-        from persistent_memory.mirror_checkpoints import snapshot_checkpoints
-        from persistent_memory.mirror_conversations import snapshot_conversations
+        from persistent_memory.mirror.checkpoints import snapshot_checkpoints
+        from persistent_memory.mirror.conversations import snapshot_conversations
 
         history = [self._history_item(e) for e in sorted(row.history.all(), key=lambda e: e.position)]
         info = session_info(
@@ -539,7 +503,7 @@ class Mirror:
 
     def _drain_marks(self) -> list[str]:
         taken: list[str] = []
-        while batch := self.store.backend.pop_dirty(BATCH_SIZE):
+        while batch := self.backend.pop_dirty(BATCH_SIZE):
             taken.extend(batch)
         return taken
 
@@ -597,7 +561,7 @@ class Mirror:
     def checkpoint(self) -> bool:
         """Mirror every session written before now, then let the backend's journal forget
         what it kept for them; whether it could (False: a sync failed, the journal keeps all)."""
-        backend = self.store.backend
+        backend = self.backend
         with _write_lock:  # no sync of ids taken before the checkpoint is still running
             point = backend.checkpoint()
             if point is None:

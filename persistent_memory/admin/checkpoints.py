@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 from django.template.loader import render_to_string
 from django.utils.html import format_html, format_html_join
 
+from persistent_memory.admin.transcript import Transcript, fold_calls
 from persistent_memory.checkpoints import THREAD_PREFIXES
 from persistent_memory.exceptions import PersistentMemoryError
-from persistent_memory.mirror_conversations import content_text
+from persistent_memory.mirror.conversations import content_text
 from persistent_memory.models import MemoryMessage
 from persistent_memory.store import get_store
-from persistent_memory.transcript import Transcript, fold_calls
 
 if TYPE_CHECKING:
     from persistent_memory.models import MemorySession

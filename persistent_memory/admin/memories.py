@@ -20,8 +20,8 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
-from persistent_memory.admin import short_when, when
-from persistent_memory.admin_forget import ForgetOwnersMixin
+from persistent_memory.admin.base import short_when, when
+from persistent_memory.admin.forget import ForgetOwnersMixin
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories import memories_for, records
 from persistent_memory.memories.jsonl import export_lines

@@ -1,0 +1,16 @@
+"""Django signals of the mirror, so the parts above it act on its rows without the
+mirror importing them.
+
+``messages_mirrored``
+    ``sender``: :func:`~persistent_memory.mirror.conversations.write_conversations`;
+    ``messages``: ``(conversation row id, message id)`` of each message row it wrote, sent
+    inside the sync's transaction (the message search hands them to its embedding worker,
+    which waits for the commit). Sent with ``send``: a receiver that raises fails the sync
+    like any other error of it, which is retried.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+messages_mirrored = Signal()
