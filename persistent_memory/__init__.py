@@ -50,6 +50,7 @@ MOVED_MODULES = {
     "persistent_memory.reporting": "persistent_memory.errors.reporting",
     "persistent_memory.database": "persistent_memory.errors.database",
     "persistent_memory.error_views": "persistent_memory.api.error_views",
+    "persistent_memory.history": "persistent_memory.backends.memory.history",
 }
 
 

@@ -17,11 +17,11 @@ import pytest
 from redis.crc import key_slot
 
 from persistent_memory import get_store
+from persistent_memory.backends.memory.history import operation_count
 from persistent_memory.backends.redis import RedisBackend
 from persistent_memory.backends.redis.layout import Layout, bucket_of
 from persistent_memory.conf import MemorySettings
 from persistent_memory.exceptions import BackendUnavailable
-from persistent_memory.history import operation_count
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.store import MemoryStore
 from tests.conftest import memory_settings_for, topology_settings

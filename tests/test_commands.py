@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from persistent_memory.history import operation_count
+from persistent_memory.backends.memory.history import operation_count
 from persistent_memory.models import MemorySession
 from tests.timing import LIVE_TTL, wait_past
 

@@ -6,7 +6,7 @@ import multiprocessing
 import threading
 from collections.abc import Callable
 
-from persistent_memory.history import operation_count
+from persistent_memory.backends.memory.history import operation_count
 from tests import workers
 
 

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from persistent_memory.history import operation_count
+from persistent_memory.backends.memory.history import operation_count
 from tests.servers import ROOT, Server, demo_env, prepare_database, serve
 
 KILLS = int(os.environ.get("PM_CRASH_KILLS", "5"))

@@ -21,8 +21,8 @@ from django.test import Client
 from django.utils import timezone
 
 from persistent_memory.admin import OwnerFilter
+from persistent_memory.backends.memory.history import operation_count
 from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
-from persistent_memory.history import operation_count
 from persistent_memory.models import HistoryEntry, MemorySession, MemoryValue
 
 from .test_commands import run, run_json

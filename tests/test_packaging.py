@@ -77,6 +77,7 @@ def test_core_requirements_are_only_what_the_app_needs(wheel):
         "hypothesis",
         "ruff",
         "mutmut",
+        "import-linter",
         "mcp",
         "uvicorn",
         "openai",

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from persistent_memory.backends.memory.history import operation_count
 from persistent_memory.conf import MEMORY_IDLE_TTL_SECONDS
 from persistent_memory.exceptions import (
     InvalidCursor,
@@ -19,7 +20,6 @@ from persistent_memory.exceptions import (
     SessionExpired,
     SessionNotFound,
 )
-from persistent_memory.history import operation_count
 from persistent_memory.store import MAX_PAGE_OFFSET
 from tests.conftest import TOPOLOGIES
 from tests.timing import LIVE_TTL, wait_past

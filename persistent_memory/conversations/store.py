@@ -294,7 +294,8 @@ class ConversationMethods:
         sequence numbers, token counts or times, which cost most of the parsing)."""
         conversation = validate_conversation(conversation)
         count = 0 if limit is None else validate_int(limit, name="limit", minimum=1)
-        _, texts = self._call(self.backend.get_messages, session_id, conversation, None, count)
+        with self._session(session_id) as sid:
+            _, texts = self.backend.get_messages(sid, conversation, None, count)
         return _chats(texts, metadata=True)
 
     def get_context(

@@ -15,7 +15,6 @@ from itertools import islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
-from persistent_memory import history
 from persistent_memory.backends.base import (
     ANSWER_COUNT,
     LAST_ANSWER,
@@ -30,6 +29,7 @@ from persistent_memory.backends.base import (
 )
 from persistent_memory.backends.checkpoints import CheckpointBackend
 from persistent_memory.backends.conversations import Answer, ConversationBackend, Enriched, SummaryBackend
+from persistent_memory.backends.memory import history
 from persistent_memory.backends.memory.checkpoints import Checkpoints, MemoryCheckpoints
 from persistent_memory.backends.memory.conversations import MemoryConversations, journaled, prepared
 from persistent_memory.backends.memory.once import Recorded, decoded, encoded, idempotent

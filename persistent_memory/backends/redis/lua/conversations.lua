@@ -11,7 +11,7 @@
 --   '{base}~c:{name}:k'   set: ids of messages with at least one child
 --   '{base}~c:{name}:o'   sorted set: every message id, by seq (what a trim removes first)
 --   '{base}~c:{name}:y'   hash: anchor id -> rolling summary JSON {text, anchor_seq, tokens},
---                         one per branch that has one (memory_tree.Tree.summaries)
+--                         one per branch that has one (memory.tree.Tree.summaries)
 --   '{base}~c:{name}:x'   string: the stored texts of the current thread's newest
 --                         messages after their records (the thread's form: forms.lua;
 --                         the hash's 'form' field holds their count and totals)
@@ -86,7 +86,7 @@ local function thread_tokens(c, count)
 end
 
 -- Choose the summary that applies to the current thread again (it moved past or off the
--- one that did, or lost it to a trim): the deepest anchor on it (memory_tree.Tree.find_anchor).
+-- one that did, or lost it to a trim): the deepest anchor on it (memory.tree.Tree.find_anchor).
 local function find_anchor(c)
   local best, deepest = nil, -1
   for _, anchor in ipairs(redis.call('HKEYS', c .. ':y')) do
@@ -216,7 +216,7 @@ end
 
 -- The system messages a trim kept before a message whose parent it removed (``first``):
 -- older system messages with nothing but system messages above them (the rule of
--- memory_tree.Tree._pinned_before); {seq, id} pairs in seq order.
+-- memory.tree.Tree._pinned_before); {seq, id} pairs in seq order.
 local function pinned_before(c, first)
   local pinned = {}
   local flat = redis.call('HGETALL', c .. ':l')
@@ -303,7 +303,7 @@ end
 -- Remove the oldest messages (by seq, on any branch) beyond ``max_messages``, then tool
 -- results left without their call; never the head nor the current thread's pinned
 -- system messages; a summary whose anchor goes goes with it (the rule of
--- memory_tree.Tree.trim). Returns how many went.
+-- memory.tree.Tree.trim). Returns how many went.
 local function trim(c, max_messages)
   local excess = redis.call('HLEN', c .. ':m') - max_messages
   if excess <= 0 then return 0 end
@@ -387,7 +387,7 @@ end
 
 -- After conversation ``name`` grew or got a summary: trim it, record what was trimmed,
 -- and mark it for a summarizer when its pending tokens pass the threshold (unmark it
--- otherwise) (memory_conversations._settle). ``seq``: the conversation's last seq, when the
+-- otherwise) (memory.conversations._settle). ``seq``: the conversation's last seq, when the
 -- caller knows it: a conversation holds at most that many messages (each has its own seq,
 -- none above it), so at or under the cap it is not counted.
 local function settle(name, seq)

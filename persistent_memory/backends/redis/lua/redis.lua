@@ -25,7 +25,7 @@
 -- run index (its bindings); the sessions an index holds that a listing page, an owner's
 -- count or cap meets; the session a run binding names (the sweep of bindings, and in the
 -- node layout an answer given only a run id: one server, no slot to agree on; the
--- cluster layout finds the session first, see redis_layout). All are under the root of
+-- cluster layout finds the session first, see redis/layout.py). All are under the root of
 -- KEYS[8]: the node's prefix in the node layout, '{prefix}:{bucket tag}' in the cluster
 -- layout, whose hash tag puts every key of a bucket's sessions and indexes in one slot.
 --
