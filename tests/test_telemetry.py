@@ -266,6 +266,52 @@ def _of_task(point: Any, task: str) -> bool:
     return point.attributes["persistent_memory.task"] == task
 
 
+def _task_total(metric: str, task: str) -> float:
+    """A task counter's value, or a task histogram's count, for ``task`` (0 before any)."""
+    found = [p for p in _metrics().get(f"persistent_memory.task.{metric}", []) if _of_task(p, task)]
+    return sum(getattr(p, "value", None) if hasattr(p, "value") else p.count for p in found)
+
+
+@pytest.mark.django_db
+def test_an_embedding_try_that_fails_is_counted(spans: Any, settings: Any) -> None:
+    from persistent_memory.memories import embedders
+    from persistent_memory.memories.embedding_worker import EmbeddingWorker
+
+    settings.PERSISTENT_MEMORY = memory_settings_for("memory")
+    memory = memories_for("user:a").add("Lives in Lyon.")  # no embedder set: stored without a vector
+
+    def refuse(texts: list[str]) -> list[list[float]]:
+        raise ConnectionError("the embedder is down")
+
+    worker = EmbeddingWorker(
+        embedder=embedders.Embedder(function=refuse, model="m"), gate=embedders.Circuit(threshold=99)
+    )
+    before = _task_total("failures", "embedding")
+    assert worker._embed([("memory", memory["id"])]) is False  # to be tried again
+    assert worker.failed == 1 and worker.embedded == 0
+    assert _task_total("failures", "embedding") == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_app_tasks_lag_and_failures_are_measured_where_they_run(
+    spans: Any, configure: Any, server: Any, settings: Any
+) -> None:
+    from tests.chat_server import Reply
+    from tests.test_tasks import HOME, IMMEDIATE, answer, extraction
+
+    settings.TASKS = IMMEDIATE
+    store = configure(**extraction(server))
+    lags, failures = _task_total("lag", "extraction"), _task_total("failures", "extraction")
+    server.replies = [Reply(status=500)]
+    store.for_owner("u").add_messages("s", [{"role": "user", "content": "I live in Lyon.", "id": "m1"}])
+    assert _task_total("failures", "extraction") == failures + 1  # the task failed, the write did not
+    assert _task_total("lag", "extraction") == lags + 1
+    server.replies = [answer(HOME)]
+    store.for_owner("u").add_messages("s", [{"role": "user", "content": "Lyon!", "id": "m2"}])
+    assert _task_total("failures", "extraction") == failures + 1
+    assert _task_total("lag", "extraction") == lags + 2
+
+
 @pytest.mark.django_db
 def test_backlogs_are_observed_from_the_process_store(spans: Any, settings: Any) -> None:
     from persistent_memory.store import get_store

@@ -72,6 +72,8 @@ class EmbeddingWorker:
         #: Counts since the worker was built (for ``health/``).
         self.embedded = 0
         self.dropped = 0
+        #: Tries that failed (the embedder or the database): their ids are tried again.
+        self.failed = 0
 
     @property
     def running(self) -> bool:
@@ -185,9 +187,11 @@ class EmbeddingWorker:
                 done = embed(ids, embedder=self.embedder, gate=gate, stop=self._stop) if ids else 0
                 outcome = None if done is None or outcome is None else outcome + done
         except Exception:  # the thread must survive anything: memory_embed catches up
+            self.failed += 1
             logger.exception("persistent_memory: background embedding failed; memory_embed catches up")
             return True
         if outcome is None:
+            self.failed += 1
             return self._stop.is_set()
         self.embedded += outcome
         return True

@@ -21,7 +21,7 @@ except ImportError:
 else:
     from persistent_memory.telemetry import otel as _otel
 
-__all__ = ["ENABLED", "instrument"]
+__all__ = ["ENABLED", "connect_tasks", "instrument"]
 
 C = TypeVar("C", bound=type)
 
@@ -35,3 +35,10 @@ def instrument(cls: C) -> C:
     if _otel is None:
         return cls
     return _otel.instrument(cls)
+
+
+def connect_tasks() -> None:
+    """Measure the lag and failures of the app's tasks on Django's task framework (called
+    by the app's ``ready``); nothing without OpenTelemetry."""
+    if _otel is not None:
+        _otel.connect_tasks()

@@ -63,7 +63,10 @@ _task_durations = _meter.create_histogram(
 _task_lag = _meter.create_histogram(
     "persistent_memory.task.lag",
     unit="s",
-    description="From the oldest message of an extraction to the extraction starting.",
+    description=(
+        "From the oldest message of an extraction to the extraction starting (the threads);"
+        " from a task becoming due to its start (Django's task framework)."
+    ),
 )
 _task_items = _meter.create_counter(
     "persistent_memory.task.items",
@@ -372,10 +375,10 @@ class _Extraction(_Measure):
 
 class _Embedding(_Measure):
     def before(self, worker: Any) -> Any:
-        return worker.embedded
+        return worker.embedded, worker.failed
 
     def after(self, worker: Any, before: Any, args: tuple[Any, ...], result: Any) -> tuple[int, int]:
-        return worker.embedded - before, 0
+        return worker.embedded - before[0], worker.failed - before[1]
 
 
 class _Summary(_Measure):
@@ -394,6 +397,55 @@ _TASKS: dict[str, _Measure] = {
     "summary": _Summary(),
     "mirror": _Mirror(),
 }
+
+
+# Tasks on Django's task framework (TASK_BACKEND) -------------------------------------------
+
+#: The app's tasks (persistent_memory.tasks) by the work they do.
+_APP_TASKS = {
+    "persistent_memory.tasks.extract_conversation": "extraction",
+    "persistent_memory.tasks.summarize_conversations": "summary",
+    "persistent_memory.tasks.embed": "embedding",
+    "persistent_memory.tasks.sync_mirror": "mirror",
+}
+
+
+def _app_task(task_result: Any) -> str | None:
+    return _APP_TASKS.get(getattr(task_result.task, "module_path", ""))
+
+
+def _task_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """The lag of one of the app's tasks: from when it was due (enqueued, or its
+    ``run_after``, the debounce's delay) to when a worker started it."""
+    task = _app_task(task_result)
+    started, due = task_result.started_at, task_result.enqueued_at
+    if task is None or started is None or due is None:
+        return
+    run_after = getattr(task_result.task, "run_after", None)
+    if run_after is not None and run_after > due:
+        due = run_after
+    _task_lag.record(max(0.0, (started - due).total_seconds()), {TASK: task})
+
+
+def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """One of the app's tasks that failed (the worker records it; the next write retries)."""
+    task = _app_task(task_result)
+    if task is not None and str(getattr(task_result.status, "value", task_result.status)) == "FAILED":
+        _task_failures.add(1, {TASK: task})
+
+
+def connect_tasks() -> None:
+    """Listen to the task framework's signals (the app's ``ready``): every worker and backend
+    sends them where the task runs, so lag and failures are measured there."""
+    try:
+        from django.tasks import signals
+    except ImportError:
+        try:
+            from django_tasks import signals
+        except ImportError:
+            return
+    signals.task_started.connect(_task_started, dispatch_uid="persistent_memory.telemetry.lag")
+    signals.task_finished.connect(_task_finished, dispatch_uid="persistent_memory.telemetry.failures")
 
 
 # Backlogs (observable gauges) -------------------------------------------------------------
