@@ -20,27 +20,9 @@ mirror, the API).
 
 from __future__ import annotations
 
-import warnings
-from importlib import import_module
-from importlib.util import find_spec
-from typing import Any
+from persistent_memory.backends.parts import backend_package
 
 __all__ = ["MemoryBackend"]
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy, so that importing memory.tree (the transcript, the mirror) loads no backend.
-    if name.startswith("__") or find_spec(f"{__name__}.{name}") is not None:
-        raise AttributeError(name)  # a module of the package: the import system loads it
-    backend = import_module("persistent_memory.backends.memory.backend")
-    if name == "MemoryBackend":
-        return backend.MemoryBackend
-    if hasattr(backend, name):
-        warnings.warn(
-            f"persistent_memory.backends.memory.{name} moved: import it from "
-            f"persistent_memory.backends.memory.backend.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Lazy, so that importing one of the package's modules loads no backend.
+__getattr__ = backend_package(__name__, "MemoryBackend")

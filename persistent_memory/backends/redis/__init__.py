@@ -19,27 +19,9 @@ the mirror, the API).
 
 from __future__ import annotations
 
-import warnings
-from importlib import import_module
-from importlib.util import find_spec
-from typing import Any
+from persistent_memory.backends.parts import backend_package
 
 __all__ = ["RedisBackend"]
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy, so that importing layout or topology loads no backend.
-    if name.startswith("__") or find_spec(f"{__name__}.{name}") is not None:
-        raise AttributeError(name)  # a module of the package: the import system loads it
-    backend = import_module("persistent_memory.backends.redis.backend")
-    if name == "RedisBackend":
-        return backend.RedisBackend
-    if hasattr(backend, name):
-        warnings.warn(
-            f"persistent_memory.backends.redis.{name} moved: import it from "
-            f"persistent_memory.backends.redis.backend.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Lazy, so that importing one of the package's modules loads no backend.
+__getattr__ = backend_package(__name__, "RedisBackend")
