@@ -11,6 +11,3 @@ class PersistentMemoryConfig(AppConfig):
     def ready(self) -> None:
         from persistent_memory import checks  # noqa: F401 - registers the checks
         from persistent_memory.memories import message_search  # noqa: F401 - connects its receivers
-        from persistent_memory.telemetry import connect_tasks
-
-        connect_tasks()  # the tasks' lag and failures, where OpenTelemetry is installed

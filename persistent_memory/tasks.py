@@ -62,6 +62,12 @@ ROUNDS = 3
 ROLES = ("user", "assistant")
 
 _framework = task_framework()
+if _framework is not None:
+    # The tasks' lag and failures, where OpenTelemetry is installed: connected where the
+    # framework is loaded anyway (a project without TASK_BACKEND never imports it).
+    from persistent_memory.telemetry import connect_tasks
+
+    connect_tasks(_framework)
 
 
 class TaskFailed(RuntimeError):

@@ -12,7 +12,7 @@ May import: the standard library and :mod:`.operations`; :mod:`.otel` (which imp
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 try:  # once per process: the API alone is enough to trace (an SDK decides where spans go)
     import opentelemetry.trace  # noqa: F401
@@ -37,8 +37,8 @@ def instrument(cls: C) -> C:
     return _otel.instrument(cls)
 
 
-def connect_tasks() -> None:
+def connect_tasks(framework: Any) -> None:
     """Measure the lag and failures of the app's tasks on Django's task framework (called
-    by the app's ``ready``); nothing without OpenTelemetry."""
+    when :mod:`persistent_memory.tasks` is loaded); nothing without OpenTelemetry."""
     if _otel is not None:
-        _otel.connect_tasks()
+        _otel.connect_tasks(framework)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -434,16 +435,11 @@ def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
         _task_failures.add(1, {TASK: task})
 
 
-def connect_tasks() -> None:
-    """Listen to the task framework's signals (the app's ``ready``): every worker and backend
+def connect_tasks(framework: Any) -> None:
+    """Listen to the task ``framework``'s signals (``django.tasks`` or the ``django_tasks``
+    backport, once :mod:`persistent_memory.tasks` has loaded it): every worker and backend
     sends them where the task runs, so lag and failures are measured there."""
-    try:
-        from django.tasks import signals
-    except ImportError:
-        try:
-            from django_tasks import signals
-        except ImportError:
-            return
+    signals = importlib.import_module(f"{framework.__name__}.signals")
     signals.task_started.connect(_task_started, dispatch_uid="persistent_memory.telemetry.lag")
     signals.task_finished.connect(_task_finished, dispatch_uid="persistent_memory.telemetry.failures")
 
