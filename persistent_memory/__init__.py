@@ -51,6 +51,7 @@ MOVED_MODULES = {
     "persistent_memory.database": "persistent_memory.errors.database",
     "persistent_memory.error_views": "persistent_memory.api.error_views",
     "persistent_memory.history": "persistent_memory.backends.memory.history",
+    "persistent_memory.conversations.tasks": "persistent_memory.tasks",
 }
 
 

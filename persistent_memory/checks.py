@@ -551,7 +551,7 @@ def _check_task_backend(conf: MemorySettings) -> list[CheckMessage]:
     alias = conf.TASK_BACKEND
     if alias is None:
         return []
-    from persistent_memory.conversations.tasks import task_framework
+    from persistent_memory.tasks import task_framework
 
     hint = "Use None (worker threads in this process) or an alias of TASKS, with django-tasks on Django 5.2."
     if not isinstance(alias, str) or not alias:
@@ -570,7 +570,7 @@ def _check_tasks(conf: MemorySettings) -> list[CheckMessage]:
     """SUMMARIZER_TASKS needs a task framework, and a TASKS setting to enqueue on."""
     if conf.SUMMARIZER_TASKS is not True:
         return _check_task_backend(conf)
-    from persistent_memory.conversations.tasks import task_framework
+    from persistent_memory.tasks import task_framework
 
     if task_framework() is None:
         reason = ": neither django.tasks (Django 6) nor the django-tasks package is installed"

@@ -61,6 +61,7 @@ from persistent_memory.exceptions import (
 from persistent_memory.idempotency import Idempotency, validate_idempotency
 from persistent_memory.journal import journal_directory
 from persistent_memory.mirror.sessions import Mirror
+from persistent_memory.mirror.signals import search_starting
 from persistent_memory.owners import (
     UNOWNED,
     idempotency_ref,
@@ -70,7 +71,7 @@ from persistent_memory.owners import (
     storage_id,
     validate_owner,
 )
-from persistent_memory.telemetry import instrument
+from persistent_memory.telemetry import instrument, watch_store
 from persistent_memory.validation import (
     DEFAULT_MAX_DEPTH,
     SESSION_ID_PATTERN,
@@ -122,6 +123,9 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
 
     #: The namespace this store reads and writes (``""``: unowned; see :mod:`persistent_memory.owners`).
     owner: str = UNOWNED
+    #: The ``TASKS`` alias its background work goes to (``TASK_BACKEND``), None: its worker
+    #: threads do it. :mod:`persistent_memory.tasks` enqueues the work of such a store's appends.
+    task_backend: str | None = None
 
     def __init__(
         self,
@@ -208,9 +212,8 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         store.summarizer_worker = SummarizerWorker.from_settings(store, conf)
         store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
         if conf.TASK_BACKEND:  # the work goes to Django's task framework, not to threads
-            from persistent_memory.tasks import connect
-
-            connect(store)
+            # persistent_memory.tasks receives this store's appends (messages_added).
+            store.task_backend = conf.TASK_BACKEND
             return store
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
             store.summarizer_worker.start()
@@ -584,9 +587,6 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if "extraction_worker" in self.__dict__:  # built (never just to stop it)
             self.extraction_worker.stop()
         self.summarizer_worker.stop()
-        from persistent_memory.tasks import disconnect
-
-        disconnect(self)  # what enqueued tasks for its writes (TASK_BACKEND)
         self.mirror.stop()
         self.backend.close()
 
@@ -658,6 +658,13 @@ def get_store() -> MemoryStore:
     return store
 
 
+@receiver(search_starting, dispatch_uid="persistent_memory.store.search_starting")
+def _catch_up_before_search(sender: Any, *, owner: str | None = None, **kwargs: Any) -> None:
+    """Messages are about to be searched in the mirror: sync what this process's store
+    marked dirty first (the memories sit below the store and never import it)."""
+    get_store().mirror.catch_up(owner, limit=memory_settings.ADMIN_SYNC_LIMIT)
+
+
 def reset_store() -> None:
     """Close the store; the next :func:`get_store` builds one from current settings."""
     global _store
@@ -676,3 +683,7 @@ def _rebuild_on_settings_change(*, setting: str, **kwargs: Any) -> None:
     # service with it). conf's own receiver clears the cached values.
     if setting in RELOADED_BY:
         reset_store()
+
+
+# The gauges of the telemetry read the process's store, if one was built.
+watch_store(lambda: _store)

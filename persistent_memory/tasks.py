@@ -29,18 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.db import router, transaction
 from django.db.models import Q
+from django.dispatch import receiver
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings, summaries_on
-from persistent_memory.conversations.signals import messages_added
-from persistent_memory.conversations.tasks import task_framework
+from persistent_memory.conversations.signals import messages_added, summaries_due
 from persistent_memory.exceptions import SessionExpired, SessionNotFound
+from persistent_memory.memories.signals import vectors_wanted
 
 if TYPE_CHECKING:
     from persistent_memory.models import BackgroundWork
@@ -60,6 +63,20 @@ LAST_MESSAGES = 200
 ROUNDS = 3
 #: The roles whose messages are extracted from (as the worker thread's).
 ROLES = ("user", "assistant")
+
+
+def task_framework() -> ModuleType | None:
+    """``django.tasks`` (Django 6), else ``django_tasks`` (the package), else None."""
+    try:
+        import django.tasks as framework
+    except ImportError:
+        try:
+            import django_tasks as framework
+            import django_tasks.signals  # noqa: F401 (resets its backends when TASKS changes)
+        except ImportError:
+            return None
+    return framework
+
 
 _framework = task_framework()
 if _framework is not None:
@@ -252,7 +269,10 @@ def embed_later(kind: str, ids: list[int]) -> None:
     )
 
 
-# The messages_added receiver ---------------------------------------------------------
+# The receivers ------------------------------------------------------------------------
+# What the layers below announce (they never import this module): an append, memories or
+# messages written without a vector, marked conversations for SUMMARIZER_TASKS. The app's
+# ready loads this module when TASK_BACKEND or SUMMARIZER_TASKS is set.
 
 _pending: set[asyncio.Task[Any]] = set()  # kept until done: the loop holds tasks weakly
 
@@ -263,39 +283,38 @@ def _spawn(coroutine: Coroutine[Any, Any, Any]) -> None:
     future.add_done_callback(_pending.discard)
 
 
-def connect(store: MemoryStore) -> None:
-    """Enqueue work for ``store``'s appends (its copies for owners included)."""
-    backend = store.backend
-
-    def on_messages_added(
-        sender: Any,
-        *,
-        store: Any = None,
-        owner: str = "",
-        session_id: str = "",
-        conversation: str = "",
-        messages: list[dict[str, Any]] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if getattr(store, "backend", None) is not backend:
-            return  # another store's write
-        extract = any(isinstance(m, dict) and m.get("role") in ROLES for m in messages or ())
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # sync code (a request, a thread): after the commit
-            conversation_changed(owner, session_id, conversation, extract=extract)
-        else:  # inside an event loop, where the ORM may not be called
-            _spawn(aconversation_changed(owner, session_id, conversation, extract=extract))
-
-    messages_added.connect(on_messages_added, weak=False, dispatch_uid=_uid(store))
+@receiver(messages_added, dispatch_uid="persistent_memory.tasks.messages_added")
+def _on_messages_added(
+    sender: Any,
+    *,
+    store: Any = None,
+    owner: str = "",
+    session_id: str = "",
+    conversation: str = "",
+    messages: list[dict[str, Any]] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Enqueue the work of an append by a store that hands its work to tasks (built with
+    ``TASK_BACKEND``: ``store.task_backend``); a store with worker threads does it itself."""
+    if getattr(store, "task_backend", None) is None:
+        return
+    extract = any(isinstance(m, dict) and m.get("role") in ROLES for m in messages or ())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # sync code (a request, a thread): after the commit
+        conversation_changed(owner, session_id, conversation, extract=extract)
+    else:  # inside an event loop, where the ORM may not be called
+        _spawn(aconversation_changed(owner, session_id, conversation, extract=extract))
 
 
-def disconnect(store: MemoryStore) -> None:
-    messages_added.disconnect(dispatch_uid=_uid(store))
+@receiver(vectors_wanted, dispatch_uid="persistent_memory.tasks.vectors_wanted")
+def _on_vectors_wanted(sender: Any, *, kind: str, ids: list[int], **kwargs: Any) -> None:
+    embed_later(kind, ids)
 
 
-def _uid(store: MemoryStore) -> str:
-    return f"persistent_memory.tasks.{id(store.backend)}"
+@receiver(summaries_due, dispatch_uid="persistent_memory.tasks.summaries_due")
+def _on_summaries_due(sender: Any, **kwargs: Any) -> tuple[Any, float]:
+    return enqueue_summarizing()
 
 
 # The tasks ----------------------------------------------------------------------------
@@ -428,6 +447,30 @@ def sync_mirror(limit: int | None = None) -> dict[str, int]:
 
     result = get_store().mirror.sync_dirty(limit)
     return {"synced": result.synced, "gone": result.gone, "failed": result.failed}
+
+
+# SUMMARIZER_TASKS --------------------------------------------------------------------
+
+
+def summarize_conversations_task(limit: int | None = 1000) -> dict[str, Any]:
+    """Summarize up to ``limit`` marked conversations of the process's store; the counts
+    (see ``SummarizeReport``). What the summarizer thread enqueues with ``SUMMARIZER_TASKS``
+    (on the framework's default backend), and a project may enqueue on a schedule."""
+    from persistent_memory.store import get_store
+
+    return get_store().summarizer_worker.run_once(limit).as_counts()
+
+
+# Under the function's own name: a task worker finds the task by the function's path (the
+# old one, persistent_memory.conversations.tasks, finds this module: MOVED_MODULES).
+summarize_conversations_task = _task(summarize_conversations_task)
+
+
+def enqueue_summarizing() -> tuple[Any, float]:
+    """Enqueue :data:`summarize_conversations_task`; its result, with when it was enqueued."""
+    if _framework is None:
+        raise RuntimeError("SUMMARIZER_TASKS needs django.tasks (Django 6) or the django-tasks package.")
+    return (summarize_conversations_task.enqueue(), time.monotonic())
 
 
 # Health ------------------------------------------------------------------------------

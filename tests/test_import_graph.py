@@ -57,3 +57,30 @@ def test_a_settings_change_rebuilds_the_store(settings):
     assert first.backend.max_history == 7
     settings.PERSISTENT_MEMORY = {"BACKEND": "memory", "MIRROR_MODE": "off", "MAX_HISTORY": 9}
     assert get_store() is not first and get_store().backend.max_history == 9
+
+
+@pytest.mark.parametrize(
+    ("setting", "loaded"),
+    [(None, False), ('"TASK_BACKEND": "default"', True), ('"SUMMARIZER_TASKS": True', True)],
+)
+def test_the_app_loads_the_receivers_of_the_layers_above(tmp_path, setting, loaded):
+    """The layers below announce work by signals; the app's ready loads the store (which
+    syncs the mirror before a message search) and, when the work goes to Django's task
+    framework, the tasks (which enqueue it). Without that setting no task module is loaded."""
+    extra = f"PERSISTENT_MEMORY = {{**PERSISTENT_MEMORY, {setting}}}" if setting else ""
+    (tmp_path / "ready_settings.py").write_text(f"from memory_site.settings import *\n{extra}\n")
+    code = (
+        "import json, sys, django; django.setup()\n"
+        "from persistent_memory.conversations.signals import messages_added, summaries_due\n"
+        "from persistent_memory.memories.signals import vectors_wanted\n"
+        "from persistent_memory.mirror.signals import search_starting\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'search': search_starting.has_listeners(),"
+        " 'due': summaries_due.has_listeners(), 'vectors': vectors_wanted.has_listeners()}))"
+    )
+    env = {**ENV, "DJANGO_SETTINGS_MODULE": "ready_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["search"] is True
+    assert ("persistent_memory.tasks" in found["modules"]) is loaded
+    assert found["due"] is loaded and found["vectors"] is loaded

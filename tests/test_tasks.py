@@ -27,10 +27,10 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from persistent_memory import tasks
-from persistent_memory.conversations.tasks import task_framework
 from persistent_memory.health import tasks_health
 from persistent_memory.memories import memories_for
 from persistent_memory.models import BackgroundWork
+from persistent_memory.tasks import task_framework
 from tests.chat import assistant, user
 from tests.chat_server import Reply
 from tests.readme_blocks import example, run_example

@@ -17,6 +17,12 @@ write (a request, the summarizer's worker), so keep them short and hand slow wor
     ``session_id``, ``owner``, ``conversation``, ``previous`` (the summary text before,
     None: none) and ``summary`` (the committed
     :class:`~persistent_memory.backends.conversations.Summary`).
+``summaries_due``
+    ``sender``: :class:`~persistent_memory.conversations.worker.SummarizerWorker`. Sent by
+    the summarizer thread with ``SUMMARIZER_TASKS`` when conversations are marked and no
+    task it enqueued is waiting: :mod:`persistent_memory.tasks` answers with the task it
+    enqueued (the thread does not summarize; the layer of the tasks is above this one).
+    Sent with ``send``, not ``send_robust``: a failure to enqueue is the thread's to log.
 ``summarizer_health_changed``
     ``sender``: :class:`~persistent_memory.conversations.health.SummarizerHealth`.
     ``previous`` and ``state`` (see ``HEALTH_STATES``) and ``health``, the whole record.
@@ -33,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 messages_added = Signal()
 summary_updated = Signal()
+summaries_due = Signal()
 summarizer_health_changed = Signal()
 
 

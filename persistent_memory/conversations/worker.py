@@ -7,12 +7,12 @@ worker: it takes marked conversations in small batches, summarizes them, sleeps
 ``interval`` seconds when there is nothing to do (or until the summarizers' health lets
 it try again), and stops at ``store.close()`` (a summary in progress is abandoned and
 its conversation marked again). ``memory_summarize --conversations``, the admin and
-the task of :mod:`.tasks` call :meth:`SummarizerWorker.run_once`. The summarizer is
+the tasks of :mod:`persistent_memory.tasks` call :meth:`SummarizerWorker.run_once`. The summarizer is
 built at its first use; one that cannot be built (a missing API key) is a failure of
 the summarizers' health, so ``health/`` says why, and is tried again with the backoff.
 
 With ``SUMMARIZER_TASKS`` the thread does not summarize: it enqueues
-``summarize_conversations_task`` on Django's task framework when conversations are
+``persistent_memory.tasks.summarize_conversations_task`` on Django's task framework when conversations are
 marked (at most one waiting task at a time where the task backend can tell), and a
 task worker makes the summaries. With ``TASK_BACKEND`` the thread is not started at all:
 appends enqueue :data:`persistent_memory.tasks.summarize_conversations` themselves.
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from persistent_memory.conversations.health import HealthPolicy, SummarizerHealth
+from persistent_memory.conversations.signals import summaries_due
 from persistent_memory.conversations.summarizers import Summarizer, summarizer_from_settings
 from persistent_memory.conversations.summarizing import SummarizeOptions, SummarizeReport, summarize_marked
 from persistent_memory.telemetry import instrument
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
     from persistent_memory.store import MemoryStore
 
 logger = logging.getLogger(__name__)
+
+#: A task enqueued on a backend that cannot say whether it ran yet is given this long
+#: before another is enqueued.
+UNKNOWN_RESULT_SECONDS = 30.0
 
 #: How long the thread sleeps when no conversation is marked.
 POLL_SECONDS = 1.0
@@ -171,11 +177,30 @@ class SummarizerWorker:
     def enqueue_if_marked(self) -> bool:
         """Enqueue the summarizing task when conversations are marked, the health lets it try,
         and the task enqueued last has run; whether it did."""
-        from persistent_memory.conversations.tasks import enqueue_summarizing, finished
-
         if self._last_task is not None and not finished(self._last_task):
             return False
         if self.health.wait_seconds() > 0 or not self.store.backend.unsummarized_count():
             return False
-        self._last_task = enqueue_summarizing()
+        # persistent_memory.tasks enqueues the task and answers with it (loaded by the
+        # app's ready with SUMMARIZER_TASKS: the tasks are a layer above this one).
+        replies = [reply for _, reply in summaries_due.send(sender=SummarizerWorker) if reply is not None]
+        if not replies:
+            raise ImproperlyConfigured("SUMMARIZER_TASKS: persistent_memory.tasks is not loaded.")
+        self._last_task = replies[0]
         return True
+
+
+def finished(enqueued: tuple[Any, float]) -> bool:
+    """Whether a task enqueued at ``enqueued`` (its result and when) has run, or may be taken
+    as run: its backend cannot tell, and ``UNKNOWN_RESULT_SECONDS`` went by."""
+    result, at = enqueued
+    if result.is_finished:
+        return True
+    backend = result.task.get_backend()
+    if not getattr(backend, "supports_get_result", False):
+        return time.monotonic() - at >= UNKNOWN_RESULT_SECONDS
+    try:
+        result.refresh()
+    except Exception:  # gone from the backend's store: as good as finished
+        return True
+    return result.is_finished

@@ -35,6 +35,7 @@ from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
 from persistent_memory.memories import embedders
+from persistent_memory.memories.signals import vectors_wanted
 from persistent_memory.telemetry import instrument
 
 logger = logging.getLogger("persistent_memory.memories")
@@ -219,9 +220,7 @@ def embed_later(memory_id: int) -> None:
     from persistent_memory.models import LongTermMemory
 
     if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
-        from persistent_memory.tasks import embed_later as enqueue
-
-        enqueue("memory", [memory_id])
+        vectors_wanted.send(sender=embed_later, kind="memory", ids=[memory_id])
         return
 
     def put() -> None:
@@ -240,9 +239,7 @@ def embed_messages_later(ids: list[int]) -> None:
     from persistent_memory.models import MemoryMessage
 
     if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
-        from persistent_memory.tasks import embed_later as enqueue
-
-        enqueue("message", ids)
+        vectors_wanted.send(sender=embed_messages_later, kind="message", ids=list(ids))
         return
 
     def put() -> None:

@@ -48,9 +48,8 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings, mirror_mode
 from persistent_memory.memories import embedders
 from persistent_memory.memories import vectors as _vectors
-from persistent_memory.mirror.signals import messages_mirrored
+from persistent_memory.mirror.signals import messages_mirrored, search_starting
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
-from persistent_memory.owners import storage_id
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -120,26 +119,15 @@ def rows(
 
 
 def catch_up(owner: str | None = None) -> None:
-    """Sync what the store marked dirty into the mirror, so that a search sees every
-    message written before it, and (given ``owner``) the owner's sessions whose rows say
-    they expired: a session kept alive by reads (IDLE_TTL_REFRESH_ON_READ) is not marked
-    dirty, and its row keeps its last write's expiry. A store or database that cannot
-    answer costs the search the newest messages, never the search."""
-    from persistent_memory.store import get_store
-
+    """Have the store sync what it marked dirty into the mirror (and, given ``owner``, the
+    owner's sessions whose rows say they expired), so that a search sees every message
+    written before it: the store's receiver of ``search_starting`` does it
+    (:meth:`~persistent_memory.mirror.sessions.Mirror.catch_up`). A store or database that
+    cannot answer costs the search the newest messages, never the search."""
     if mirror_mode(memory_settings) == "off":
         return
     try:
-        store = get_store()
-        if store.mirror.enabled:
-            store.mirror.sync_dirty(limit=memory_settings.ADMIN_SYNC_LIMIT)
-            if owner is None:
-                return
-            lapsed = MemorySession.objects.filter(
-                owner=owner, state=MemorySession.State.LIVE, expires_at__lte=timezone.now()
-            ).values_list("session_id", flat=True)[: memory_settings.ADMIN_SYNC_LIMIT]
-            if lapsed:  # each once: the sync marks a gone one expired, a live one's expiry moves
-                store.mirror.sync_sessions([storage_id(owner, session_id) for session_id in lapsed])
+        search_starting.send(sender=catch_up, owner=owner)
     except Exception as exc:  # noqa: BLE001 - the mirror logs and retries its own failures
         logger.warning("memory: messages not synced before a search: %s", exc)
 

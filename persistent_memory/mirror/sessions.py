@@ -211,6 +211,24 @@ class Mirror:
                 break  # the database is failing: leave the rest for the next sync
         return result
 
+    def catch_up(self, owner: str | None = None, *, limit: int | None = None) -> None:
+        """Before the mirror's messages are searched: sync what the store marked dirty, and
+        (given ``owner``) the owner's sessions whose rows say they expired, at most ``limit``
+        of each. A session kept alive by reads (IDLE_TTL_REFRESH_ON_READ) is not marked
+        dirty, and its row keeps its last write's expiry."""
+        from persistent_memory.models import MemorySession
+
+        if not self.enabled:
+            return
+        self.sync_dirty(limit=limit)
+        if owner is None:
+            return
+        lapsed = MemorySession.objects.filter(
+            owner=owner, state=MemorySession.State.LIVE, expires_at__lte=timezone.now()
+        ).values_list("session_id", flat=True)[:limit]
+        if lapsed:  # each once: the sync marks a gone one expired, a live one's expiry moves
+            self.sync_sessions([storage_id(owner, session_id) for session_id in lapsed])
+
     def sync_all(self, *, owner: str | None = None) -> SyncResult:
         """Sync every live session (of ``owner``, when given), and mark mirrored sessions
         the store no longer has.

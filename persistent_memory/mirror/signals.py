@@ -7,6 +7,12 @@ mirror importing them.
     inside the sync's transaction (the message search hands them to its embedding worker,
     which waits for the commit). Sent with ``send``: a receiver that raises fails the sync
     like any other error of it, which is retried.
+``search_starting``
+    ``sender``: :func:`~persistent_memory.memories.message_search.catch_up`; ``owner``
+    (None: no owner's sessions in particular). Sent before the mirror's messages are
+    searched, so that the store (:mod:`persistent_memory.store`, which the memories sit
+    below) first syncs what it marked dirty: :meth:`.sessions.Mirror.catch_up`. Sent with
+    ``send``: the search logs a failure and goes on.
 """
 
 from __future__ import annotations
@@ -14,3 +20,4 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 messages_mirrored = Signal()
+search_starting = Signal()

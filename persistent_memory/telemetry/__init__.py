@@ -12,6 +12,7 @@ May import: the standard library and :mod:`.operations`; :mod:`.otel` (which imp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 try:  # once per process: the API alone is enough to trace (an SDK decides where spans go)
@@ -21,7 +22,7 @@ except ImportError:
 else:
     from persistent_memory.telemetry import otel as _otel
 
-__all__ = ["ENABLED", "connect_tasks", "instrument"]
+__all__ = ["ENABLED", "connect_tasks", "instrument", "watch_store"]
 
 C = TypeVar("C", bound=type)
 
@@ -42,3 +43,11 @@ def connect_tasks(framework: Any) -> None:
     when :mod:`persistent_memory.tasks` is loaded); nothing without OpenTelemetry."""
     if _otel is not None:
         _otel.connect_tasks(framework)
+
+
+def watch_store(read: Callable[[], Any]) -> None:
+    """Have the gauges read the store ``read()`` answers when a reader collects them (None:
+    no figure). Called by :mod:`persistent_memory.store` with its process's store: the
+    telemetry sits below every part and imports none."""
+    if _otel is not None:
+        _otel.watch_store(read)

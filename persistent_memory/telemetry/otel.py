@@ -487,11 +487,18 @@ def _extraction_queued(store: Any) -> int | None:
     return None if worker is None else worker.queued
 
 
+#: What reads the process's store for the gauges (see watch_store); none until the store module is loaded.
+_watched: list[Callable[[], Any]] = [lambda: None]
+
+
+def watch_store(read: Callable[[], Any]) -> None:
+    """The gauges read the store ``read()`` answers (None: no store, no figure)."""
+    _watched[0] = read
+
+
 def _gauge(read: Callable[[Any], int | None]) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        from persistent_memory import store as store_module
-
-        store = store_module._store
+        store = _watched[0]()
         if store is None:
             return []
         try:
