@@ -10,4 +10,4 @@ class PersistentMemoryConfig(AppConfig):
 
     def ready(self) -> None:
         from persistent_memory import checks  # noqa: F401 - registers the checks
-        from persistent_memory.memories import embedding_worker  # noqa: F401 - connects its receivers
+        from persistent_memory.memories import embedding_worker  # noqa: F401 - receives the mirror's messages
