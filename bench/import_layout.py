@@ -47,7 +47,7 @@ RENAMED = {
 
 def layers() -> list[set[str]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (found,) = [contract["layers"] for contract in config["contracts"] if contract["type"] == "layers"]
+    (found,) = [contract["layers"] for contract in config["contracts"] if contract["id"] == "layers"]
     return [{name.strip() for name in layer.replace("|", ":").split(":")} for layer in found]
 
 

@@ -15,7 +15,7 @@ class PersistentMemoryConfig(AppConfig):
             store,  # noqa: F401 - syncs the mirror before a message search
         )
         from persistent_memory.conf import memory_settings
-        from persistent_memory.memories import message_search  # noqa: F401 - embeds mirrored messages
+        from persistent_memory.memories import embedding_worker  # noqa: F401 - embeds mirrored messages
 
         if memory_settings.TASK_BACKEND or memory_settings.SUMMARIZER_TASKS:
             # Enqueues the work the store, the embedding worker and the summarizer thread

@@ -520,7 +520,7 @@ def test_the_enrich_lane_injects_messages_of_earlier_sessions_only(configure: An
 def test_without_full_text_search_messages_are_found_by_their_words(
     said: MemoryStore, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("persistent_memory.memories.search.fts_ready", lambda table="pm_memory_fts": False)
+    monkeypatch.setattr("persistent_memory.memories.fulltext.fts_ready", lambda table="pm_memory_fts": False)
     ann = memories_for(ANN)
     ann.add("Booked the Lisbon hotel")
     say(said, ANN, "chat", "The LISBON flight leaves at nine")

@@ -25,7 +25,7 @@ from persistent_memory.admin.forget import ForgetOwnersMixin
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories import memories_for, records
 from persistent_memory.memories.jsonl import export_lines
-from persistent_memory.memories.service import current_filter
+from persistent_memory.memories.lifecycle import current_filter
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 

@@ -10,7 +10,11 @@ thread, started at the first put when ``EMBEDDER_WORKER`` is on, takes the ids i
 batches and embeds the memories that still have no vector of the current model with the
 embedder's own timeout and retries (:func:`persistent_memory.memories.upkeep.embed_batch`).
 While the circuit is open it waits for the cool-down; a batch that fails is kept and
-tried again then, so a memory gets its vector once the embedder answers again.
+tried again then, so a memory gets its vector once the embedder answers again. The
+conversation messages the mirror writes are queued the same way where messages get
+vectors (MESSAGE_EMBEDDINGS): this module receives the mirror's ``messages_mirrored``
+signal (connected when the app is ready), and the thread embeds them with
+:func:`persistent_memory.memories.message_search.embed_batch`.
 
 It is kept small on purpose: one queue, one thread, one function it calls. With
 ``TASK_BACKEND`` the write enqueues :data:`persistent_memory.tasks.embed` on Django's
@@ -34,8 +38,9 @@ from django.db import close_old_connections, connections
 from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
-from persistent_memory.memories import embedders
+from persistent_memory.memories import embedders, message_search, upkeep
 from persistent_memory.memories.signals import vectors_wanted
+from persistent_memory.mirror.signals import messages_mirrored
 from persistent_memory.telemetry import instrument
 
 logger = logging.getLogger("persistent_memory.memories")
@@ -170,8 +175,6 @@ class EmbeddingWorker:
     def _embed(self, keys: list[tuple[str, int]]) -> bool:
         """One try at ``keys`` when the circuit lets it; whether they are done (embedded,
         refused, or gone), False to try again after the cool-down."""
-        from persistent_memory.memories import message_search, upkeep
-
         gate = self.gate
         wait = gate.wait_seconds()
         if wait > 0:
@@ -248,6 +251,17 @@ def embed_messages_later(ids: list[int]) -> None:
             current.enqueue(pk, "message")
 
     transaction.on_commit(put, using=router.db_for_write(MemoryMessage))
+
+
+@receiver(messages_mirrored)
+def _embed_mirrored(sender: Any, *, messages: list[tuple[int, str]], **kwargs: Any) -> None:
+    """Have the worker embed the mirror's new message rows (``(conversation row id,
+    message id)``) once the mirror's transaction commits, where messages get vectors
+    (:func:`~persistent_memory.memories.message_search.embeds_messages`). Connected when
+    the app is ready (see apps.py)."""
+    if not messages or not message_search.embeds_messages():
+        return
+    embed_messages_later(message_search.row_ids(messages))
 
 
 def stop_worker() -> None:

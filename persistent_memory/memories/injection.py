@@ -1,5 +1,8 @@
 """Injection: the memories relevant to a question, attached by the enrich lane as
-``metadata.memories`` (with INJECT_MEMORIES on), and rendered as a chat message."""
+``metadata.memories`` (with INJECT_MEMORIES on), and rendered as a chat message
+(:func:`render_memories`, :func:`is_injected` and :data:`HEADER` live in
+:mod:`persistent_memory.memories.rendering`, below the service and the message search,
+which leaves such a message out; they are imported here, where users know them)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,20 @@ from django.db import DatabaseError
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
+from persistent_memory.memories.rendering import HEADER, is_injected, render_memories
 from persistent_memory.memories.service import memories_for
 
 logger = logging.getLogger("persistent_memory")
+
+__all__ = [
+    "HEADER",
+    "INJECTED_FIELDS",
+    "INJECTED_MESSAGE_FIELDS",
+    "MEMORIES",
+    "is_injected",
+    "relevant_memories",
+    "render_memories",
+]
 
 #: Where the enrich lane puts them in the question's metadata.
 MEMORIES = "memories"
@@ -30,8 +44,6 @@ INJECTED_MESSAGE_FIELDS = (
     "score",
     "tokens",
 )
-
-HEADER = "What you know about the user from earlier conversations:"
 
 
 def relevant_memories(owner: str, text: Any, session_id: str | None = None) -> list[dict[str, Any]] | None:
@@ -59,30 +71,3 @@ def _injected(item: dict[str, Any]) -> dict[str, Any]:
     if item["kind"] == "memory":
         return {name: item[name] for name in INJECTED_FIELDS}
     return {**{name: item[name] for name in INJECTED_MESSAGE_FIELDS}, "said_at": item["said_at"].isoformat()}
-
-
-def _line(item: dict[str, Any]) -> str:
-    """A memory as it says; a message with when and by whom it was said."""
-    if item.get("kind") != "message":
-        return f"- {item['content']}"
-    speaker = item.get("name") or item.get("role", "")
-    return f"- {str(item['said_at'])[:10]} {speaker}: {item['content']}"  # ISO text, or a datetime
-
-
-def render_memories(memories: list[dict[str, Any]], *, role: str = "system") -> dict[str, str] | None:
-    """One chat message listing ``memories`` (None for none): a system message, or a user
-    message (``role="user"``) for providers that refuse the system role."""
-    if role not in ("system", "user"):
-        raise ValueError(f"role must be 'system' or 'user', not {role!r}.")
-    if not memories:
-        return None
-    lines = "\n".join(_line(memory) for memory in memories)
-    return {"role": role, "content": f"{HEADER}\n{lines}"}
-
-
-def is_injected(message: dict[str, Any]) -> bool:
-    """Whether ``message`` is a list of memories made by :func:`render_memories` (a client
-    may store it with the conversation): what it says is known already, and extracting it
-    again would copy every memory it lists."""
-    content = message.get("content")
-    return isinstance(content, str) and content.startswith(HEADER)

@@ -18,7 +18,8 @@ from django.utils.dateparse import parse_datetime
 
 from persistent_memory.exceptions import InvalidMemory, PersistentMemoryError
 from persistent_memory.memories import records
-from persistent_memory.memories.service import current_filter, memories_for
+from persistent_memory.memories.lifecycle import current_filter
+from persistent_memory.memories.service import memories_for
 from persistent_memory.models import LongTermMemory
 
 #: A line's fields (and each version's): ids are the database's own.

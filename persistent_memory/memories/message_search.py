@@ -14,8 +14,9 @@ it. With MIRROR_MODE "off" no message is searchable.
 
 Messages are compared by meaning where MESSAGE_EMBEDDINGS is on (by default, whenever
 an EMBEDDER is set), each embedded with its speaker's name ("Caroline: ..."): the
-mirror hands each new message to the embedding worker, and
-``memory_embed`` catches up. Their vectors are compared as memories' are
+embedding worker takes each new message the mirror writes (its ``messages_mirrored``
+signal; :func:`embed_batch` gives them their vectors), and ``memory_embed`` catches
+up. Their vectors are compared as memories' are
 (:mod:`~persistent_memory.memories.vectors`): on PostgreSQL with pgvector, by the
 database, each vector also in ``pm_message_vector`` (migration 0018; written with the
 message's bytes, emptied with its rows by triggers) with an HNSW index per length and
@@ -28,7 +29,7 @@ it (docs/performance.md: a few ms at 6,000 messages; on PostgreSQL at a million,
 for a rare word and 300 to 400 for a question whose words are in a tenth of them).
 
 Memory blocks injected into a conversation (see
-:func:`persistent_memory.memories.injection.is_injected`) are never found: what they say
+:func:`persistent_memory.memories.rendering.is_injected`) are never found: what they say
 is found as the memories themselves.
 """
 
@@ -42,13 +43,13 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.dispatch import receiver
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings, mirror_mode
-from persistent_memory.memories import embedders
+from persistent_memory.memories import embedders, fulltext
 from persistent_memory.memories import vectors as _vectors
-from persistent_memory.mirror.signals import messages_mirrored, search_starting
+from persistent_memory.memories.rendering import HEADER
+from persistent_memory.mirror.signals import search_starting
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 
 logger = logging.getLogger("persistent_memory.memories")
@@ -99,8 +100,6 @@ def rows(
     tool call), never an injected memory block; of one session, and said within the
     bounds, when given. None with MIRROR_MODE "off": the rows left from before no longer
     follow their sessions."""
-    from persistent_memory.memories.injection import HEADER
-
     if mirror_mode(memory_settings) == "off":
         return MemoryMessage.objects.none()
     now = timezone.now()
@@ -195,14 +194,12 @@ def _icontains(found: QuerySet[MemoryMessage], words: list[str], limit: int) -> 
 def keyword(found: QuerySet[MemoryMessage], words: list[str], limit: int) -> Ranked:
     """The messages of ``found`` matching any of ``words``, best first, with the
     database's own score (BM25, ts_rank, or words matched: see the memories' search)."""
-    from persistent_memory.memories.search import fts_ready
-
     if not words:
         return []
     try:
         if connection.vendor == "postgresql":
             return _postgresql(found, words, limit)
-        if connection.vendor == "sqlite" and fts_ready("pm_message_fts"):
+        if connection.vendor == "sqlite" and fulltext.fts_ready("pm_message_fts"):
             try:
                 return _sqlite(found, words, limit)
             except DatabaseError:  # a query FTS5 cannot parse: fall back, never fail
@@ -284,14 +281,10 @@ def unembedded(embedder: embedders.Embedder) -> QuerySet[MemoryMessage]:
     )
 
 
-def embed_later(conversation_messages: list[tuple[int, str]]) -> None:
-    """Have the embedding worker embed these newly mirrored messages (``(conversation
-    row id, message id)``) once the mirror's transaction commits, where messages get
-    vectors (:func:`embeds_messages`)."""
-    from persistent_memory.memories.embedding_worker import embed_messages_later
-
-    if not conversation_messages or not embeds_messages():
-        return
+def row_ids(conversation_messages: list[tuple[int, str]]) -> list[int]:
+    """The rows of the mirrored messages ``conversation_messages`` (``(conversation row
+    id, message id)``, as :data:`~persistent_memory.mirror.signals.messages_mirrored`
+    names them)."""
     wanted = set(conversation_messages)
     ids: list[int] = []
     for start in range(0, len(wanted), 500):  # within any database's limit of parameters
@@ -300,13 +293,7 @@ def embed_later(conversation_messages: list[tuple[int, str]]) -> None:
             conversation_id__in={c for c, _ in chunk}, message_id__in={m for _, m in chunk}
         ).values_list("pk", "conversation_id", "message_id")
         ids += [pk for pk, conversation, message in found if (conversation, message) in wanted]
-    embed_messages_later(ids)
-
-
-@receiver(messages_mirrored)
-def _embed_mirrored(sender: Any, *, messages: list[tuple[int, str]], **kwargs: Any) -> None:
-    # The mirror's new message rows (connected when the app is ready: see apps.py).
-    embed_later(messages)
+    return ids
 
 
 def embed_batch(

@@ -48,7 +48,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
-from persistent_memory.memories import embedders
+from persistent_memory.memories import embedders, fulltext, message_search
 from persistent_memory.memories import vectors as _vectors
 from persistent_memory.memories.embedders import Embedder
 from persistent_memory.models import LongTermMemory
@@ -211,18 +211,6 @@ def _icontains(rows: QuerySet[LongTermMemory], words: list[str], limit: int) -> 
     return scored[:limit]
 
 
-@lru_cache(maxsize=8)
-def _fts_table(alias: str, table: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [table])
-        return cursor.fetchone() is not None
-
-
-def fts_ready(table: str = "pm_memory_fts") -> bool:
-    """Whether SQLite's FTS5 table ``table`` exists (an SQLite without FTS5 has none)."""
-    return _fts_table(connection.alias, table)
-
-
 def _relative(ranked: list[tuple[_T, float]]) -> list[tuple[_T, float]]:
     """Scores as fractions of the best one (1 for the best match): the databases' own
     ranks mean little to a reader (SQLite's BM25 gives ``2e-06`` in a small collection,
@@ -239,7 +227,7 @@ def _keyword(rows: QuerySet[LongTermMemory], query: str, limit: int) -> Ranked:
     try:
         if connection.vendor == "postgresql":
             return _postgresql(rows, words, limit)
-        if connection.vendor == "sqlite" and fts_ready():
+        if connection.vendor == "sqlite" and fulltext.fts_ready():
             try:
                 return _sqlite(rows, words, limit)
             except DatabaseError:  # a query FTS5 cannot parse: fall back, never fail
@@ -328,8 +316,6 @@ class Pool(NamedTuple):
 
     def keyword(self, query: str, limit: int) -> Scored:
         """Full-text matches of either kind, by the database's own scores, relative to the best."""
-        from persistent_memory.memories import message_search
-
         scored: Scored = []
         if self.memories is not None:
             scored += _tagged(MEMORY, _keyword(self.memories, query, limit))
@@ -340,8 +326,6 @@ class Pool(NamedTuple):
     def semantic(self, query: str, limit: int) -> Scored | None:
         """Nearest by meaning, of either kind (messages where they have vectors); None
         without a query vector (see :func:`query_vector`)."""
-        from persistent_memory.memories import message_search
-
         found = query_vector(query)
         if found is None:
             return None

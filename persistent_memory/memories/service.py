@@ -6,24 +6,32 @@ changes another owner's. A write that replaces a memory's content keeps the old 
 as a superseded version (MEMORY_KEEP_SUPERSEDED): a row of its own pointing at the memory
 (``superseded_by``), true until ``valid_until``; the memory keeps its id. Only
 :meth:`MemoryService.get` and the ``as_of`` reads see versions
-(:meth:`MemoryService._versions`). Memories are dicts (see
+(:meth:`MemoryService._versions`); which rows a read sees, and how a version is kept, is
+:mod:`persistent_memory.memories.lifecycle`. Memories are dicts (see
 :data:`persistent_memory.memories.records.FIELDS`) whose times are aware datetimes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
 from persistent_memory.memories import embedders, embedding_worker, message_search, records, search, vectors
+from persistent_memory.memories.lifecycle import (
+    as_of_filter,
+    current_filter,
+    expired_filter,
+    said_filter,
+    supersede,
+)
 from persistent_memory.models import LongTermMemory
 from persistent_memory.owners import validate_owner
 from persistent_memory.telemetry import instrument
@@ -50,59 +58,8 @@ def memories_for(owner: str) -> MemoryService:
     return MemoryService(owner)
 
 
-def expired_filter(now: datetime | None = None) -> Q:
-    """Memories past their ``expires_at`` or, with MEMORY_RETENTION_DAYS, not updated
-    for that long: gone for reads, deleted by ``memory_sweep``."""
-    now = now or timezone.now()
-    condition = Q(expires_at__lte=now)
-    days = memory_settings.MEMORY_RETENTION_DAYS
-    if days:
-        condition |= Q(updated_at__lt=now - timedelta(days=days))
-    return condition
-
-
-def current_filter() -> Q:
-    """Current memories: not a superseded version of another."""
-    return Q(superseded_by__isnull=True)
-
-
-def as_of_filter(moment: datetime) -> Q:
-    """The versions (current memories and superseded ones) true at ``moment``: said by then
-    (``said_at``, else ``created_at``), not superseded by then, and of each memory only
-    the version superseded first after it (one a memory, even where writes gave said_at
-    out of order). Conditions on the memories' table alone (EXISTS on itself), so the
-    search strategies' SQL takes them as it takes the owner's filters."""
-    said = _said("lte", moment)
-    # Superseded versions true then: each hides the versions of its memory that ended later.
-    true_then = LongTermMemory.objects.filter(said, valid_until__gt=moment)
-    return said & (
-        (current_filter() & ~Exists(true_then.filter(superseded_by=OuterRef("pk"))))
-        | (
-            Q(valid_until__gt=moment)
-            & ~Exists(
-                true_then.filter(
-                    superseded_by=OuterRef("superseded_by"), valid_until__lt=OuterRef("valid_until")
-                )
-            )
-        )
-    )
-
-
-def delete_memories(rows: QuerySet[LongTermMemory]) -> int:
-    """Delete the memories of ``rows`` (current ones) with their superseded versions; how
-    many memories (the versions are not counted)."""
-    LongTermMemory.objects.filter(superseded_by__in=rows.values("pk")).delete()
-    return rows.delete()[0]
-
-
 def _count_tokens(content: str) -> int:
     return text_counter(memory_settings.TOKENIZER)(content)
-
-
-def _said(lookup: str, bound: datetime) -> Q:
-    """Memories said ``lookup`` (gte, lt, lte) ``bound``: by ``said_at``, or ``created_at``
-    where that is unknown."""
-    return Q(**{f"said_at__{lookup}": bound}) | Q(said_at__isnull=True, **{f"created_at__{lookup}": bound})
 
 
 def _said_between(after: datetime | None, before: datetime | None) -> Q:
@@ -112,22 +69,8 @@ def _said_between(after: datetime | None, before: datetime | None) -> Q:
     condition = Q()
     for bound, lookup in ((after, "gte"), (before, "lt")):
         if bound is not None:
-            condition &= _said(lookup, bound)
+            condition &= said_filter(lookup, bound)
     return condition
-
-
-def supersede(row: LongTermMemory, until: datetime) -> None:
-    """Keep what ``row`` says now as a superseded version of it, true until ``until``
-    (with MEMORY_KEEP_SUPERSEDED): the caller then writes the new content into ``row``,
-    which keeps its id. The version keeps the vector it had (a search as of then finds
-    it by meaning too) and has no expiry of its own: it goes with its memory."""
-    if not memory_settings.MEMORY_KEEP_SUPERSEDED:
-        return
-    kept = {field.attname: getattr(row, field.attname) for field in LongTermMemory._meta.concrete_fields}
-    kept.pop(LongTermMemory._meta.pk.attname)
-    LongTermMemory.objects.create(
-        **{**kept, "superseded_by_id": row.pk, "valid_until": until, "expires_at": None}
-    )
 
 
 def _checked(
@@ -471,7 +414,8 @@ class MemoryService:
         as_of: datetime | None = None,
     ) -> tuple[int, list[dict[str, Any]]]:
         """``(count, page)`` of the owner's memories, newest update first; with ``as_of``,
-        of what was true then (see :func:`as_of_filter`): superseded versions too."""
+        of what was true then (see
+        :func:`~persistent_memory.memories.lifecycle.as_of_filter`): superseded versions too."""
         limit = validate_int(limit, name="limit", minimum=1)
         offset = validate_int(offset, name="offset", minimum=0)
         rows = self._filtered(types=types, session_id=session_id, source=source, as_of=as_of)
@@ -614,8 +558,9 @@ class MemoryService:
         its ``session_id``, ``conversation``, ``role``, ``name`` and ``said_at`` (see
         :mod:`persistent_memory.memories.message_search`); ``exclude_session_id``: not
         the messages of that session (the one a prompt already holds).
-        ``as_of``: what was true at that moment (see :func:`as_of_filter`), superseded
-        versions of memories included, and the messages said by then.
+        ``as_of``: what was true at that moment (see
+        :func:`~persistent_memory.memories.lifecycle.as_of_filter`), superseded versions of
+        memories included, and the messages said by then.
         """
         return self.search_results(
             query,

@@ -1,7 +1,10 @@
 """Upkeep of long-term memories, run by commands: embedding what has no vector of the
 current model (``memory_embed``), merging near-duplicates already stored
 (``memory_consolidate``), and the forgetting policies (``memory_sweep``). Each works one
-owner at a time and never merges or compares across owners."""
+owner at a time and never merges or compares across owners. :func:`embed_batch` is also
+what the embedding worker's thread and the ``embed`` task run: this module sits below the
+service (which queues memories onto the worker) and builds on the rows' conditions of
+:mod:`~persistent_memory.memories.lifecycle`, not on the service."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from django.utils import timezone
 
 from persistent_memory.conf import memory_settings
 from persistent_memory.memories import embedders, message_search, records, search, vectors
-from persistent_memory.memories.service import current_filter, delete_memories, expired_filter, supersede
+from persistent_memory.memories.lifecycle import current_filter, delete_memories, expired_filter, supersede
 from persistent_memory.models import LongTermMemory
 
 Progress = Callable[[int, int], None]

@@ -4,8 +4,8 @@ mirror importing them.
 ``messages_mirrored``
     ``sender``: :func:`~persistent_memory.mirror.conversations.write_conversations`;
     ``messages``: ``(conversation row id, message id)`` of each message row it wrote, sent
-    inside the sync's transaction (the message search hands them to its embedding worker,
-    which waits for the commit). Sent with ``send``: a receiver that raises fails the sync
+    inside the sync's transaction (the memories' embedding worker queues them for their
+    vectors once it commits). Sent with ``send``: a receiver that raises fails the sync
     like any other error of it, which is retried.
 ``search_starting``
     ``sender``: :func:`~persistent_memory.memories.message_search.catch_up`; ``owner``

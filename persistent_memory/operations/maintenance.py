@@ -387,7 +387,7 @@ class SweepReport:
 def sweep_memories(*, dry_run: bool = False, owner: str | None = None) -> int:
     """Delete the long-term memories that expired, with their superseded versions (of
     ``owner`` only, when given); how many memories."""
-    from persistent_memory.memories.service import current_filter, delete_memories, expired_filter
+    from persistent_memory.memories.lifecycle import current_filter, delete_memories, expired_filter
     from persistent_memory.models import LongTermMemory
 
     # A version expires with its memory, never by its own times.

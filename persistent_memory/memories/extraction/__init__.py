@@ -27,7 +27,7 @@ from django.utils.module_loading import import_string
 from persistent_memory.conf import memory_settings
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.memories.extraction.candidates import Candidate, ExtractionFailed
-from persistent_memory.memories.injection import is_injected
+from persistent_memory.memories.rendering import is_injected
 from persistent_memory.memories.service import memories_for
 
 if TYPE_CHECKING:  # the store holds the extraction worker: only its type from here

@@ -40,6 +40,12 @@ from django.db import close_old_connections, connections
 
 from persistent_memory.conversations.signals import messages_added
 from persistent_memory.exceptions import SessionExpired, SessionNotFound
+from persistent_memory.memories.extraction import (
+    ExtractionReport,
+    find_candidates,
+    message_times,
+    write_candidates,
+)
 from persistent_memory.telemetry import instrument
 
 if TYPE_CHECKING:
@@ -265,13 +271,6 @@ class ExtractionWorker:
         written: whether a session is still there is asked only when its messages yielded
         something to write, so a write whose messages yield nothing costs the backend no
         call of the worker's."""
-        from persistent_memory.memories.extraction import (
-            ExtractionReport,
-            find_candidates,
-            message_times,
-            write_candidates,
-        )
-
         by_owner: dict[str, list[Batch]] = {}
         for batch in batches:
             by_owner.setdefault(batch.owner, []).append(batch)
