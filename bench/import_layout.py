@@ -42,6 +42,10 @@ RENAMED = {
     "persistent_memory.database": "persistent_memory.errors.database",
     "persistent_memory.error_views": "persistent_memory.api.error_views",
     "persistent_memory.memories.forget": "persistent_memory.operations.forget",
+    "persistent_memory.conversations.messages": "persistent_memory.chat.messages",
+    "persistent_memory.conversations.records": "persistent_memory.chat.records",
+    "persistent_memory.conversations.tokens": "persistent_memory.chat.tokens",
+    "persistent_memory.conversations.window": "persistent_memory.chat.window",
 }
 
 

@@ -95,8 +95,8 @@ def seed(owner: str, start: int, stop: int, *, offset: int = 0) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from persistent_memory.chat.tokens import text_counter
     from persistent_memory.conf import memory_settings
-    from persistent_memory.conversations.tokens import text_counter
     from persistent_memory.models import LongTermMemory
 
     count_tokens = text_counter(memory_settings.TOKENIZER)

@@ -257,7 +257,7 @@ def wait_for_mirror(store: Any, timeout: float = 120.0) -> None:
 
 def django_orm(store: Any, size: int) -> Library:
     """The whole thread from our memory store's mirror rows, trimmed in Python."""
-    from persistent_memory.conversations.messages import DEFAULT_CONVERSATION
+    from persistent_memory.chat.messages import DEFAULT_CONVERSATION
     from persistent_memory.models import MemoryConversation, MemoryMessage
     from persistent_memory.owners import storage_id
 

@@ -122,7 +122,7 @@ def _settings(overrides: dict[str, Any]) -> Iterator[None]:
 def _clock(at: float) -> Iterator[None]:
     """The conversation store's clock at ``at``: its messages' ``created_at`` is the
     session's time, as when the app records a conversation as it happens."""
-    from persistent_memory.conversations import messages
+    from persistent_memory.chat import messages
 
     real = messages.time
     messages.time = SimpleNamespace(time=lambda: at)  # type: ignore[assignment]

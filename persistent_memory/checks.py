@@ -12,6 +12,7 @@ from django.core.checks import CheckMessage, Error, Info, Tags, Warning, registe
 from django.utils.module_loading import import_string
 
 from persistent_memory.backends import backend_class
+from persistent_memory.chat.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.conf import (
     DEFAULTS,
     MIRROR_MODES,
@@ -22,7 +23,6 @@ from persistent_memory.conf import (
     redis_layout,
 )
 from persistent_memory.conversations.summaries import OVERFLOWS, STRATEGIES
-from persistent_memory.conversations.tokens import TIKTOKEN_ENCODINGS
 from persistent_memory.errors.debug import SafeExceptionReporterFilter, secret_passwords
 from persistent_memory.memories.embedders import OPENAI_OPTIONS
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, TypedDict
 
-from persistent_memory.conversations.messages import DEFAULT_CONVERSATION
+from persistent_memory.chat.messages import DEFAULT_CONVERSATION
 from persistent_memory.exceptions import InvalidSessionId
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.store import MemoryStore, get_store

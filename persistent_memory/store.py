@@ -39,9 +39,9 @@ from persistent_memory.backends.base import (
     SessionInfo,
 )
 from persistent_memory.backends.memory import MemoryBackend
+from persistent_memory.chat.messages import DEFAULT_CONVERSATION, validate_message_id
 from persistent_memory.checkpoints import CheckpointMethods
 from persistent_memory.conf import RELOADED_BY, MemorySettings, memory_settings, mirror_mode, summaries_on
-from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, validate_message_id
 from persistent_memory.conversations.signals import messages_added
 from persistent_memory.conversations.store import (
     Context,

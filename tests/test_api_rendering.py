@@ -10,7 +10,7 @@ from rest_framework.renderers import JSONRenderer
 
 from persistent_memory.api import rendering
 from persistent_memory.api.rendering import parsed, render_json
-from persistent_memory.conversations import messages
+from persistent_memory.chat import messages
 from persistent_memory.conversations.store import ChatJSON, _chats
 from persistent_memory.exceptions import InvalidMessage
 

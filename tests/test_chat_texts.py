@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from persistent_memory.conversations.messages import chat_message, prepare_messages, stored_text
+from persistent_memory.chat.messages import chat_message, prepare_messages, stored_text
 from persistent_memory.conversations.store import _chats
 
 # Text that looks like the markers the fast path looks for, among any other.

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from persistent_memory.backends.memory import tree as memory_tree
 from persistent_memory.backends.redis.functions import CALL_STATS
-from persistent_memory.conversations.messages import chat_message
+from persistent_memory.chat.messages import chat_message
 from persistent_memory.exceptions import MessageNotFound, OrphanToolResult
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, result, system, tool_call, user

@@ -18,7 +18,7 @@ import redis
 from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
 from persistent_memory.backends.redis import RedisBackend
-from persistent_memory.conversations.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
+from persistent_memory.chat.messages import CHAT_FIELDS, MESSAGE_ID_PATTERN
 from persistent_memory.conversations.summaries import summary_tokens
 from persistent_memory.exceptions import (
     HeadMoved,

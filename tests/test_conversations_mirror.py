@@ -646,7 +646,7 @@ def test_message_times_no_column_can_hold_are_stored_as_the_syncs_time(mirrored)
     still gets its row, with the sync's time, whether new or compared with the rows."""
     from django.utils import timezone
 
-    from persistent_memory.conversations.records import export_conversations, import_conversations
+    from persistent_memory.chat.records import export_conversations, import_conversations
 
     store = mirrored
     chat(store, "s1")

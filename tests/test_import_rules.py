@@ -55,3 +55,16 @@ def test_every_module_and_package_at_the_top_is_in_a_layer():
 def test_at_most_fifteen_modules_sit_at_the_top():
     modules = [module for module in pkgutil.iter_modules(persistent_memory.__path__) if not module.ispkg]
     assert len(modules) + 1 <= 15, sorted(module.name for module in modules)  # and __init__
+
+
+def test_the_backends_are_checked_whole_and_inside():
+    # The chat format's rules sit below the backends (persistent_memory.chat), so no
+    # contract lets a backend import the conversations, and no circle inside
+    # persistent_memory.backends is left unchecked.
+    for contract in CONFIG["contracts"]:
+        for ignored in contract.get("ignore_imports", []):
+            importer = ignored.split("->")[0].strip()
+            assert not importer.startswith("persistent_memory.backends"), (contract["id"], ignored)
+        assert "persistent_memory.backends" not in contract.get("skip_descendants", []), contract["id"]
+    (layers,) = [contract["layers"] for contract in CONFIG["contracts"] if contract["type"] == "layers"]
+    assert layers.index("persistent_memory.chat") == layers.index("persistent_memory.backends") + 1

@@ -15,7 +15,7 @@ import pytest
 from persistent_memory import get_store
 from persistent_memory.backends.conversations import text_digest
 from persistent_memory.backends.memory.tree import Tree
-from persistent_memory.conversations.messages import prepare_messages
+from persistent_memory.chat.messages import prepare_messages
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, system, user
 from tests.conftest import memory_settings_for

@@ -43,10 +43,41 @@ def test_from_import_of_an_old_path_works():
     assert SafeExceptionReporterFilter is moved
 
 
+def test_an_old_path_inside_a_package_that_stays_imports_as_an_attribute_too():
+    # persistent_memory.conversations stays; only some of its modules moved to chat.
+    import persistent_memory.conversations as conversations
+    from persistent_memory.chat import tokens
+
+    sys.modules.pop("persistent_memory.conversations.tokens", None)
+    vars(conversations).pop("tokens", None)
+    with pytest.warns(DeprecationWarning, match="persistent_memory.chat.tokens"):
+        from persistent_memory.conversations import tokens as old
+    assert old is tokens
+    assert conversations.tokens is tokens
+    with pytest.warns(DeprecationWarning):
+        sys.modules.pop("persistent_memory.conversations.messages", None)
+        from persistent_memory.conversations.messages import prepare_messages
+    from persistent_memory.chat.messages import prepare_messages as moved
+
+    assert prepare_messages is moved
+
+
+def test_the_backend_contract_still_names_the_conversation_snapshot():
+    from persistent_memory.backends.conversations import ConversationSnapshot
+    from persistent_memory.chat.records import ConversationSnapshot as moved
+
+    assert ConversationSnapshot is moved
+
+
 @pytest.mark.parametrize(
     ("path", "names"),
     [
         ("persistent_memory", ["MemoryStore", "get_store", "reset_store"]),
+        ("persistent_memory.chat.messages", ["prepare_messages", "stored_text", "PreparedMessage"]),
+        ("persistent_memory.chat.tokens", ["text_counter", "message_tokens", "TIKTOKEN_ENCODINGS"]),
+        ("persistent_memory.chat.window", ["Link", "Window", "select"]),
+        ("persistent_memory.chat.records", ["ConversationSnapshot", "export_conversations"]),
+        ("persistent_memory.backends.conversations", ["ConversationSnapshot", "Summary", "text_digest"]),
         ("persistent_memory.store", ["MemoryStore", "get_store", "reset_store"]),
         ("persistent_memory.pipeline", ["MemoryFilter"]),
         ("persistent_memory.exceptions", ["PersistentMemoryError", "SessionNotFound"]),

@@ -18,7 +18,7 @@ GUARDED = {
     "persistent_memory/journal.py",
     "persistent_memory/backends/redis/layout.py",
     "persistent_memory/idempotency.py",
-    "persistent_memory/conversations/window.py",
+    "persistent_memory/chat/window.py",
     "persistent_memory/backends/memory/tree.py",
     "persistent_memory/backends/memory/checkpoints.py",
     "persistent_memory/backends/memory/conversations.py",

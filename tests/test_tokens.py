@@ -1,7 +1,7 @@
 """Token counts: OpenAI's encodings counted exactly on a fixed corpus (tests/data/
 token_corpus.json, computed once and committed), with no network, in this process and in
 a fresh one; the "chars" estimate; a counter of your own by import string; the message
-overhead documented in persistent_memory/conversations/tokens.py; and each stored
+overhead documented in persistent_memory/chat/tokens.py; and each stored
 message's tokenizer."""
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import tiktoken.load
 import tiktoken.registry
 from django.core.exceptions import ImproperlyConfigured
 
-from persistent_memory.conversations.store import ConversationOptions
-from persistent_memory.conversations.tokens import (
+from persistent_memory.chat.tokens import (
     IMAGE_PART_TOKENS,
     MESSAGE_OVERHEAD,
     NAME_OVERHEAD,
@@ -29,6 +28,7 @@ from persistent_memory.conversations.tokens import (
     message_tokens,
     text_counter,
 )
+from persistent_memory.conversations.store import ConversationOptions
 from persistent_memory.store import MemoryStore
 from tests.chat import assistant, calling, result, tool_call, user
 
@@ -138,7 +138,7 @@ socket.socket.connect = refuse
 socket.create_connection = refuse
 tiktoken.load.read_file = no_download
 
-from persistent_memory.conversations.tokens import message_tokens, text_counter
+from persistent_memory.chat.tokens import message_tokens, text_counter
 
 texts = json.loads(sys.stdin.read())
 counts = {name: [text_counter(name)(text) for text in texts] for name in ("o200k_base", "cl100k_base")}

@@ -1,4 +1,4 @@
-"""The window rule itself (conversations/window.py's ``select``), fast: hand-made cases at
+"""The window rule itself (chat/window.py's ``select``), fast: hand-made cases at
 the budgets' edges, and a few thousand seeded threads checked against the reference model
 of tests/test_conversation_window.py (whose Hypothesis tests run it through both backends)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from persistent_memory.conversations.window import PLAIN_ROLES, Link, Window, select
+from persistent_memory.chat.window import PLAIN_ROLES, Link, Window, select
 from tests.test_conversation_window import reference_window
 
 

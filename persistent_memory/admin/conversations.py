@@ -22,8 +22,8 @@ from django.utils.text import Truncator
 
 from persistent_memory.admin.base import ReadOnlyMixin, pretty_json
 from persistent_memory.admin.transcript import SESSION_PAGE_MESSAGES, UnknownLeaf, build
+from persistent_memory.chat.messages import ROLES
 from persistent_memory.conf import memory_settings
-from persistent_memory.conversations.messages import ROLES
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.models import MemoryConversation, MemoryMessage, MemorySession
 from persistent_memory.store import get_store

@@ -1,7 +1,7 @@
 """Request and response shapes of the conversation endpoints (validation and the schema).
 
 The messages of an append are not checked here: the store checks every one before
-anything is written (see :mod:`persistent_memory.conversations.messages`) and answers
+anything is written (see :mod:`persistent_memory.chat.messages`) and answers
 ``invalid_message`` or ``orphan_tool_result`` naming the message and the rule it breaks,
 the same for Python callers and the API. The message serializers below only describe
 messages for the OpenAPI schema.
@@ -14,7 +14,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     DEFAULT_CONVERSATION,
     MESSAGE_ID_PATTERN,
     NAME_PATTERN,

@@ -2,7 +2,7 @@
 
 A session holds named conversations; each is a tree of messages with a *head*, the
 newest message of the current thread. Backends store each message as the text
-:func:`~persistent_memory.conversations.messages.stored_text` builds, and answer
+:func:`~persistent_memory.chat.messages.stored_text` builds, and answer
 messages as those texts. Like the rest of the contract, each method is one atomic step
 (one round trip on Redis), takes storage ids, and gets arguments already checked;
 writes take ``idempotency=`` as :class:`~persistent_memory.backends.base.BaseBackend`'s do.
@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import hashlib
 from abc import abstractmethod
-from typing import Any, NamedTuple, NotRequired, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from persistent_memory.backends.base import IdempotencyRecord, RunBinding
-from persistent_memory.conversations.messages import PreparedMessage
+from persistent_memory.chat.messages import PreparedMessage
+
+# A whole conversation's shape is the chat format's (records, below the backends, reads
+# and writes it); the contract names it here too, where the backends and the mirror look.
+from persistent_memory.chat.records import ConversationSnapshot as ConversationSnapshot
 
 
 class Summary(NamedTuple):
@@ -39,24 +43,6 @@ class Summary(NamedTuple):
     anchor_seq: int
     tokens: int
     covered_tokens: int
-
-
-class ConversationSnapshot(TypedDict):
-    """A whole conversation, for the mirror, export and import (messages in seq order)."""
-
-    head: str | None
-    seq: int
-    trimmed: int
-    messages: list[str]
-    #: Summary._asdict() of each of its summaries, by anchor_seq (see :class:`Summary`).
-    summaries: NotRequired[list[dict[str, Any]]]
-    #: What a backend that keeps them adds (the memory backend), so that the mirror reads
-    #: only the messages it lacks: the XOR of :func:`text_digest` of every message's text
-    #: (hex), and the counts ``list_conversations`` gives.
-    digest: NotRequired[str]
-    message_count: NotRequired[int]
-    tokens: NotRequired[int]
-    branch_count: NotRequired[int]
 
 
 def text_digest(text: str) -> int:
@@ -194,7 +180,7 @@ class ConversationBackend:
         rolling: bool = False,
         reserve_summary: bool = True,
     ) -> WindowTexts:
-        """The window of the current thread (see :mod:`persistent_memory.conversations.window`).
+        """The window of the current thread (see :mod:`persistent_memory.chat.window`).
 
         ``rolling``: when a summary's anchor is on the thread, the summary and the window of
         the messages after it, within ``max_tokens`` less the summary's tokens (all of

@@ -25,9 +25,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from persistent_memory.chat.tokens import text_counter
 from persistent_memory.conversations.summaries import summary_tokens
 from persistent_memory.conversations.summarizers import text_of
-from persistent_memory.conversations.tokens import text_counter
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 _SPACES = re.compile(r"\s+")

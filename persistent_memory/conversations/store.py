@@ -19,7 +19,7 @@ from persistent_memory.backends.conversations import (
     RecordWrite,
     WindowTexts,
 )
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     DEFAULT_CONVERSATION,
     PreparedMessage,
     chat_message,
@@ -28,6 +28,7 @@ from persistent_memory.conversations.messages import (
     validate_conversation,
     validate_message_id,
 )
+from persistent_memory.chat.tokens import text_counter
 from persistent_memory.conversations.signals import messages_added, send_safely
 from persistent_memory.conversations.summaries import (
     OVERFLOWS,
@@ -36,7 +37,6 @@ from persistent_memory.conversations.summaries import (
     TRUNCATION,
     rolling_context,
 )
-from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidValue
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.validation import encode_value, validate_int, validate_key

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from persistent_memory.backends.conversations import WindowTexts
-from persistent_memory.conversations.tokens import MESSAGE_OVERHEAD, text_counter
+from persistent_memory.chat.tokens import MESSAGE_OVERHEAD, text_counter
 from persistent_memory.exceptions import ContextOverflow
 
 TRUNCATION, ROLLING = "truncation", "rolling_summary"

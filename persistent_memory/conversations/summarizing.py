@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from persistent_memory.backends.conversations import Summary, SummaryBackend
+from persistent_memory.chat.messages import chat_message
 from persistent_memory.conversations.health import SummarizerHealth
-from persistent_memory.conversations.messages import chat_message
 from persistent_memory.conversations.signals import send_safely, summary_updated
 from persistent_memory.conversations.summaries import fit_summary
 from persistent_memory.conversations.summarizers import Summarizer, SummarizerFailed

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
-from persistent_memory.conversations.messages import DEFAULT_CONVERSATION, is_chat_message
+from persistent_memory.chat.messages import DEFAULT_CONVERSATION, is_chat_message
 from persistent_memory.exceptions import HeadMoved, MessageNotFound, OrphanToolResult, SessionNotFound
 from persistent_memory.integrations import off_the_loop
 from persistent_memory.store import get_store

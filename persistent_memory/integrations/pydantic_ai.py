@@ -70,7 +70,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     CHAT_FIELDS,
     DEFAULT_CONVERSATION,
     MESSAGE_ID_PATTERN,

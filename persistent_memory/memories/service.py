@@ -21,8 +21,8 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
+from persistent_memory.chat.tokens import text_counter
 from persistent_memory.conf import memory_settings
-from persistent_memory.conversations.tokens import text_counter
 from persistent_memory.exceptions import InvalidMemory, MemoryKeyExists, MemoryNotFound
 from persistent_memory.memories import embedders, embedding_worker, message_search, records, search, vectors
 from persistent_memory.memories.lifecycle import (

@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from persistent_memory.backends.base import SessionSnapshot, remaining_seconds, session_info
 from persistent_memory.backends.batches import BATCH_SIZE, session_batches
+from persistent_memory.chat.records import export_conversations, import_conversations
 from persistent_memory.checkpoints import validate_entries
 from persistent_memory.conf import DEFAULTS
-from persistent_memory.conversations.records import export_conversations, import_conversations
 from persistent_memory.exceptions import PersistentMemoryError, SessionExists, SessionNotFound
 from persistent_memory.owners import (
     owner_prefix,

@@ -14,8 +14,8 @@ Import rules: nothing here imports ``backend`` but this ``__init__`` (lazily); t
 leaves import no part. Modules here may import ``persistent_memory.backends`` (the
 contracts: ``base``, ``conversations``, ``checkpoints``, ``parts``), ``conf``,
 ``owners``, ``exceptions``, ``validation``, ``history``, ``journal`` and
-``conversations.messages``/``window``/``records``; never a service (the store, the
-mirror, the API).
+``chat`` (the chat format's rules: ``messages``, ``window``, ``records``); never a
+service (the store, the conversations, the mirror, the API).
 """
 
 from __future__ import annotations

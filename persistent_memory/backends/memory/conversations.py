@@ -23,7 +23,7 @@ from persistent_memory.backends.conversations import (
     WindowTexts,
 )
 from persistent_memory.backends.memory.tree import StoredMessage, Tree
-from persistent_memory.conversations.messages import PreparedMessage
+from persistent_memory.chat.messages import PreparedMessage
 from persistent_memory.exceptions import (
     HeadMoved,
     MessageConflict,

@@ -1,7 +1,7 @@
 """What a journal record must hold before the memory backend replays it.
 
 A record a write made passes: its arguments are what the store's checks let through,
-and the messages in it what :mod:`persistent_memory.conversations.messages` prepared.
+and the messages in it what :mod:`persistent_memory.chat.messages` prepared.
 Anything else (a line edited by hand, a disk that flipped bits into valid JSON, a
 journal of another program) is :class:`MalformedRecord`: skipped whole, before any of
 it is applied, so a restart never fails on it and never holds half of it. The checks
@@ -18,12 +18,12 @@ from typing import Any
 
 from persistent_memory.backends.checkpoints import DELTA_SEP, LINK_SEP, SEP
 from persistent_memory.backends.conversations import Summary
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     stored_text,
     validate_conversation,
     validate_message_id,
 )
-from persistent_memory.conversations.records import (
+from persistent_memory.chat.records import (
     _stored,  # an exported message's rules: a journaled one is the same message
     import_conversations,
 )

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistent_memory.backends.conversations import Summary, text_digest
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     PreparedMessage,
     chat_message,
     link_of,
     stored_link,
     stored_text,
 )
-from persistent_memory.conversations.window import Link, Window, select
+from persistent_memory.chat.window import Link, Window, select
 from persistent_memory.exceptions import MessageConflict, MessageNotFound, OrphanToolResult
 
 

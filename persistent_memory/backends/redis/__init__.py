@@ -13,8 +13,8 @@ Import rules: a part never imports ``backend``; ``functions``, ``layout``, ``top
 and ``ttl`` import no other module of this package. Modules here may import
 ``persistent_memory.backends`` (the contracts: ``base``, ``conversations``,
 ``checkpoints``, ``parts``), ``backends.memory.tree``, ``conf``, ``owners``,
-``exceptions`` and ``conversations.messages``/``window``; never a service (the store,
-the mirror, the API).
+``exceptions`` and ``chat`` (the chat format's rules: ``messages``, ``window``); never
+a service (the store, the conversations, the mirror, the API).
 """
 
 from __future__ import annotations

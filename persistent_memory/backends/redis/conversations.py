@@ -29,7 +29,7 @@ from persistent_memory.backends.redis.layout import SUMMARIZE, SUMMARIZER
 from persistent_memory.backends.redis.queues import BucketQueues
 from persistent_memory.backends.redis.ttl import ttl_ms as _ttl_ms
 from persistent_memory.backends.redis.ttl import ttl_text as _ttl_text
-from persistent_memory.conversations.messages import PreparedMessage
+from persistent_memory.chat.messages import PreparedMessage
 
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, RunBinding

@@ -51,7 +51,7 @@ local function form_window(c, held, length, lowest, token_room, message_room)
   return first, taken, false, true, form
 end
 
--- The window (the rule of persistent_memory.conversations.window, kept in step with it):
+-- The window (the rule of persistent_memory.chat.window, kept in step with it):
 -- its message ids in order, its tokens, and whether older messages were left out; then,
 -- when the form found the window, the form and the first and last of its records that
 -- follow those ids (the pinned system messages) in the window.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from persistent_memory.conversations.tokens import MESSAGE_OVERHEAD, message_tokens, text_counter
+from persistent_memory.chat.tokens import MESSAGE_OVERHEAD, message_tokens, text_counter
 from persistent_memory.exceptions import (
     InvalidKey,
     InvalidMessage,

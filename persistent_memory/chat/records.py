@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from persistent_memory.backends.conversations import ConversationSnapshot
-from persistent_memory.conversations.messages import (
+from persistent_memory.chat.messages import (
     CHAT_FIELDS,
     _check,  # the append's own shape rules
     stored_text,
@@ -27,6 +26,31 @@ from persistent_memory.conversations.messages import (
 )
 from persistent_memory.exceptions import InvalidMessage, PersistentMemoryError
 from persistent_memory.validation import encode_value
+
+
+class ConversationSnapshot(TypedDict):
+    """A whole conversation, for the mirror, export and import (messages in seq order).
+
+    Part of the backend contract (:mod:`persistent_memory.backends.conversations` names
+    it too); defined here so that the records below read and write it without importing
+    a backend."""
+
+    head: str | None
+    seq: int
+    trimmed: int
+    messages: list[str]
+    #: Summary._asdict() of each of its summaries, by anchor_seq (see
+    #: :class:`~persistent_memory.backends.conversations.Summary`).
+    summaries: NotRequired[list[dict[str, Any]]]
+    #: What a backend that keeps them adds (the memory backend), so that the mirror reads
+    #: only the messages it lacks: the XOR of
+    #: :func:`~persistent_memory.backends.conversations.text_digest` of every message's text
+    #: (hex), and the counts ``list_conversations`` gives.
+    digest: NotRequired[str]
+    message_count: NotRequired[int]
+    tokens: NotRequired[int]
+    branch_count: NotRequired[int]
+
 
 #: The fields of a stored message.
 STORED_FIELDS = frozenset(

@@ -45,7 +45,7 @@ def _tiktoken_counter(name: str) -> Callable[[str], int]:
     # tiktoken looks for an encoding's file in TIKTOKEN_CACHE_DIR under the name it
     # caches it by, and checks its hash, before it would download it: point it at the
     # files shipped here for the one call that loads it (it keeps the encoding).
-    directory = str(resources.files("persistent_memory.conversations").joinpath("encodings"))
+    directory = str(resources.files("persistent_memory.chat").joinpath("encodings"))
     with _load_lock:
         previous = os.environ.get("TIKTOKEN_CACHE_DIR")
         os.environ["TIKTOKEN_CACHE_DIR"] = directory
