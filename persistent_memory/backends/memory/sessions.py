@@ -16,12 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from persistent_memory.backends.base import IdempotencyRecord, SessionInfo
-    from persistent_memory.backends.memory.checkpoints import Checkpoints, MemoryCheckpoints
-    from persistent_memory.backends.memory.conversations import MemoryConversations
+    from persistent_memory.backends.memory.checkpoints import Checkpoints
     from persistent_memory.backends.memory.once import Recorded
-    from persistent_memory.backends.memory.summaries import MemorySummaries
     from persistent_memory.backends.memory.tree import Tree
-    from persistent_memory.backends.memory.whole import MemoryWholeSessions
     from persistent_memory.journal import Journal
 
 
@@ -136,10 +133,11 @@ class IndexedTable(SessionTable, Protocol):
     _dirty: set[str]
     _restoring: bool
     _rotated_at: int
-    conversations: MemoryConversations
-    summaries: MemorySummaries
-    checkpoints: MemoryCheckpoints
-    whole_sessions: MemoryWholeSessions
+    # The other parts (MemoryConversations, ...), not imported here: each imports this.
+    conversations: Any
+    summaries: Any
+    checkpoints: Any
+    whole_sessions: Any
 
     def _info(self, session_id: str, session: Session) -> SessionInfo: ...
 
