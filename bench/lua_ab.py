@@ -59,7 +59,7 @@ def main() -> None:
             for kind, extra in (("default", {}), ("bare", bare)):
                 store = build_store("redis", url, CONTEXT_MAX_MESSAGES=100, **extra)
                 if lua == "other":
-                    store.backend._library = Library(lua_source(args.other))
+                    store.backend.transport.library = Library(lua_source(args.other))
                 stores.append(store)
                 turns[lua, kind] = turn(store, fill(store, f"ab-{lua}-{kind}", 20, 10))
 

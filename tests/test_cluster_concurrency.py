@@ -214,13 +214,13 @@ def test_resharding_under_load_loses_no_acknowledged_write(settings, request, re
         for i in range(PRELOAD):
             store.put(sid, f"preload{i}", i)
     redirected = Counter()
-    follow = store.backend._redirected
+    follow = store.backend.transport.redirected
 
     def counting(command: tuple[Any, ...], wait: int, redirect: Exception) -> Any:
         redirected[key_slot(command[3].encode())] += 1
         return follow(command, wait, redirect)
 
-    store.backend._redirected = counting
+    store.backend.transport.redirected = counting
     slots = sorted({key_slot(layout.root_of(sid).encode()) for sid in moving})
     with Writers(store, session_ids) as writers:
         writers.wait_for(20)

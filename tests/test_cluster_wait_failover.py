@@ -414,7 +414,7 @@ def test_a_user_refused_role_still_waits_for_its_replicas(settings, request, red
         primary = Primary("redis-cluster", request, ["acl1"])
         primary.wait_replicated()
         acknowledged(store.create_session, "acl1", idempotency=Idempotency.of("create-acl1"))
-        assert store.backend._ask_role is False
+        assert store.backend.transport.ask_role is False
         acknowledged(store.put, "acl1", "k", 1, idempotency=Idempotency.of("put-k"))
         stop_process(primary.replica(), signal.SIGKILL)
         with primary.client() as client:

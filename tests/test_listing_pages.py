@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from persistent_memory.backends.redis.backend import _position
 from persistent_memory.backends.redis.layout import BUCKETS, bucket_of
+from persistent_memory.backends.redis.listing import _page_of
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MAX_PAGE_OFFSET, MemoryStore
 from tests.conftest import topology_settings
@@ -339,8 +340,8 @@ def test_a_bucket_reads_its_part_from_where_it_stopped(settings, request, redis_
         command = backend._command(
             "bucket_page", "", (namespace + "s1", repr(part), str(keep), *_position(after), ""), root=root
         )
-        reply = backend._checked(backend._run_many([command]))[0]
-        count, infos = backend._page_of(reply, ids_only=False, first=5)
+        reply = backend.transport.checked(backend.transport.run_many([command]))[0]
+        count, infos = _page_of(reply, ids_only=False, first=5)
         assert count == len(matches)
         found = [info["session_id"][len(namespace) :] for info in infos]
         return found, (float(reply[3]), reply[4].decode()) if reply[4] else None

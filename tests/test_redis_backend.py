@@ -297,9 +297,9 @@ def test_sessions_with_more_keys_than_lua_unpack_takes(rstore, redis_client):
 
 
 def test_many_sessions_are_listed_in_batches(rstore, redis_client, monkeypatch):
-    from persistent_memory.backends import redis as redis_backend
+    from persistent_memory.backends.redis import listing
 
-    monkeypatch.setattr(redis_backend, "ONE_STEP_LIST_LIMIT", 3)
+    monkeypatch.setattr(listing, "ONE_STEP_LIST_LIMIT", 3)
     for i in range(10):
         rstore.create_session(f"s{i}", ttl_seconds=0.1 if i < 2 else None)
     time.sleep(0.2)

@@ -204,16 +204,17 @@ class WriteRecorder:
         self.pubsub = client.pubsub()
         self.pubsub.psubscribe(f"__keyevent@{database}__:*")
         self.pubsub.subscribe(MARK)
-        backend._load_everywhere()  # a call that finds the library missing would be sent twice
-        monkeypatch.setattr(backend, "_exchange", self._exchange(backend._exchange))
-        monkeypatch.setattr(backend, "_run_many", self._run_many)
+        transport = backend.transport
+        transport.load_everywhere()  # a call that finds the library missing would be sent twice
+        monkeypatch.setattr(transport, "exchange", self._exchange(transport.exchange))
+        monkeypatch.setattr(transport, "run_many", self._run_many)
         monkeypatch.setattr(backend.client, "execute_command", self._execute(backend.client.execute_command))
-        monkeypatch.setattr(backend, "_batch", self._batch(backend._batch))
+        monkeypatch.setattr(transport, "batch", self._batch(transport.batch))
         # A command sent beside a script (the run pointer), its reply read after the script's:
         # here it runs (and its writes are read) before the script is sent.
         self.replies: dict[int, Any] = {}
-        monkeypatch.setattr(backend, "_send", self._send(backend._send))
-        monkeypatch.setattr(backend, "_receive", self._receive)
+        monkeypatch.setattr(transport, "send", self._send(transport.send))
+        monkeypatch.setattr(transport, "receive", self._receive)
         # Every command a script runs, reads included, as MONITOR shows it (client "lua").
         self.monitor = client.monitor()
         self.monitor.__enter__()
@@ -308,7 +309,7 @@ class WriteRecorder:
         for command in commands:
             connection = pool.get_connection()
             try:
-                replies.append(self.backend._exchange(connection, command, 0))
+                replies.append(self.backend.transport.exchange(connection, command, 0))
             except redis.ResponseError as exc:  # as a pipeline gives it (raise_on_error=False)
                 replies.append(exc)
             finally:
@@ -847,7 +848,7 @@ def test_cluster_layout_keys_stay_in_their_bucket_expire_with_their_session_and_
     wait_past(max(doomed.values()))
     assert set(doomed) <= stored_names(nodes).keys()  # indexed until swept
     # A pointer is swept once its binding has gone and it is older than the grace (60 s): no waiting here.
-    store.backend.POINTER_GRACE_SECONDS = 0
+    store.backend.maintenance.POINTER_GRACE_SECONDS = 0
     report = maintenance.sweep(store=store)
     assert report.expired_sessions >= len(doomed)
     left = [key for key in keyspace(nodes) if any(f":{sid}:" in key for sid in doomed)]
@@ -907,6 +908,6 @@ def test_the_sweep_leaves_a_young_run_pointer_and_removes_one_whose_binding_went
     assert pointer in keyspace(nodes)
     maintenance.sweep(store=store)
     assert pointer in keyspace(nodes)  # young: left alone
-    store.backend.POINTER_GRACE_SECONDS = 0
+    store.backend.maintenance.POINTER_GRACE_SECONDS = 0
     maintenance.sweep(store=store)
     assert pointer not in keyspace(nodes)

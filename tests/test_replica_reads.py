@@ -107,7 +107,7 @@ def test_a_read_the_replica_cannot_answer_goes_to_the_primary(configure, backend
     store = _written(configure, backend_name, request, REDIS_READ_FROM_REPLICAS=True)
     primaries, replicas = _nodes(backend_name, request)
     (replica,) = replicas
-    library = store.backend._library.name
+    library = store.backend.transport.library.name
     replica.config_set("replica-read-only", "no")  # lets this test delete the library there
     try:
         replica.function_delete(library)

@@ -86,6 +86,7 @@ def _metrics() -> dict[str, list[Any]]:
 
 def test_every_listed_operation_names_a_method_of_its_class() -> None:
     from persistent_memory.backends.redis import RedisBackend
+    from persistent_memory.backends.redis.transport import RedisTransport
     from persistent_memory.conversations.worker import SummarizerWorker
     from persistent_memory.memories.embedding_worker import EmbeddingWorker
     from persistent_memory.memories.extraction.worker import ExtractionWorker
@@ -93,7 +94,7 @@ def test_every_listed_operation_names_a_method_of_its_class() -> None:
     from persistent_memory.mirror import Mirror
     from persistent_memory.store import MemoryStore
 
-    classes = [MemoryStore, MemoryService, RedisBackend, SummarizerWorker, EmbeddingWorker]
+    classes = [MemoryStore, MemoryService, RedisBackend, RedisTransport, SummarizerWorker, EmbeddingWorker]
     classes += [ExtractionWorker, Mirror]
     for name in ("langgraph", "langgraph_saver", "openai_agents", "pydantic_ai"):
         module = pytest.importorskip(f"persistent_memory.integrations.{name}")

@@ -38,15 +38,15 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-from persistent_memory.backends.redis.backend import (
+from persistent_memory.backends.redis.functions import missing, write_needed
+from persistent_memory.backends.redis.transport import (
     _DROP,
     _RECOVERIES,
     _pack_all,
 )
-from persistent_memory.backends.redis.functions import missing, write_needed
 
 if TYPE_CHECKING:
-    from persistent_memory.backends.redis import RedisBackend
+    from persistent_memory.backends.redis.transport import RedisTransport
 
 T = TypeVar("T")
 
@@ -246,9 +246,9 @@ async def _send(connection: Any, packed: list[bytes]) -> None:
         raise redis.ConnectionError("Error while writing to the socket.") from exc
 
 
-async def _load(backend: RedisBackend, execute: Callable[..., Awaitable[Any]]) -> None:
-    """``RedisBackend._load`` with an async ``execute``."""
-    steps = backend._library.loading()
+async def _load(transport: RedisTransport, execute: Callable[..., Awaitable[Any]]) -> None:
+    """``RedisTransport._load`` with an async ``execute``."""
+    steps = transport.library.loading()
     try:
         load = next(steps)
         while True:
@@ -262,12 +262,12 @@ async def _load(backend: RedisBackend, execute: Callable[..., Awaitable[Any]]) -
 
 
 async def _recover(
-    backend: RedisBackend, exc: redis.ResponseError, command: tuple[Any, ...], client: Any, on: Any = None
+    transport: RedisTransport, exc: redis.ResponseError, command: tuple[Any, ...], client: Any, on: Any = None
 ) -> tuple[Any, ...]:
-    """``RedisBackend._recover`` on the loop: the library loaded on ``on`` (the connection
+    """``RedisTransport._recover`` on the loop: the library loaded on ``on`` (the connection
     that answered), if given, and on every primary of a cluster ``client``."""
     if write_needed(exc):
-        return backend._library.writing(command)
+        return transport.library.writing(command)
     if not missing(exc):
         raise exc
     if on is not None:
@@ -276,18 +276,18 @@ async def _recover(
             await on.send_command(*load)
             return await on.read_response()
 
-        await _load(backend, execute)
+        await _load(transport, execute)
     if isinstance(client, AsyncRedisCluster):
         for node in client.get_primaries():
             # One the map still lists but that is down (it failed over) has no call to serve.
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                await _load(backend, node.execute_command)
-    return backend._library.again(command)
+                await _load(transport, node.execute_command)
+    return transport.library.again(command)
 
 
-async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
-    """``RedisBackend._read_packet`` on an asyncio connection."""
-    steps = backend._packet_replies(packet)
+async def _read_packet(transport: RedisTransport, connection: Any, packet: list[tuple[Any, ...]]) -> Any:
+    """``RedisTransport.read_packet`` on an asyncio connection."""
+    steps = transport.packet_replies(packet)
     try:
         step = next(steps)
         while True:
@@ -304,30 +304,30 @@ async def _read_packet(backend: RedisBackend, connection: Any, packet: list[tupl
         return done.value
 
 
-async def exchange(backend: RedisBackend, client: Any, command: tuple[Any, ...], wait: int) -> Any:
+async def exchange(transport: RedisTransport, client: Any, command: tuple[Any, ...], wait: int) -> Any:
     """The library call ``command`` (an FCALL), and its ``WAIT`` when ``wait``; as
-    ``RedisBackend._exchange`` does on a sync connection."""
+    ``RedisTransport.exchange`` does on a sync connection."""
     if isinstance(client, AsyncRedisCluster):  # wait is 0 here (see RedisBackend._call)
         for _ in range(_RECOVERIES):
             try:
                 return await client.execute_command(*command)
             except redis.ResponseError as exc:  # a node new to the slot, or restarted
-                command = await _recover(backend, exc, command, client)
+                command = await _recover(transport, exc, command, client)
         return await client.execute_command(*command)
     pool = client.connection_pool
     connection = await pool.get_connection()
     try:
         for attempt in range(_RECOVERIES + 1):
             try:
-                packet = backend._packet(command, wait)
+                packet = transport.packet(command, wait)
                 await _send(connection, _pack_all(connection, packet))
                 if not wait:
                     return await connection.read_response()
-                return await _read_packet(backend, connection, packet)
+                return await _read_packet(transport, connection, packet)
             except redis.ResponseError as exc:  # a restarted or flushed server, or a read that must write
                 if attempt == _RECOVERIES:
                     raise
-                command = await _recover(backend, exc, command, client, connection)
+                command = await _recover(transport, exc, command, client, connection)
     except redis.ResponseError:
         raise  # whole replies were read: the connection is fine
     except BaseException:

@@ -158,5 +158,6 @@ OPERATIONS: dict[str, dict[str, Operation | Task | RoundTrip]] = {
     "SummarizerWorker": {"run_once": Task("summary")},
     "Mirror": {"sync_dirty": Task("mirror")},
     # Where the store calls Redis.
-    "RedisBackend": {"_call": RoundTrip(), "_run_many": RoundTrip(batch=True)},
+    "RedisBackend": {"_call": RoundTrip()},
+    "RedisTransport": {"run_many": RoundTrip(batch=True)},
 }

@@ -2,10 +2,15 @@
 
 What lives here, top to bottom of the import graph:
 
-- ``backend``: :class:`MemoryBackend`, the session table under one lock, sessions and
-  values, the journal's replay; it creates and holds the parts below.
-- ``conversations``, ``summaries``, ``checkpoints``: the parts, each given the backend as
-  its session table (the protocol in ``sessions``), never importing ``backend``.
+- ``backend``: :class:`MemoryBackend`, the session table under one lock, sessions,
+  values, history and the lanes (each write journaled, and replayable at a given time);
+  it creates and holds the parts below.
+- ``conversations``, ``summaries``, ``checkpoints``, ``listing``, ``maintenance`` (scans,
+  the sweep, the dirty set), ``journaling`` (the journal opened, replayed and
+  checkpointed) and ``whole`` (snapshots and restores): the parts, each given the backend
+  as its session table (the protocols in ``sessions``), never importing ``backend``;
+  ``admission`` (the owners' caps and the fair share of a full process), a rule the
+  backend applies to its table.
 - ``sessions`` (a session and the session table's protocol), ``tree`` (a conversation's
   messages and window), ``once`` (idempotency keys), ``replay`` (the journal records'
   checks): leaves the others build on.

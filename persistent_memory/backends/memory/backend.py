@@ -5,13 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import threading
 import time
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from itertools import islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
@@ -20,23 +16,25 @@ from persistent_memory.backends.base import (
     LAST_ANSWER,
     AnswerRecord,
     BaseBackend,
-    Checkpoint,
     IdempotencyRecord,
     RunBinding,
     SessionInfo,
-    SessionSnapshot,
     session_info,
 )
 from persistent_memory.backends.checkpoints import CheckpointBackend
 from persistent_memory.backends.conversations import Answer, ConversationBackend, Enriched, SummaryBackend
 from persistent_memory.backends.memory import history
-from persistent_memory.backends.memory.checkpoints import Checkpoints, MemoryCheckpoints
+from persistent_memory.backends.memory.admission import admit
+from persistent_memory.backends.memory.checkpoints import MemoryCheckpoints
 from persistent_memory.backends.memory.conversations import MemoryConversations, journaled, prepared
-from persistent_memory.backends.memory.once import Recorded, decoded, encoded, idempotent
-from persistent_memory.backends.memory.replay import MalformedRecord, check_record
+from persistent_memory.backends.memory.journaling import MemoryJournaling
+from persistent_memory.backends.memory.listing import MemoryListing
+from persistent_memory.backends.memory.maintenance import MemoryMaintenance
+from persistent_memory.backends.memory.once import Recorded, encoded, idempotent
 from persistent_memory.backends.memory.sessions import Session as _Session
 from persistent_memory.backends.memory.summaries import MemorySummaries
 from persistent_memory.backends.memory.tree import Tree
+from persistent_memory.backends.memory.whole import MemoryWholeSessions
 from persistent_memory.backends.parts import delegate
 from persistent_memory.conf import (
     MemorySettings,
@@ -49,12 +47,10 @@ from persistent_memory.exceptions import (
     IdempotencyKeyReused,
     KeyNotFound,
     NotANumber,
-    PersistentMemoryError,
     QuotaExceeded,
     SessionExists,
     SessionExpired,
     SessionNotFound,
-    SessionsFull,
 )
 from persistent_memory.journal import Journal
 from persistent_memory.owners import namespace_of
@@ -72,9 +68,12 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
     Sessions and values are the backend's own; it holds its other parts, made in
     ``__init__``, each given the backend as its session table (see
     :class:`~persistent_memory.backends.memory.sessions.SessionTable`): ``conversations``,
-    ``summaries`` and ``checkpoints``. The contract's methods that a part serves are
-    delegated to it by name below; the writes' idempotency keys are the backend's (its
-    records), so :func:`idempotent` wraps the delegated writes here.
+    ``summaries``, ``checkpoints``, ``listing``, ``maintenance`` (scans, the sweep, the
+    dirty set), ``journaling`` (the journal's replay and checkpoints) and
+    ``whole_sessions`` (snapshots and restores). The contract's
+    methods that a part serves are delegated to it by name below; the writes' idempotency
+    keys are the backend's (its records), so :func:`idempotent` wraps the delegated writes
+    here.
     """
 
     name = "memory"
@@ -88,6 +87,40 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
     conversations: MemoryConversations
     summaries: MemorySummaries
     checkpoints: MemoryCheckpoints
+    listing: MemoryListing
+    maintenance: MemoryMaintenance
+    journaling: MemoryJournaling
+    whole_sessions: MemoryWholeSessions
+
+    # Whole sessions, for the mirror, export and import, served by ``whole_sessions``.
+    snapshots = delegate("whole_sessions", MemoryWholeSessions.snapshots)
+    restore_session = delegate("whole_sessions", MemoryWholeSessions.restore_session)
+
+    # Sessions listed, served by ``listing``.
+    list_sessions = delegate("listing", MemoryListing.list_sessions)
+    list_session_infos = delegate("listing", MemoryListing.list_session_infos)
+    list_session_page = delegate("listing", MemoryListing.list_session_page)
+
+    # Maintenance in batches and the dirty set, served by ``maintenance``.
+    scan_sessions = delegate("maintenance", MemoryMaintenance.scan_sessions)
+    existing = delegate("maintenance", MemoryMaintenance.existing)
+    infos = delegate("maintenance", MemoryMaintenance.infos)
+    summarize_many = delegate("maintenance", MemoryMaintenance.summarize_many)
+    sweep = delegate("maintenance", MemoryMaintenance.sweep)
+    forget_namespace = delegate("maintenance", MemoryMaintenance.forget_namespace)
+    pop_dirty = delegate("maintenance", MemoryMaintenance.pop_dirty)
+    dirty_count = delegate("maintenance", MemoryMaintenance.dirty_count)
+    mark_dirty = delegate("maintenance", MemoryMaintenance.mark_dirty)
+
+    # The write-ahead journal, served by ``journaling``.
+    open_journal = delegate("journaling", MemoryJournaling.open_journal)
+    replay = delegate("journaling", MemoryJournaling.replay)
+    restoring = delegate("journaling", MemoryJournaling.restoring)
+    checkpoint = delegate("journaling", MemoryJournaling.checkpoint)
+    drop_segments = delegate("journaling", MemoryJournaling.drop_segments)
+    journal_size = delegate("journaling", MemoryJournaling.journal_size)
+    idempotency_size = delegate("journaling", MemoryJournaling.idempotency_size)
+    journal_skipped = delegate("journaling", MemoryJournaling.journal_skipped)
 
     # ConversationBackend, served by ``conversations``.
     add_messages = idempotent(delegate("conversations", MemoryConversations.add_messages))
@@ -158,6 +191,10 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
         self.conversations = MemoryConversations(self)
         self.summaries = MemorySummaries(self, self.conversations)
         self.checkpoints = MemoryCheckpoints(self)
+        self.listing = MemoryListing(self)
+        self.maintenance = MemoryMaintenance(self)
+        self.journaling = MemoryJournaling(self)
+        self.whole_sessions = MemoryWholeSessions(self)
 
     @classmethod
     def from_settings(cls, conf: MemorySettings) -> MemoryBackend:
@@ -173,18 +210,6 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
             refresh_on_read=conf.IDLE_TTL_REFRESH_ON_READ,
             summarize_after_tokens=summarize_after_tokens(conf),
         )
-
-    def open_journal(self, directory: str | os.PathLike[str]) -> None:
-        """Journal every write in ``directory`` from now on (see :meth:`replay`), and take
-        back the idempotency records kept there (they outlive the journal's segments)."""
-        self.journal = Journal(directory)
-        with self._lock:
-            for ref, fingerprint, expires_at, result in self.journal.remembered(time.time()):
-                try:
-                    self._records[ref] = Recorded(fingerprint, decoded(result), expires_at)
-                except (KeyError, TypeError, ValueError):  # not what encoded() makes
-                    # A start must not fail on one bad record: that key is merely not kept.
-                    logger.warning("persistent_memory: skipping an idempotency record that does not decode")
 
     # Helpers, called with the lock held ---------------------------------------
 
@@ -268,75 +293,9 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
         if now >= self._expiry_floor:
             self._prune(now)
 
-    def _admit(self, session_id: str, now: float) -> None:
-        """Raise unless a write may create the session ``session_id`` now; a no-op when it
-        is live (the write does not create it) and while a restore loads sessions.
-
-        Every write that may create a session calls this before it is journaled, so that
-        the journal holds only admitted writes, and a restore (the mirror's rows, then the
-        journal's replay) admits everything unconditionally: all of it was admitted once,
-        and a restart must not lose an acknowledged session nor bring back a refused one.
-        The caps apply to new sessions: a restart with a lower ``MAX_SESSIONS`` or
-        ``max_sessions_per_owner`` loads every session and refuses new ones until deletions
-        and expiries bring the owner, or the process, under them again.
-
-        An owner (a namespace; "": unowned) is held to its cap (``max_sessions_per_owner``:
-        ``QuotaExceeded``). A full process (``max_sessions`` live) still admits an owner
-        holding fewer sessions than its fair share, ``max_sessions // owners`` (owners
-        holding sessions, this one counted; without ``max_sessions_per_owner`` at most a
-        tenth of ``max_sessions``), and refuses the others (``SessionsFull``):
-        owners who filled the process cannot lock a newcomer out, and nothing acknowledged
-        is evicted to make room. The total may then go over ``max_sessions``, never past
-        ``CEILING * max_sessions``, where even a newcomer is refused, so that
-        ``max_sessions`` still bounds the process's memory. Below that ceiling the fair
-        share alone bounds it: admitting only below the share keeps the j-th largest
-        holding at most ``max_sessions // j``, so the total stays within
-        ``sum(min(cap, max_sessions // j) for j in 1..owners)``, about
-        ``max_sessions * (1 + ln(owners / 10))`` with a cap of a tenth in the worst order of
-        arrivals (the ceiling is reached after about 27 such owners). Without a cap the
-        first owner, alone, may take all ``max_sessions``; each next one then gets at most
-        ``min(max_sessions // 10, max_sessions // j)``: the ceiling is reached after about
-        12 owners each taking all it is given.
-        """
-        if self._restoring:
-            return
-        existing = self._sessions.get(session_id)
-        if existing is not None:
-            if not existing.expired(now):
-                return
-            self._drop(session_id)  # as _live does: the place it held is free
-            self._mark(session_id)
-        owner = namespace_of(session_id)
-        held = self._owned.get(owner, 0)
-        cap = self.max_sessions_per_owner
-        if owner and cap is not None and held >= cap:
-            self._reclaim(now)
-            held = self._owned.get(owner, 0)
-            if held >= cap:
-                raise QuotaExceeded(
-                    f"This owner holds its maximum of {cap} sessions (MAX_SESSIONS_PER_OWNER)."
-                )
-        if len(self._sessions) >= self.max_sessions:
-            self._reclaim(now)
-            held = self._owned.get(owner, 0)
-            share = self.max_sessions // (len(self._owned) + (owner not in self._owned))
-            if cap is None:
-                # No cap: an owner alone took every place it wanted. Past MAX_SESSIONS the
-                # others get at most a tenth each, so that a few owners taking all they are
-                # given cannot bring the process to its ceiling and lock newcomers out.
-                share = min(share, max(1, self.max_sessions // self.SHARE_PAST_FULL))
-            # The messages are for callers too (SessionsFull): the setting to raise, and
-            # nothing of the other owners' sessions but what the settings say.
-            if len(self._sessions) >= self.CEILING * self.max_sessions:
-                raise SessionsFull(
-                    f"The memory backend holds {self.CEILING} times its maximum of {self.max_sessions} "
-                    "sessions (MAX_SESSIONS): delete sessions, or raise MAX_SESSIONS."
-                )
-            if len(self._sessions) >= self.max_sessions and held >= share:
-                raise SessionsFull(
-                    f"The memory backend holds its maximum of {self.max_sessions} sessions (MAX_SESSIONS), "
-                    f"and this owner its share of them ({share}): delete sessions, or raise MAX_SESSIONS."
-                )
+    # The admission of a new session (the owner's cap, the fair share of a full process):
+    # a rule of its own module, bound here as a method (no extra call on a write's path).
+    _admit = admit
 
     def _create(
         self,
@@ -496,64 +455,6 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
             return self._info(session_id, self._live(session_id, time.time()))
 
     session_info = resume_session
-
-    def list_sessions(self) -> list[str]:
-        with self._lock:
-            self._prune(time.time())
-            return sorted(self._sessions)
-
-    def list_session_infos(self, prefix: str = "") -> list[SessionInfo]:
-        with self._lock:
-            self._prune(time.time())
-            return [self._info(sid, s) for sid, s in self._sessions.items() if sid.startswith(prefix)]
-
-    def list_session_page(
-        self, prefix: str, offset: int, limit: int, *, after: tuple[float, str] | None = None
-    ) -> tuple[int, list[SessionInfo]]:
-        namespace = namespace_of(prefix)
-        now = time.time()
-        page: list[SessionInfo] = []
-        with self._lock:
-            ordered = self._by_time.get(namespace, [])
-            names = self._by_name.get(namespace, [])
-            first = bisect_left(names, prefix)
-            total = bisect_left(names, prefix + "\U0010ffff", first) - first
-            # Newest first from the position after ``after``: indexes below ``top``, down.
-            top = len(ordered) if after is None else bisect_left(ordered, after)
-            if total == len(ordered):  # no search, or every id matches: a range of the time order
-                position = top - 1 - offset
-                while len(page) < limit and position >= 0:
-                    # A dropped one leaves the ones below it where they were.
-                    if not self._add_live(page, ordered[position][1], now):
-                        total -= 1
-                    position -= 1
-                return total, page
-            matches: Iterable[str]
-            if total * 8 > len(ordered):  # a wide search: filtering the time order costs less
-                matches = (ordered[i][1] for i in range(top - 1, -1, -1) if ordered[i][1].startswith(prefix))
-            else:  # a narrow one: sort the matches
-                narrow = [
-                    sid
-                    for sid in names[first : first + total]
-                    if after is None or (self._sessions[sid].created_at, sid) < after
-                ]
-                matches = sorted(narrow, key=lambda sid: (self._sessions[sid].created_at, sid), reverse=True)
-            for session_id in islice(matches, offset, None):
-                if len(page) == limit:
-                    break
-                if not self._add_live(page, session_id, now):
-                    total -= 1
-            return total, page
-
-    def _add_live(self, page: list[SessionInfo], session_id: str, now: float) -> bool:
-        """Add a live session's info to ``page``; drop an expired one (False)."""
-        session = self._sessions[session_id]
-        if session.expired(now):
-            self._drop(session_id)
-            self._mark(session_id)
-            return False
-        page.append(self._info(session_id, session))
-        return True
 
     @idempotent
     def delete_session(self, session_id: str) -> list[str]:
@@ -790,267 +691,7 @@ class MemoryBackend(ConversationBackend, SummaryBackend, CheckpointBackend, Base
             self.conversations._commit(session_id, session, answered[0], tree, plan, now)
         return AnswerRecord(session_id, count)
 
-    # Whole sessions -----------------------------------------------------------
-
-    def snapshots(
-        self, session_ids: list[str], *, checkpoints: bool = True
-    ) -> dict[str, SessionSnapshot | None]:
-        now = time.time()
-        result: dict[str, SessionSnapshot | None] = {}
-        with self._lock:
-            seq = self.journal.seq if self.journal is not None else 0
-            for session_id in session_ids:
-                session = self._sessions.get(session_id)
-                if session is None or session.expired(now):
-                    result[session_id] = None
-                    continue
-                # Entries are never changed once appended, and snapshot readers (the
-                # mirror, export) only read them: a copy of each entry is enough, and a
-                # deep copy of every history was most of a mirror sync's reading time.
-                result[session_id] = {
-                    "info": self._info(session_id, session),
-                    "values": dict(session.values),
-                    "history": [dict(entry) for entry in session.history],
-                    "conversations": {name: tree.snapshot() for name, tree in session.conversations.items()},
-                    "journal_seq": seq,
-                }
-                if session.checkpoints is not None:
-                    result[session_id]["checkpoints"] = dict(session.checkpoints.entries)
-                    result[session_id]["checkpoint_state"] = session.checkpoints.snapshot_state()
-        return result
-
-    def restore_session(self, snapshot: SessionSnapshot, *, replace: bool) -> None:
-        with self._lock:
-            self._restore_op(time.time(), snapshot["info"]["session_id"], snapshot, replace)
-
-    def _restore_op(self, now: float, session_id: str, snapshot: SessionSnapshot, replace: bool) -> None:
-        if self._is_live(session_id, now) and not replace:
-            raise SessionExists(f"Session {session_id!r} already exists.")
-        info = snapshot["info"]
-        kept = {
-            key: snapshot[key]
-            for key in ("info", "values", "history", "conversations", "checkpoints")
-            if key in snapshot
-        }
-        self._admit(session_id, now)  # replacing a live session takes no new place
-        self._log("restore", session_id, now, kept, replace)
-        self._drop(session_id)
-        session = self._create(session_id, info["ttl_seconds"], now, created_at=info["created_at"])
-        session.expires_at = info["expires_at"]
-        session.idle_ttl_seconds = info.get("idle_ttl_seconds")
-        if session.idle_ttl_seconds and info["ttl_seconds"]:
-            session.deadline = info["created_at"] + info["ttl_seconds"]
-        session.values = dict(snapshot["values"])
-        session.size = sum(len(key) + len(text) for key, text in session.values.items())
-        session.history = copy.deepcopy(snapshot["history"])
-        for name, conversation in snapshot.get("conversations", {}).items():
-            tree = session.conversations[name] = Tree.restore(conversation)
-            session.size += tree.size
-        if snapshot.get("checkpoints"):
-            # The mirror's counters only when loading the mirror (see mirror_checkpoints).
-            state = snapshot.get("checkpoint_state") if self._restoring else None
-            session.checkpoints = Checkpoints.restore(snapshot["checkpoints"], state)
-            session.size += session.checkpoints.size
-
-    # The journal ----------------------------------------------------------------
-
-    def replay(self, mirrored: dict[str, int]) -> list[str]:
-        """Apply the journal's records newer than each session's mirrored point
-        (``mirrored``: storage id -> journal seq of its mirror row); return the ids of
-        the sessions replayed (marked dirty, so the mirror catches up with them)."""
-        journal = self.journal
-        if journal is None:
-            return []
-        ops = {
-            "create": self._create_op,
-            "delete": self._delete_op,
-            "put": self._put_op,
-            "increment": self._increment_op,
-            "clear": self._clear_op,
-            "summarize": self._summarize_op,
-            "enrich": self._enrich_op,
-            "answer": self._answer_op,
-            "restore": self._restore_op,
-            "bind": self._bind_op,
-            "messages": self.conversations._messages_op,
-            "head": self.conversations._head_op,
-            "clear_messages": self.conversations._clear_messages_op,
-            "pop": self.conversations._pop_op,
-            "thread": self.conversations._thread_op,
-            "summary": self.summaries._summary_op,
-            "cp_put": self.checkpoints._cp_put_op,
-            "cp_writes": self.checkpoints._cp_writes_op,
-            "cp_prune": self.checkpoints._cp_prune_op,
-            "cp_load": self.checkpoints._cp_load_op,
-            "cp_replace": self.checkpoints._cp_replace_op,
-        }
-        replayed: dict[str, None] = {}
-        kept = dict(self._records)  # read back from the record files by open_journal
-        with self._lock, self.restoring():
-            for seq, (_, op, session_id, now, idempotency, *args), where in journal.entries():
-                if op != "bind" and seq <= mirrored.get(session_id, 0):
-                    continue
-                try:  # all of it, before any of it is applied
-                    check_record(op, session_id, args)
-                except MalformedRecord as exc:
-                    journal.skip(where, str(exc))
-                    continue
-                try:
-                    result = ops[op](now, session_id, *args)
-                except PersistentMemoryError:
-                    continue  # it failed the same way when it was made
-                except Exception as exc:  # a bug: the checks let through what a write cannot make
-                    logger.exception("persistent_memory: journal record %s failed to replay", where)
-                    journal.skip(where, f"failed to replay: {type(exc).__name__}")
-                    continue
-                # Its answer may have been lost: a retry gets it. Not one read back from the
-                # record files: that is the answer the client got (a replay onto a state the
-                # mirror restored may differ), and it is on disk already.
-                keyed = IdempotencyRecord(*idempotency) if idempotency is not None else None
-                if keyed is not None and keyed.ref not in kept:
-                    self._remember(keyed, result, now)
-                if op != "bind":
-                    replayed[session_id] = None
-                    self._mark(session_id)
-        # A write killed between its journal record and its idempotency record: the replay
-        # made the record; on disk too, or the next checkpoint would lose it.
-        with self._lock:
-            for ref, recorded in self._records.items():
-                if kept.get(ref) != recorded:
-                    self._keep(ref, recorded)
-        journal.seq = max(journal.seq, *mirrored.values(), 0)
-        return list(replayed)
-
-    @contextmanager
-    def restoring(self) -> Iterator[None]:
-        # What a restore loads is in the mirror or the journal already. The store
-        # refuses calls while it restores, so nothing else writes meanwhile.
-        journal, self.journal = self.journal, None
-        self._restoring = True
-        try:
-            yield
-        finally:
-            self.journal = journal
-            self._restoring = False
-
-    def forget_namespace(self, namespace: str) -> int:
-        mark = f"{namespace}:"
-        with self._lock:
-            records = [ref for ref in self._records if ref.startswith(mark)]
-            runs = [ref for ref in self._runs if ref.startswith(mark)]
-            for ref in records:
-                del self._records[ref]
-            for ref in runs:
-                del self._runs[ref]
-            if self.journal is not None:
-                self.journal.forget_records(mark)
-        return len(records) + len(runs)
-
-    def checkpoint(self) -> Checkpoint | None:
-        with self._lock:
-            journal = self.journal
-            if journal is None or not journal.owned:
-                return None
-            if journal.seq == self._rotated_at and not self._dirty:
-                return None  # nothing written since the last checkpoint, and that one worked
-            segments = journal.rotate()
-            # Run bindings are not mirrored: the new segment carries the live ones.
-            now = time.time()
-            journal.expire_records(now)
-            for run_id, (session_id, until) in self._runs.items():
-                if until > now:
-                    session = self._sessions.get(session_id)
-                    question = session.questions.get(run_id) if session else None
-                    journal.append("bind", run_id, now, None, session_id, until, question)
-            self._rotated_at = journal.seq
-            dirty, self._dirty = self._dirty, set()
-            return Checkpoint(segments, sorted(dirty))
-
-    def drop_segments(self, segments: list[Any]) -> None:
-        if self.journal is not None:
-            self.journal.drop(segments)
-
-    def journal_size(self) -> int | None:
-        return None if self.journal is None else self.journal.size()
-
-    def idempotency_size(self) -> int | None:
-        return None if self.journal is None else self.journal.records_size()
-
-    def journal_skipped(self) -> int | None:
-        return None if self.journal is None else len(self.journal.skipped)
-
-    def scan_sessions(self, cursor: int, count: int, prefix: str = "") -> tuple[int, list[str]]:
-        # All at once: at most MAX_SESSIONS ids, and no id is skipped when sessions go
-        # between batches.
-        with self._lock:
-            return 0, sorted(sid for sid in self._sessions if sid.startswith(prefix))
-
-    def existing(self, session_ids: list[str]) -> set[str]:
-        now = time.time()
-        with self._lock:
-            return {
-                sid for sid in session_ids if sid in self._sessions and not self._sessions[sid].expired(now)
-            }
-
-    def infos(self, session_ids: list[str]) -> dict[str, SessionInfo]:
-        now = time.time()
-        with self._lock:
-            return {
-                sid: self._info(sid, self._sessions[sid])
-                for sid in session_ids
-                if sid in self._sessions and not self._sessions[sid].expired(now)
-            }
-
-    def summarize_many(self, session_ids: list[str], max_entries: int) -> dict[str, int]:
-        folded: dict[str, int] = {}
-        for session_id in session_ids:
-            try:
-                folded[session_id] = self.summarize(session_id, max_entries)
-            except SessionNotFound:
-                continue
-        return folded
-
-    def sweep(self, *, dry_run: bool, batch_size: int, prefix: str = "") -> dict[str, int]:
-        now = time.time()
-        with self._lock:
-            expired = [
-                sid
-                for sid, session in self._sessions.items()
-                if session.expired(now) and sid.startswith(prefix)
-            ]
-            stale_runs = [
-                r
-                for r, (sid, until) in self._runs.items()
-                if sid.startswith(prefix) and (until <= now or sid not in self._sessions)
-            ]
-            if not dry_run:
-                # Idempotency records are not leftovers: only expired ones go, uncounted.
-                self._records = {
-                    ref: r
-                    for ref, r in self._records.items()
-                    if r.expires_at > now or not ref.startswith(prefix)
-                }
-                for session_id in expired:
-                    self._drop(session_id)
-                    self._mark(session_id)
-                for run_id in stale_runs:
-                    self._runs.pop(run_id, None)
-                for session_id, session in self._sessions.items():
-                    if session.runs and session_id.startswith(prefix):
-                        self._prune_session_runs(session_id, session)
-        return {"expired_sessions": len(expired), "leftover_keys": 0, "run_bindings": len(stale_runs)}
-
-    def pop_dirty(self, count: int) -> list[str]:
-        with self._lock:
-            taken = [self._dirty.pop() for _ in range(min(count, len(self._dirty)))]
-        return taken
-
-    def dirty_count(self) -> int:
-        return len(self._dirty)
-
-    def mark_dirty(self, session_ids: list[str]) -> None:
-        with self._lock:
-            self._dirty.update(session_ids)
+    # Health -----------------------------------------------------------------
 
     def ping(self) -> None:
         return None

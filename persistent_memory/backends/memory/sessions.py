@@ -1,6 +1,8 @@
 """The memory backend's session table: a session (:class:`Session`) and what a part of the
 backend (its conversations, summaries, checkpoints) may use of the table
-(:class:`SessionTable`), always with the table's lock held.
+(:class:`SessionTable`), always with the table's lock held; the parts that walk every
+session or the journal (listing, maintenance, journaling) use more of it
+(:class:`IndexedTable`).
 
 Imports the standard library only (the types below are for type checkers): the backend
 and its parts import this, never the other way round.
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from persistent_memory.backends.base import IdempotencyRecord, SessionInfo
     from persistent_memory.backends.memory.checkpoints import Checkpoints
+    from persistent_memory.backends.memory.once import Recorded
     from persistent_memory.backends.memory.tree import Tree
     from persistent_memory.journal import Journal
 
@@ -108,3 +112,53 @@ class SessionTable(Protocol):
         run_ttl: float | None,
         asked: list[Any] | None = None,
     ) -> Any: ...
+
+
+class IndexedTable(SessionTable, Protocol):
+    """What the listing, the maintenance, the journal's part and the admission rule use
+    besides: the caps and the sessions per owner, the listing's indexes, the run
+    bindings, the idempotency records, the mirror's dirty set and the restore flag, the
+    table's writes at a given time (the journal replays through them) and its other
+    parts (whose writes it replays too)."""
+
+    CEILING: int
+    SHARE_PAST_FULL: int
+    max_sessions: int
+    max_sessions_per_owner: int | None
+    _owned: dict[str, int]
+    _by_time: dict[str, list[tuple[float, str]]]
+    _by_name: dict[str, list[str]]
+    _runs: dict[str, tuple[str, float]]
+    _records: dict[str, Recorded]
+    _dirty: set[str]
+    _restoring: bool
+    _rotated_at: int
+    # The other parts (MemoryConversations, ...), not imported here: each imports this.
+    conversations: Any
+    summaries: Any
+    checkpoints: Any
+    whole_sessions: Any
+
+    def _info(self, session_id: str, session: Session) -> SessionInfo: ...
+
+    def _prune(self, now: float) -> None: ...
+
+    def _reclaim(self, now: float) -> None: ...
+
+    def _prune_session_runs(self, session_id: str, session: Session) -> None: ...
+
+    def _remember(self, idempotency: IdempotencyRecord, result: Any, now: float) -> None: ...
+
+    def _keep(self, ref: str, recorded: Recorded) -> None: ...
+
+    def summarize(self, session_id: str, max_entries: int) -> int: ...
+
+    # The writes at a given time, which the journal's records replay.
+    _create_op: Any
+    _delete_op: Any
+    _put_op: Any
+    _increment_op: Any
+    _clear_op: Any
+    _summarize_op: Any
+    _answer_op: Any
+    _bind_op: Any
