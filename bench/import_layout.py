@@ -15,6 +15,7 @@ the layers are this checkout's, and a module that moved is placed by its new nam
 
 from __future__ import annotations
 
+import ast
 import sys
 import tomllib
 from pathlib import Path
@@ -23,29 +24,26 @@ import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "persistent_memory"
-# Older names than MOVED_MODULES knows: the modules that became a package's main module.
+
+
+def moved_modules() -> dict[str, str]:
+    """This checkout's ``persistent_memory.MOVED_MODULES`` (read, not imported: the
+    package on the path may be another checkout's)."""
+    tree = ast.parse((ROOT / PACKAGE / "__init__.py").read_text())
+    (found,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MOVED_MODULES" for t in node.targets)
+    ]
+    return ast.literal_eval(found)
+
+
+# Names older than MOVED_MODULES knows (the modules that became a package's main module),
+# then every path MOVED_MODULES aliases.
 RENAMED = {
     "persistent_memory.admin": "persistent_memory.admin.sessions",
     "persistent_memory.mirror": "persistent_memory.mirror.sessions",
-    "persistent_memory.admin_checkpoints": "persistent_memory.admin.checkpoints",
-    "persistent_memory.admin_conversations": "persistent_memory.admin.conversations",
-    "persistent_memory.admin_forget": "persistent_memory.admin.forget",
-    "persistent_memory.admin_memories": "persistent_memory.admin.memories",
-    "persistent_memory.transcript": "persistent_memory.admin.transcript",
-    "persistent_memory.mirror_checkpoints": "persistent_memory.mirror.checkpoints",
-    "persistent_memory.mirror_conversations": "persistent_memory.mirror.conversations",
-    "persistent_memory.maintenance": "persistent_memory.operations.maintenance",
-    "persistent_memory.relayout": "persistent_memory.operations.relayout",
-    "persistent_memory.resolvers": "persistent_memory.owners.resolvers",
-    "persistent_memory.debug": "persistent_memory.errors.debug",
-    "persistent_memory.reporting": "persistent_memory.errors.reporting",
-    "persistent_memory.database": "persistent_memory.errors.database",
-    "persistent_memory.error_views": "persistent_memory.api.error_views",
-    "persistent_memory.memories.forget": "persistent_memory.operations.forget",
-    "persistent_memory.conversations.messages": "persistent_memory.chat.messages",
-    "persistent_memory.conversations.records": "persistent_memory.chat.records",
-    "persistent_memory.conversations.tokens": "persistent_memory.chat.tokens",
-    "persistent_memory.conversations.window": "persistent_memory.chat.window",
+    **moved_modules(),
 }
 
 

@@ -123,9 +123,10 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
 
     #: The namespace this store reads and writes (``""``: unowned; see :mod:`persistent_memory.owners`).
     owner: str = UNOWNED
-    #: The ``TASKS`` alias its background work goes to (``TASK_BACKEND``), None: its worker
-    #: threads do it. :mod:`persistent_memory.tasks` enqueues the work of such a store's appends.
-    task_backend: str | None = None
+    #: Whether its background work goes to Django's task framework (built with
+    #: ``TASK_BACKEND``): :mod:`persistent_memory.tasks` enqueues the work of its appends;
+    #: False: its worker threads do it.
+    hands_work_to_tasks: bool = False
 
     def __init__(
         self,
@@ -213,7 +214,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         store.extraction_worker = type(store.extraction_worker).from_settings(store, conf)
         if conf.TASK_BACKEND:  # the work goes to Django's task framework, not to threads
             # persistent_memory.tasks receives this store's appends (messages_added).
-            store.task_backend = conf.TASK_BACKEND
+            store.hands_work_to_tasks = True
             return store
         if summaries_on(conf) and conf.SUMMARIZER_WORKER:
             store.summarizer_worker.start()
@@ -587,6 +588,7 @@ class MemoryStore(ConversationMethods, CheckpointMethods):
         if "extraction_worker" in self.__dict__:  # built (never just to stop it)
             self.extraction_worker.stop()
         self.summarizer_worker.stop()
+        self.hands_work_to_tasks = False  # a closed store's appends enqueue nothing more
         self.mirror.stop()
         self.backend.close()
 

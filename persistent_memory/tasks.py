@@ -19,10 +19,17 @@ conversation (and one for the summaries) holds a lease while a task waits, so a 
 appends enqueues one extraction and one summary; a backend that supports ``run_after``
 delays them ``TASK_DEBOUNCE_SECONDS``, so the burst is over when they run.
 
-Without ``TASK_BACKEND`` (the default) nothing here is used: the threads run as before, and
-no task framework is needed. The in-process worker is the fallback rather than a task
-backend of the app's own because it is not one: it gathers writes in memory and never
-outlives the process, which no backend of the framework may promise less than.
+The work is announced by the layers below, which never import this module: the store's
+appends (``messages_added``), writes without a vector (``vectors_wanted``) and, with
+``SUMMARIZER_TASKS``, the summarizer thread (``summaries_due``, answered by enqueueing
+:data:`summarize_conversations_task` on the framework's default backend). The app loads
+this module when either setting is set (``apps.py``, at start-up and when settings change).
+
+Without ``TASK_BACKEND`` or ``SUMMARIZER_TASKS`` (the default) nothing here is used: the
+threads run as before, and no task framework is needed. The in-process worker is the
+fallback rather than a task backend of the app's own because it is not one: it gathers
+writes in memory and never outlives the process, which no backend of the framework may
+promise less than.
 """
 
 from __future__ import annotations
@@ -43,11 +50,18 @@ from django.utils import timezone
 from persistent_memory.conf import memory_settings, summaries_on
 from persistent_memory.conversations.signals import messages_added, summaries_due
 from persistent_memory.exceptions import SessionExpired, SessionNotFound
+from persistent_memory.memories import message_search, upkeep
+from persistent_memory.memories.extraction import (
+    ExtractionReport,
+    find_candidates,
+    message_times,
+    write_candidates,
+)
 from persistent_memory.memories.signals import vectors_wanted
+from persistent_memory.store import MemoryStore, get_store
 
 if TYPE_CHECKING:
     from persistent_memory.models import BackgroundWork
-    from persistent_memory.store import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -295,8 +309,8 @@ def _on_messages_added(
     **kwargs: Any,
 ) -> None:
     """Enqueue the work of an append by a store that hands its work to tasks (built with
-    ``TASK_BACKEND``: ``store.task_backend``); a store with worker threads does it itself."""
-    if getattr(store, "task_backend", None) is None:
+    ``TASK_BACKEND``); a store with worker threads does it itself."""
+    if not getattr(store, "hands_work_to_tasks", False):
         return
     extract = any(isinstance(m, dict) and m.get("role") in ROLES for m in messages or ())
     try:
@@ -370,14 +384,7 @@ def extract_conversation(owner: str, session_id: str, conversation: str) -> dict
 def _extract_new(row: BackgroundWork) -> dict[str, int] | None:
     """Extract the messages after ``row``'s cursor and move it past them; the counts (with
     ``read``, the messages the cursor moved past), None when the session is gone."""
-    from persistent_memory.memories.extraction import (
-        ExtractionReport,
-        find_candidates,
-        message_times,
-        write_candidates,
-    )
     from persistent_memory.models import BackgroundWork
-    from persistent_memory.store import get_store
 
     scoped = get_store().for_owner(row.owner)
     try:
@@ -414,8 +421,6 @@ def summarize_conversations(limit: int | None = 1000) -> dict[str, Any]:
     """Summarize up to ``limit`` marked conversations (the same pass as the worker thread and
     ``memory_summarize --conversations``); the counts. While the summarizers' health says
     wait, this enqueues itself for then (on a backend that supports ``run_after``)."""
-    from persistent_memory.store import get_store
-
     _release(SUMMARIZE)
     worker = get_store().summarizer_worker
     report = worker.run_once(limit)
@@ -430,8 +435,6 @@ def embed(kind: str, ids: list[int]) -> dict[str, int]:
     """Embed the memories (``kind`` "memory") or mirrored messages ("message") ``ids`` that
     still have no vector of the current model; ``{"embedded"}``. Raises :class:`TaskFailed`
     when the embedder failed (``memory_embed`` catches up)."""
-    from persistent_memory.memories import message_search, upkeep
-
     batch = upkeep.embed_batch if kind == "memory" else message_search.embed_batch
     embedded = batch(ids)
     if embedded is None:
@@ -443,8 +446,6 @@ def embed(kind: str, ids: list[int]) -> dict[str, int]:
 def sync_mirror(limit: int | None = None) -> dict[str, int]:
     """Copy the sessions written since their last sync into the mirror (``MIRROR_MODE``
     "deferred" leaves that to the admin and ``memory_mirror``); the counts."""
-    from persistent_memory.store import get_store
-
     result = get_store().mirror.sync_dirty(limit)
     return {"synced": result.synced, "gone": result.gone, "failed": result.failed}
 
@@ -456,8 +457,6 @@ def summarize_conversations_task(limit: int | None = 1000) -> dict[str, Any]:
     """Summarize up to ``limit`` marked conversations of the process's store; the counts
     (see ``SummarizeReport``). What the summarizer thread enqueues with ``SUMMARIZER_TASKS``
     (on the framework's default backend), and a project may enqueue on a schedule."""
-    from persistent_memory.store import get_store
-
     return get_store().summarizer_worker.run_once(limit).as_counts()
 
 

@@ -84,3 +84,22 @@ def test_the_app_loads_the_receivers_of_the_layers_above(tmp_path, setting, load
     assert found["search"] is True
     assert ("persistent_memory.tasks" in found["modules"]) is loaded
     assert found["due"] is loaded and found["vectors"] is loaded
+
+
+def test_turning_task_backend_on_after_start_up_loads_the_tasks():
+    """A store rebuilt with TASK_BACKEND starts no worker threads: the tasks' receivers
+    must be there even when the setting came after the app was ready."""
+    code = (
+        "import json, sys, django; django.setup()\n"
+        "from django.conf import settings\n"
+        "from django.test import override_settings\n"
+        "from persistent_memory.memories.signals import vectors_wanted\n"
+        "before = 'persistent_memory.tasks' in sys.modules\n"
+        "on = {**settings.PERSISTENT_MEMORY, 'TASK_BACKEND': 'default'}\n"
+        "with override_settings(PERSISTENT_MEMORY=on):\n"
+        "    after = 'persistent_memory.tasks' in sys.modules\n"
+        "print(json.dumps([before, after, vectors_wanted.has_listeners()]))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [False, True, True]

@@ -12,9 +12,8 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from persistent_memory.backends.redis.backend import _position
 from persistent_memory.backends.redis.layout import BUCKETS, bucket_of
-from persistent_memory.backends.redis.listing import _page_of
+from persistent_memory.backends.redis.listing import _page_of, _position
 from persistent_memory.owners import storage_id
 from persistent_memory.store import MAX_PAGE_OFFSET, MemoryStore
 from tests.conftest import topology_settings

@@ -50,9 +50,10 @@ import redis
 
 from persistent_memory import get_store
 from persistent_memory.backends.conversations import Summary
-from persistent_memory.backends.redis.backend import RedisBackend, _glob_escape
+from persistent_memory.backends.redis.backend import RedisBackend
 from persistent_memory.backends.redis.functions import SOURCE
 from persistent_memory.backends.redis.layout import Layout
+from persistent_memory.backends.redis.maintenance import _glob_escape
 from persistent_memory.exceptions import PersistentMemoryError
 from persistent_memory.idempotency import Idempotency
 from persistent_memory.operations import maintenance

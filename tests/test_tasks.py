@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shlex
@@ -426,3 +427,39 @@ def test_db_worker_killed_with_tasks_queued_loses_none_and_extracts_each_message
         f"{batch}-{c}-{t}" for c in range(4) for batch, turns in (("a", 5), ("b", 1)) for t in range(turns)
     ]
     assert Counter(sent_ids(server)) == Counter(expected)  # each message once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_tasks_loaded_a_vector_is_made_here_not_lost(settings, caplog):
+    """The embedding worker announces vectors_wanted for the tasks to enqueue; should
+    nothing receive it (the tasks module not loaded), this process's worker embeds the
+    memory, and the log says why."""
+    from persistent_memory.memories import embedding_worker
+    from persistent_memory.memories.signals import vectors_wanted
+    from persistent_memory.models import LongTermMemory
+    from tests.embeddings_server import embed_text, embeddings_server
+
+    settings.TASKS = DUMMY
+    dummy_results().clear()
+    uid = "persistent_memory.tasks.vectors_wanted"
+    with embeddings_server() as server:
+        settings.PERSISTENT_MEMORY = {
+            "TASK_BACKEND": "default",
+            "EMBEDDER": "openai",
+            "EMBEDDER_OPTIONS": {"base_url": server.url, "model": "stand-in", "api_key_env": None},
+            "EMBEDDER_REQUEST_TIMEOUT": 0.2,
+        }
+        assert vectors_wanted.disconnect(dispatch_uid=uid)
+        try:
+            server.hang()  # the write gets no vector in its time
+            with caplog.at_level(logging.WARNING, logger="persistent_memory"):
+                memory = memories_for("user:a").add("Drinks espresso daily.")
+            server.recover()
+            worker = embedding_worker.worker()
+            assert worker is not None and worker.wait_idle(timeout=60)
+        finally:
+            vectors_wanted.connect(tasks._on_vectors_wanted, dispatch_uid=uid)
+    assert dummy_results() == []  # no task was enqueued
+    assert "persistent_memory.tasks is not loaded" in caplog.text
+    embedding = LongTermMemory.objects.get(pk=memory["id"]).embedding
+    assert embedding == pytest.approx(embed_text("Drinks espresso daily."))

@@ -7,6 +7,6 @@ conversation as a backend's snapshot and as an export record (``records``).
 
 These are rules, not services: the backends store what they prepare and the
 conversations' store methods (:mod:`persistent_memory.conversations`) call them, so they
-sit below both. May import: ``validation``, ``owners``, ``conf`` and ``exceptions`` (the
-layers below the backends); never a backend, the conversations or the store.
+sit below both. May import: the layers below them in pyproject.toml's ``layers`` (today
+``validation`` and ``exceptions``); never a backend, the conversations or the store.
 """

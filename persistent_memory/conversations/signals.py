@@ -1,6 +1,7 @@
 """Django signals of conversations and their summaries (seed 003's callbacks, the Django way).
 
-Each is sent best-effort with ``send_robust`` after the write it reports has been made:
+Each but ``summaries_due`` is sent best-effort with ``send_robust`` after the write it
+reports has been made:
 a receiver that raises is logged (by Django, on the ``django.dispatch`` logger, and
 here) and can never fail or undo the write. Receivers run in the thread that made the
 write (a request, the summarizer's worker), so keep them short and hand slow work on.

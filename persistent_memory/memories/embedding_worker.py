@@ -17,8 +17,9 @@ signal (connected when the app is ready), and the thread embeds them with
 :func:`persistent_memory.memories.message_search.embed_batch`.
 
 It is kept small on purpose: one queue, one thread, one function it calls. With
-``TASK_BACKEND`` the write enqueues :data:`persistent_memory.tasks.embed` on Django's
-tasks framework instead, which calls the same ``embed_batch``.
+``TASK_BACKEND`` the write sends :data:`~persistent_memory.memories.signals.vectors_wanted`
+instead, which :mod:`persistent_memory.tasks` answers by enqueueing its ``embed`` task on
+Django's task framework (the same ``embed_batch``).
 The queue lives in the process's memory: what is queued when the process stops is
 embedded by ``manage.py memory_embed``. The worker stops at a settings change and when
 the process exits.
@@ -31,10 +32,10 @@ import contextlib
 import logging
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.signals import setting_changed
-from django.db import close_old_connections, connections
+from django.db import close_old_connections, connections, router, transaction
 from django.dispatch import receiver
 
 from persistent_memory.conf import RELOADED_BY, memory_settings
@@ -42,6 +43,9 @@ from persistent_memory.memories import embedders, message_search, upkeep
 from persistent_memory.memories.signals import vectors_wanted
 from persistent_memory.mirror.signals import messages_mirrored
 from persistent_memory.telemetry import instrument
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 logger = logging.getLogger("persistent_memory.memories")
 
@@ -218,39 +222,36 @@ def worker() -> EmbeddingWorker | None:
 def embed_later(memory_id: int) -> None:
     """Have the worker embed ``memory_id`` once the caller's transaction commits (a
     thread of its own cannot see the row before)."""
-    from django.db import router, transaction
-
     from persistent_memory.models import LongTermMemory
 
-    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
-        vectors_wanted.send(sender=embed_later, kind="memory", ids=[memory_id])
-        return
-
-    def put() -> None:
-        current = worker()
-        if current is not None:
-            current.enqueue(memory_id)
-
-    transaction.on_commit(put, using=router.db_for_write(LongTermMemory))
+    _later("memory", [memory_id], LongTermMemory)
 
 
 def embed_messages_later(ids: list[int]) -> None:
     """Have the worker embed the mirrored messages ``ids`` once the caller's transaction
     commits (the mirror's sync, which wrote them)."""
-    from django.db import router, transaction
-
     from persistent_memory.models import MemoryMessage
 
-    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:  # a task instead
-        vectors_wanted.send(sender=embed_messages_later, kind="message", ids=list(ids))
-        return
+    _later("message", list(ids), MemoryMessage)
+
+
+def _later(kind: str, ids: list[int], model: type[Model]) -> None:
+    # With TASK_BACKEND a task embeds them: persistent_memory.tasks receives the signal
+    # (the app loads it with that setting). Should nothing receive it, this process's
+    # worker does the work rather than nobody.
+    if memory_settings.TASK_BACKEND and memory_settings.EMBEDDER_WORKER:
+        if vectors_wanted.send(sender=EmbeddingWorker, kind=kind, ids=ids):
+            return
+        logger.warning(
+            "memory: TASK_BACKEND is set but persistent_memory.tasks is not loaded; embedding here"
+        )
 
     def put() -> None:
         current = worker()
         for pk in ids if current is not None else ():
-            current.enqueue(pk, "message")
+            current.enqueue(pk, kind)
 
-    transaction.on_commit(put, using=router.db_for_write(MemoryMessage))
+    transaction.on_commit(put, using=router.db_for_write(model))
 
 
 @receiver(messages_mirrored)

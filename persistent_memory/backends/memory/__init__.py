@@ -13,12 +13,12 @@ What lives here, top to bottom of the import graph:
   backend applies to its table.
 - ``sessions`` (a session and the session table's protocol), ``tree`` (a conversation's
   messages and window), ``once`` (idempotency keys), ``replay`` (the journal records'
-  checks): leaves the others build on.
+  checks), ``history`` (the operation history's rule): leaves the others build on.
 
 Import rules: nothing here imports ``backend`` but this ``__init__`` (lazily); the
-leaves import no part. Modules here may import ``persistent_memory.backends`` (the
+leaves import no part at run time. Modules here may import ``persistent_memory.backends`` (the
 contracts: ``base``, ``conversations``, ``checkpoints``, ``parts``), ``conf``,
-``owners``, ``exceptions``, ``validation``, ``history``, ``journal`` and
+``owners``, ``exceptions``, ``validation``, ``journal`` and
 ``chat`` (the chat format's rules: ``messages``, ``window``, ``records``); never a
 service (the store, the conversations, the mirror, the API).
 """

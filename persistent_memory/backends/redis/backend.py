@@ -64,9 +64,7 @@ from persistent_memory.backends.redis.conversations import (
 from persistent_memory.backends.redis.functions import READ_ONLY as _READ_ONLY
 from persistent_memory.backends.redis.functions import READS as _READS
 from persistent_memory.backends.redis.layout import DIRTY, Layout
-from persistent_memory.backends.redis.listing import ONE_STEP_LIST_LIMIT as ONE_STEP_LIST_LIMIT
 from persistent_memory.backends.redis.listing import RedisListing, info_of
-from persistent_memory.backends.redis.listing import _position as _position
 from persistent_memory.backends.redis.maintenance import RedisMaintenance, _glob_escape
 from persistent_memory.backends.redis.queues import BucketQueues
 from persistent_memory.backends.redis.topology import build_client, build_replicas, describe
