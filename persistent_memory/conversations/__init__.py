@@ -13,5 +13,6 @@ backends.
 
 May import: ``mirror``, ``models``, ``backends`` (the contracts) and the layers below
 them (``chat``, ``idempotency``, ``validation``, ``owners``, ``conf``, ``exceptions``,
-``telemetry``); the store only for type checkers. What the work above needs (a task enqueued) is announced by signals.
+``telemetry``); the store only for type checkers. What the work above needs (a task
+enqueued) is announced by signals.
 """
